@@ -1,0 +1,1 @@
+"""foxhunt's job controller (FastAPI). Never imports torch."""

@@ -1,0 +1,58 @@
+"""The controller's domain objects, shared by the API, the store and every backend."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "QUEUED"  # accepted by us, not yet accepted by a backend
+    PENDING = "PENDING"  # the backend has it; not running yet (Argo phase "" or Pending)
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"  # the job's own failure (Argo phase Failed, non-zero trainer exit)
+    CANCELLED = "CANCELLED"
+    ERROR = "ERROR"  # an infrastructure failure (Argo phase Error)
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.ERROR})
+
+
+class JobSpec(BaseModel):
+    """What a backend needs to run one job; built by the API from a validated submission."""
+
+    job_id: str = Field(description="Our id; also the deterministic backend object name.")
+    tenant: str
+    pool: str
+    queue_name: str | None = Field(None, description="Kueue LocalQueue of the pool, if it names one.")
+    plan: str
+    model: str
+    commit_sha: str
+    epochs: int
+    hyperopt_trials: int = 0
+    config: dict[str, Any] = Field(description="The job's TrainConfig, as JSON-compatible data.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    attempt: int = Field(0, description="Retry number; the checkpoint location does not depend on it.")
+
+
+class BackendStatus(BaseModel):
+    """A backend's view of one job at one moment."""
+
+    job_id: str
+    state: JobState
+    reason: str | None = Field(None, description="Machine-readable cause, kept apart from the state.")
+    phase: str | None = Field(None, description="The backend's own phase string, verbatim.")
+    message: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    breakdown_ms: dict[str, float] | None = Field(None, description="Last per-step breakdown, if known.")
+    epoch_seconds: float | None = None
+    step: int | None = None

@@ -1,0 +1,247 @@
+"""The training job's configuration: one typed, documented document.
+
+Imports no torch, so the controller (`service/`) validates jobs against the same schema the trainer
+runs. Every field has a description and bounds; the CLI overrides fields by dotted path
+(`-o optim.lr=3e-4`), and each run writes the resolved config beside its outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PlanName = Literal["eager", "graph", "dual", "fused", "zerocopy"]
+PLANS: tuple[str, ...] = ("eager", "graph", "dual", "fused", "zerocopy")
+STEPS_PER_EPOCH = 2000
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message is one line naming the field and the bad value."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """Widths of the networks. Observation size and action branches come from the data source."""
+
+    hidden: int = Field(256, ge=1, le=8192, description="Trunk width (h_s1, h_s2).")
+    head_hidden: int = Field(128, ge=1, le=8192, description="Hidden width of the value/advantage heads.")
+    atoms: int = Field(51, ge=2, le=1001, description="C51 atoms N on the support.")
+    v_min: float = Field(-10.0, description="Lowest atom of the value support.")
+    v_max: float = Field(10.0, description="Highest atom of the value support.")
+    iqn_embed: int = Field(64, ge=1, le=1024, description="Cosine features of tau in the IQN embedding.")
+    iqn_hidden: int = Field(128, ge=1, le=8192, description="Hidden width of the IQN head.")
+    iqn_taus: int = Field(32, ge=1, le=1024, description="Online quantile samples T per state.")
+    iqn_target_taus: int = Field(32, ge=1, le=1024, description="Target quantile samples T' per state.")
+    iql_hidden: int = Field(64, ge=1, le=8192, description="Hidden width of the IQL value network.")
+    attn_window: int = Field(16, ge=1, le=1024, description="States W in the attention window.")
+    attn_dim: int = Field(128, ge=4, le=4096, description="Attention model width.")
+    attn_heads: int = Field(4, ge=1, le=64, description="Attention heads (must divide attn_dim).")
+    attn_ffn: int = Field(700, ge=1, le=16384, description="Attention feed-forward width.")
+    ensemble_heads: int = Field(0, ge=0, le=64, description="Extra advantage heads E (0 disables the ensemble).")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.v_max <= self.v_min:
+            raise ValueError(f"v_max ({self.v_max}) must be greater than v_min ({self.v_min})")
+        if self.attn_dim % self.attn_heads:
+            raise ValueError(f"attn_heads ({self.attn_heads}) must divide attn_dim ({self.attn_dim})")
+        return self
+
+
+class LossConfig(_Section):
+    """Which losses and regularisers run, and their weights."""
+
+    gamma: float = Field(0.99, gt=0.0, le=1.0, description="Discount factor.")
+    reward_scale: float = Field(1.0, gt=0.0, description="Rewards are multiplied by this before learning.")
+    cql: bool = Field(True, description="Conservative Q-learning penalty on expected Q.")
+    cql_alpha: float = Field(0.1, ge=0.0, description="Weight of the CQL penalty.")
+    iqn: bool = Field(True, description="IQN head; its per-sample loss sets PER priorities.")
+    iqn_kappa: float = Field(1.0, gt=0.0, description="Huber threshold kappa of the quantile loss.")
+    iql: bool = Field(True, description="IQL expectile value step (own Adam).")
+    iql_expectile: float = Field(0.7, gt=0.0, lt=1.0, description="Expectile of the IQL value.")
+    attention: bool = Field(True, description="Attention auxiliary predicting the next state (own Adam).")
+    ensemble_diversity: float = Field(0.1, ge=0.0, description="Weight of the ensemble diversity penalty.")
+    vaccine: bool = Field(False, description="Adversarial (FGSM) robustness penalty every vaccine_every steps.")
+    vaccine_every: int = Field(10, ge=1, description="Steps between vaccine updates.")
+    vaccine_epsilon: float = Field(0.01, ge=0.0, description="FGSM step size on the states.")
+    vaccine_weight: float = Field(0.1, ge=0.0, description="Weight of the vaccine penalty (C51 budget).")
+    causal: bool = Field(False, description="Causal intervention probe every causal_every steps (no gradient).")
+    causal_every: int = Field(100, ge=1, description="Steps between causal intervention probes.")
+
+
+class OptimConfig(_Section):
+    """Adam, gradient budgets, spectral norm, pruning and target updates."""
+
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Adam learning rate of the main network.")
+    aux_lr: float = Field(3e-4, gt=0.0, le=1.0, description="Adam learning rate of IQL and attention.")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam beta1.")
+    beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Adam beta2.")
+    eps: float = Field(1e-8, gt=0.0, description="Adam epsilon (also the budget clip's epsilon).")
+    max_grad_norm: float = Field(10.0, gt=0.0, description="Total gradient norm shared out by the budgets.")
+    budget_c51: float = Field(0.60, ge=0.0, le=1.0, description="Share of max_grad_norm for the C51 gradient.")
+    budget_cql: float = Field(0.25, ge=0.0, le=1.0, description="Share for the CQL gradient.")
+    budget_iqn: float = Field(0.10, ge=0.0, le=1.0, description="Share for the IQN gradient.")
+    budget_ensemble: float = Field(0.05, ge=0.0, le=1.0, description="Share for the ensemble gradient.")
+    target_tau: float = Field(0.005, gt=0.0, le=1.0, description="EMA rate: target <- lerp(target, online, tau).")
+    spectral_norm: bool = Field(True, description="Bound each trunk/head weight's largest singular value.")
+    sigma_max: float = Field(5.0, gt=0.0, description="Largest allowed singular value per weight matrix.")
+    prune_sparsity: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of weights masked to zero at init.")
+
+    @model_validator(mode="after")
+    def _budgets(self) -> OptimConfig:
+        total = self.budget_c51 + self.budget_cql + self.budget_iqn + self.budget_ensemble
+        if total > 1.0 + 1e-6:
+            raise ValueError(f"gradient budgets sum to {total:.3f}; they must sum to at most 1")
+        return self
+
+
+class ReplayConfig(_Section):
+    """GPU-resident prioritised replay: P(i) = p_i^alpha / sum p^alpha, w_i = (N P(i))^-beta / max w."""
+
+    capacity: int = Field(1_000_000, ge=16, le=100_000_000, description="Transitions kept (ring buffer).")
+    alpha: float = Field(0.6, ge=0.0, le=1.0, description="Priority exponent alpha (0 = uniform).")
+    beta_start: float = Field(0.4, ge=0.0, le=1.0, description="Importance-weight exponent at step 0.")
+    beta_end: float = Field(1.0, ge=0.0, le=1.0, description="Importance-weight exponent at the last step.")
+    priority_eps: float = Field(1e-6, gt=0.0, description="Added to |loss| so no priority is zero.")
+    storage_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of stored states.")
+    her: bool = Field(True, description="HER relabelling of goal-conditioned transitions (if the env has goals).")
+    her_ratio: float = Field(0.5, ge=0.0, le=1.0, description="Fraction of sampled transitions relabelled.")
+
+
+class DataConfig(_Section):
+    """Where transitions come from."""
+
+    source: Literal["market", "gym", "offline"] = Field("market", description="Data source kind.")
+    env_id: str = Field("CartPole-v1", description="Gymnasium environment id (source=gym).")
+    dataset: str | None = Field(None, description="Offline dataset path or fsspec URL (.parquet or .npz).")
+    num_envs: int = Field(1, ge=1, le=4096, description="Parallel environments for online collection.")
+    learning_starts: int = Field(1000, ge=0, description="Transitions collected before the first update.")
+    env_steps_per_update: int = Field(1, ge=1, description="Environment steps collected per update step.")
+    epsilon_start: float = Field(1.0, ge=0.0, le=1.0, description="Initial epsilon of epsilon-greedy.")
+    epsilon_end: float = Field(0.05, ge=0.0, le=1.0, description="Final epsilon of epsilon-greedy.")
+    epsilon_decay_steps: int = Field(10_000, ge=1, description="Update steps to anneal epsilon over.")
+    market_features: int = Field(64, ge=8, le=4096, description="Observation features of the market env.")
+    market_horizon: int = Field(200, ge=8, description="Steps per market episode.")
+
+    @model_validator(mode="after")
+    def _dataset(self) -> DataConfig:
+        if self.source == "offline" and not self.dataset:
+            raise ValueError("data.dataset is required when data.source is 'offline'")
+        return self
+
+
+class RunConfig(_Section):
+    """How long, where, and how the run reports."""
+
+    seed: int = Field(0, ge=0, description="Seed of every random generator.")
+    steps: int = Field(2000, ge=1, description="Update steps in the whole run.")
+    batch_size: int = Field(1024, ge=1, le=1 << 20, description="Transitions per update (B).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' takes a GPU when present.")
+    plan: PlanName = Field("eager", description="Execution plan; an unrunnable plan falls back to eager.")
+    steps_per_replay: int = Field(1, ge=1, le=1000, description="Steps per graph replay (zerocopy plan).")
+    log_every: int = Field(500, ge=1, description="Steps between breakdown lines.")
+    checkpoint_every: int = Field(1000, ge=1, description="Steps between checkpoints.")
+    eval_episodes: int = Field(10, ge=0, description="Greedy evaluation episodes at the end.")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics here while running.")
+    pushgateway_url: str | None = Field(None, description="Push a final metrics snapshot here.")
+
+
+class TrainConfig(_Section):
+    """Everything one training job needs; the controller's job schema embeds it unchanged."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _fits(self) -> TrainConfig:
+        if self.run.batch_size > self.replay.capacity:
+            raise ValueError(
+                f"run.batch_size ({self.run.batch_size}) exceeds replay.capacity ({self.replay.capacity})"
+            )
+        return self
+
+    @property
+    def epochs(self) -> float:
+        return self.run.steps / STEPS_PER_EPOCH
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem: `field.path: message (got value)`."""
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "config"
+        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
+        parts.append(f"{where}: {item['msg']}{got}")
+    return "; ".join(parts)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {key} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """`["optim.lr=3e-4", "loss.cql=false"]` -> nested dict; values parse as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. optim.lr=3e-4")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Validate a config document plus overrides, raising ConfigError with a one-line message."""
+    tree = _merge(data or {}, parse_overrides(overrides or []))
+    try:
+        return TrainConfig.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read YAML or JSON (by content; JSON is YAML) from `path`, apply overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {path} is not valid YAML/JSON: {str(error).splitlines()[0]}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(loaded).__name__}")
+        data = loaded or {}
+    return build_config(data, overrides)
+
+
+def dump_config(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
