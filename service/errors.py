@@ -1,0 +1,47 @@
+"""Domain errors: raised by the store and the job service, mapped to problem+json once in api/errors.py."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base of errors a client caused or can act on; the message is one line."""
+
+
+class JobNotFound(DomainError):  # noqa: N818 (STYLE.md names these)
+    """No such job, or not visible to this tenant (the two are indistinguishable on purpose)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} not found")
+        self.job_id = job_id
+
+
+class IdempotencyConflict(DomainError):  # noqa: N818 (STYLE.md names these)
+    """The idempotency key (or job name) was used before with a different request body."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"idempotency key already used for job {job_id} with a different request")
+        self.job_id = job_id
+
+
+class InvalidTransition(DomainError):  # noqa: N818 (STYLE.md names these)
+    """The job is in a state that does not allow this action (e.g. retrying a running job)."""
+
+
+class QuotaExceeded(DomainError):  # noqa: N818 (STYLE.md names these)
+    """The tenant's GPU quota on the pool would be exceeded."""
+
+
+class UnknownPool(DomainError):  # noqa: N818 (STYLE.md names these)
+    """The job names a pool that is not configured."""
+
+
+class InvalidRequest(DomainError):  # noqa: N818 (STYLE.md names these)
+    """A request that is well-formed but cannot be used (bad cursor, bad label selector)."""
+
+
+class Unauthorized(DomainError):  # noqa: N818 (STYLE.md names these)
+    """Missing, unknown or revoked bearer token."""
+
+
+class Forbidden(DomainError):  # noqa: N818 (STYLE.md names these)
+    """Authenticated, but the role does not allow this."""

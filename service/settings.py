@@ -1,0 +1,57 @@
+"""The controller's one configuration object, read from FOXHUNT_* variables and passed to create_app."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_LOCAL_COMMAND: tuple[str, ...] = (
+    sys.executable,
+    "-m",
+    "trainer",
+    "train",
+    "--config",
+    "{config}",
+    "--run-dir",
+    "{run_dir}",
+)
+
+
+class Settings(BaseSettings):
+    """Everything the controller needs; built by the caller (CLI, tests), never at import."""
+
+    model_config = SettingsConfigDict(env_prefix="FOXHUNT_", extra="ignore")
+
+    database_url: str = Field("sqlite:///./foxhunt.db", description="SQLAlchemy URL (SQLite or PostgreSQL).")
+    backend: Literal["local", "argo"] = Field("local", description="Where jobs run.")
+    pools_file: Path | None = Field(None, description="YAML file of GPU pools; none means one 'local' pool.")
+    jobs_dir: Path = Field(Path("./foxhunt-jobs"), description="Working directory of the local backend.")
+    local_command: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LOCAL_COMMAND),
+        description="Command the local backend runs; {config}, {run_dir} and {job_id} are filled in.",
+    )
+    local_gpus: int | None = Field(None, ge=0, description="GPUs the local backend may use (None: detect).")
+    auth_disabled: bool = Field(False, description="Dev mode: no tokens, every caller is tenant 'default'.")
+    default_tenant: str = Field("default", description="The tenant of every caller when auth is disabled.")
+    cancel_grace_seconds: float = Field(30.0, ge=0.0, description="Graceful stop time before a forced one.")
+    reconcile_interval_seconds: float = Field(5.0, gt=0.0, description="Period of the full list reconcile.")
+    run_reconciler: bool = Field(True, description="Start the reconciler threads with the app.")
+    migrate_on_start: bool = Field(True, description="Run `alembic upgrade head` when the app is created.")
+    argo_namespace: str = Field("foxhunt", description="Namespace of the Workflows (argo backend).")
+    argo_workflow_template: str = Field("compile-and-train", description="WorkflowTemplate jobs reference.")
+    kubeconfig: Path | None = Field(None, description="kubeconfig file; None means in-cluster config.")
+    host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
+    port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_url(cls, value: str) -> str:
+        """Plain postgres URLs get the psycopg 3 driver we ship."""
+        for prefix in ("postgres://", "postgresql://"):
+            if value.startswith(prefix):
+                return "postgresql+psycopg://" + value[len(prefix) :]
+        return value

@@ -1,0 +1,447 @@
+"""The job record: every SQL statement of the controller lives here (SQLite by default, PostgreSQL too)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine, create_engine, event, exists, func, or_, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.domain import TERMINAL_STATES, BackendStatus, JobState
+from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
+from service.models import JobEventRow, JobLabelRow, JobRow, TokenRow
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_RANK = {JobState.QUEUED: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
+_TERMINAL = [s.value for s in TERMINAL_STATES]
+_RETRYABLE = {JobState.FAILED, JobState.CANCELLED, JobState.ERROR}
+
+
+def utcnow() -> datetime:
+    """Naive UTC: what we store, identically on SQLite and PostgreSQL."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _naive(value: datetime | None) -> datetime | None:
+    return value.astimezone(UTC).replace(tzinfo=None) if value is not None and value.tzinfo else value
+
+
+class JobEvent(BaseModel):
+    state: JobState
+    reason: str | None
+    message: str | None
+    attempt: int
+    at: datetime
+
+
+class NewJob(BaseModel):
+    """A validated submission, ready to insert."""
+
+    id: str
+    tenant: str
+    submitter: str
+    name: str | None
+    idempotency_key: str
+    request_hash: str
+    pool: str
+    gpus: int
+    model: str
+    plan: str
+    commit_sha: str
+    epochs: int
+    hyperopt_trials: int
+    priority: int
+    deadline: datetime | None
+    config: dict[str, Any]
+    labels: dict[str, str]
+
+
+class JobRecord(NewJob):
+    """A job as stored, detached from any session."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    state: JobState
+    reason: str | None
+    message: str | None
+    phase: str | None
+    attempt: int
+    submitted_attempt: int | None
+    cancel_requested_at: datetime | None
+    cancel_forced: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    breakdown_ms: dict[str, float] | None
+    epoch_seconds: float | None
+    step: int | None
+    events: list[JobEvent] = Field(default_factory=list)
+
+
+class TokenInfo(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    tenant: str
+    admin: bool
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def _record(row: JobRow, *, with_events: bool = False) -> JobRecord:
+    data = {c.key: getattr(row, c.key) for c in JobRow.__table__.columns}
+    for key in ("deadline", "cancel_requested_at", "created_at", "updated_at", "started_at", "finished_at"):
+        data[key] = _aware(data[key])
+    data["events"] = (
+        [
+            JobEvent(state=e.state, reason=e.reason, message=e.message, attempt=e.attempt, at=_aware(e.at))
+            for e in row.events
+        ]
+        if with_events
+        else []
+    )
+    return JobRecord.model_validate(data)
+
+
+def encode_cursor(created_at: datetime, job_id: str) -> str:
+    raw = json.dumps([_naive(created_at).isoformat(), job_id]).encode()  # type: ignore[union-attr]
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, job_id = json.loads(raw)
+        return datetime.fromisoformat(created), str(job_id)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidRequest(
+            f"invalid cursor {cursor!r}: pass back next_cursor from a previous page"
+        ) from None
+
+
+def parse_label_selector(selector: str) -> dict[str, str]:
+    """`key=value,key2=value2` -> dict; anything else is a one-line InvalidRequest."""
+    out: dict[str, str] = {}
+    for part in selector.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequest(f"invalid label selector {selector!r}: expected key=value[,key=value]")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+class Store:
+    """Thread-safe (one session per call); built by create_app from Settings.database_url."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url
+        sqlite = database_url.startswith("sqlite")
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        if sqlite:
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            kwargs.update(pool_size=10, max_overflow=40)
+        self.engine: Engine = create_engine(database_url, **kwargs)
+        if sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def migrate(self) -> None:
+        """`alembic upgrade head` on this database."""
+        from alembic import command
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        with self.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> None:
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    # ---- jobs -------------------------------------------------------------------------------------
+
+    def find_job(self, job_id: str) -> JobRecord | None:
+        with self._tx() as s:
+            row = s.get(JobRow, job_id)
+            return _record(row) if row else None
+
+    def insert_job(self, job: NewJob) -> tuple[JobRecord, bool]:
+        """Insert, or return the job already stored under this id: (record, created). Race-safe via the PK."""
+        now = utcnow()
+        row = JobRow(
+            **job.model_dump(exclude={"deadline"}),
+            deadline=_naive(job.deadline),
+            state=JobState.QUEUED.value,
+            attempt=0,
+            cancel_forced=False,
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            with self._tx() as s:
+                s.add(row)
+                s.flush()
+                s.add_all(JobLabelRow(job_id=job.id, key=k, value=v) for k, v in job.labels.items())
+                s.add(JobEventRow(job_id=job.id, state=JobState.QUEUED.value, attempt=0, at=now))
+            return self.get_job(job.id), True
+        except IntegrityError:
+            existing = self.find_job(job.id)
+            if existing is None:  # the other insert rolled back: ours may go now
+                return self.insert_job(job)
+            if existing.request_hash != job.request_hash:
+                raise IdempotencyConflict(job.id) from None
+            return existing, False
+
+    def get_job(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
+        """The job with its history; `tenant` restricts visibility (None: admin)."""
+        with self._tx() as s:
+            row = s.get(JobRow, job_id)
+            if row is None or (tenant is not None and row.tenant != tenant):
+                raise JobNotFound(job_id)
+            return _record(row, with_events=True)
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | None = None,
+        pool: str | None = None,
+        labels: dict[str, str] | None = None,
+        submitter: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[JobRecord], str | None]:
+        """Newest first, ordered by (created_at, id) so pages are stable while jobs are added."""
+        query = select(JobRow)
+        if tenant is not None:
+            query = query.where(JobRow.tenant == tenant)
+        if state is not None:
+            query = query.where(JobRow.state == state.value)
+        if pool is not None:
+            query = query.where(JobRow.pool == pool)
+        if submitter is not None:
+            query = query.where(JobRow.submitter == submitter)
+        for key, value in (labels or {}).items():
+            query = query.where(
+                exists().where(
+                    JobLabelRow.job_id == JobRow.id, JobLabelRow.key == key, JobLabelRow.value == value
+                )
+            )
+        if cursor is not None:
+            created, last_id = decode_cursor(cursor)
+            query = query.where(
+                or_(JobRow.created_at < created, (JobRow.created_at == created) & (JobRow.id < last_id))
+            )
+        query = query.order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit + 1)
+        with self._tx() as s:
+            rows = list(s.scalars(query))
+            records = [_record(r) for r in rows[:limit]]
+        next_cursor = encode_cursor(records[-1].created_at, records[-1].id) if len(rows) > limit else None
+        return records, next_cursor
+
+    def _event(self, s: Session, row: JobRow, now: datetime) -> None:
+        s.add(
+            JobEventRow(
+                job_id=row.id,
+                state=row.state,
+                reason=row.reason,
+                message=row.message,
+                attempt=row.attempt,
+                at=now,
+            )
+        )
+
+    def apply_status(self, status: BackendStatus) -> bool:
+        """Bring one job in step with the backend; True if its state changed.
+
+        Statuses only move a job forward (QUEUED < PENDING < RUNNING < terminal); a terminal job is
+        never changed here, and a status about an older attempt is ignored.
+        """
+        now = utcnow()
+        with self._tx() as s:
+            row = s.get(JobRow, status.job_id, with_for_update=True)
+            if row is None or JobState(row.state).terminal:
+                return False
+            if status.attempt is not None and status.attempt < row.attempt:
+                return False
+            current = JobState(row.state)
+            forward = status.state.terminal or _RANK[status.state] > _RANK[current]
+            if status.breakdown_ms is not None:
+                row.breakdown_ms = status.breakdown_ms
+            if status.epoch_seconds is not None:
+                row.epoch_seconds = status.epoch_seconds
+            if status.step is not None:
+                row.step = status.step
+            if not forward:
+                return False
+            row.state = status.state.value
+            row.reason = status.reason
+            row.message = status.message
+            row.phase = status.phase
+            row.started_at = _naive(status.started_at) or row.started_at
+            if status.state in (JobState.RUNNING, *TERMINAL_STATES) and row.started_at is None:
+                row.started_at = now
+            if status.state.terminal:
+                row.finished_at = _naive(status.finished_at) or now
+            row.updated_at = now
+            self._event(s, row, now)
+            return True
+
+    def set_state(
+        self, job_id: str, state: JobState, *, reason: str | None, message: str | None = None
+    ) -> None:
+        """Controller-observed state (e.g. the backend lost the job); ignored once terminal."""
+        now = utcnow()
+        with self._tx() as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is None or JobState(row.state).terminal:
+                return
+            row.state, row.reason, row.message, row.updated_at = state.value, reason, message, now
+            if state.terminal:
+                row.finished_at = now
+            self._event(s, row, now)
+
+    def request_cancel(
+        self, job_id: str, *, tenant: str | None, reason: str = "CancelRequested"
+    ) -> JobRecord:
+        """Record a cancel; a job the backend never got is cancelled at once."""
+        now = utcnow()
+        with self._tx() as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is None or (tenant is not None and row.tenant != tenant):
+                raise JobNotFound(job_id)
+            state = JobState(row.state)
+            if state.terminal:
+                raise InvalidTransition(f"job {job_id} is already {state.value}; nothing to cancel")
+            if row.cancel_requested_at is None:
+                row.cancel_requested_at = now
+                row.reason = reason
+                row.updated_at = now
+            if state is JobState.QUEUED and row.submitted_attempt != row.attempt:
+                row.state, row.finished_at = JobState.CANCELLED.value, now
+                self._event(s, row, now)
+        return self.get_job(job_id)
+
+    def retry(self, job_id: str, *, tenant: str | None) -> JobRecord:
+        """Queue a failed/cancelled/errored job again as the next attempt (same checkpoint location)."""
+        now = utcnow()
+        with self._tx() as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is None or (tenant is not None and row.tenant != tenant):
+                raise JobNotFound(job_id)
+            if JobState(row.state) not in _RETRYABLE:
+                raise InvalidTransition(
+                    f"job {job_id} is {row.state}; only FAILED, CANCELLED or ERROR jobs can be retried"
+                )
+            row.attempt += 1
+            row.state, row.reason, row.message, row.phase = JobState.QUEUED.value, "Retry", None, None
+            row.cancel_requested_at, row.cancel_forced = None, False
+            row.started_at = row.finished_at = None
+            row.updated_at = now
+            self._event(s, row, now)
+        return self.get_job(job_id)
+
+    def mark_submitted(self, job_id: str, attempt: int) -> None:
+        with self._tx() as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is not None and row.attempt == attempt:
+                row.submitted_attempt = attempt
+
+    def mark_cancel_forced(self, job_id: str) -> None:
+        with self._tx() as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is not None:
+                row.cancel_forced = True
+
+    def jobs_to_submit(self) -> list[JobRecord]:
+        """QUEUED jobs, oldest first (a restarted controller re-submits; backends dedupe by job id)."""
+        query = (
+            select(JobRow)
+            .where(JobRow.state == JobState.QUEUED.value)
+            .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
+        )
+        with self._tx() as s:
+            return [_record(r) for r in s.scalars(query)]
+
+    def active_jobs(self) -> list[JobRecord]:
+        """Every non-terminal job."""
+        with self._tx() as s:
+            return [_record(r) for r in s.scalars(select(JobRow).where(JobRow.state.not_in(_TERMINAL)))]
+
+    def gpu_use(self, *, tenant: str, pool: str) -> int:
+        """GPUs held by the tenant's non-terminal jobs on the pool."""
+        query = select(func.coalesce(func.sum(JobRow.gpus), 0)).where(
+            JobRow.tenant == tenant, JobRow.pool == pool, JobRow.state.not_in(_TERMINAL)
+        )
+        with self._tx() as s:
+            return int(s.scalar(query) or 0)
+
+    def counts_by_state(self) -> dict[JobState, int]:
+        with self._tx() as s:
+            rows = s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all()
+        counts = dict.fromkeys(JobState, 0)
+        counts.update({JobState(state): int(n) for state, n in rows})
+        return counts
+
+    # ---- tokens -----------------------------------------------------------------------------------
+
+    def add_token(self, *, token_hash: str, name: str, tenant: str, admin: bool) -> TokenInfo:
+        with self._tx() as s:
+            row = TokenRow(token_hash=token_hash, name=name, tenant=tenant, admin=admin, created_at=utcnow())
+            s.add(row)
+            s.flush()
+            return TokenInfo.model_validate(row)
+
+    def find_token(self, token_hash: str) -> TokenInfo | None:
+        """The live (not revoked) token with this hash."""
+        query = select(TokenRow).where(TokenRow.token_hash == token_hash, TokenRow.revoked_at.is_(None))
+        with self._tx() as s:
+            row = s.scalars(query).first()
+            return TokenInfo.model_validate(row) if row else None
+
+    def list_tokens(self) -> list[TokenInfo]:
+        with self._tx() as s:
+            return [TokenInfo.model_validate(r) for r in s.scalars(select(TokenRow).order_by(TokenRow.id))]
+
+    def revoke_token(self, token_id: int) -> bool:
+        """True if a live token was revoked."""
+        with self._tx() as s:
+            row = s.get(TokenRow, token_id)
+            if row is None or row.revoked_at is not None:
+                return False
+            row.revoked_at = utcnow()
+            return True

@@ -1,0 +1,239 @@
+"""The pinned model as flat parameter buffers and pure forward functions.
+
+Each network's parameters live in ONE contiguous tensor; `ParamLayout.views(flat)` cuts it into named,
+differentiable views. So a gradient is one flat tensor, Adam and the target EMA are a few passes over
+one buffer, and budget clipping is one norm per loss: the shapes the GPU plans need, written once.
+
+Networks (letters: B batch, K branches, A actions, N atoms, T taus, W window, F features, H hidden):
+- `main`: trunk (F→H→H), C51 dueling heads (value H→h→N, advantage H→h→K·A·N), IQN head
+  (cos(τ) → H, ⊙ h_s2, H→h→K·A) and E optional extra advantage heads. Budgeted gradients, EMA target.
+- `iql`: V(h_s2.detach()) H→h→1, its own Adam.
+- `attn`: window [W, F] → D, one 4-head self-attention block with FFN and 2 LayerNorms, mean-pool,
+  head D→F predicting the next state; its own Adam.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as fn
+from torch import Tensor
+
+from trainer.config import ModelConfig
+from trainer.losses.c51 import dueling_logits, expected_q
+from trainer.losses.iqn import cosine_features
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    obs_dim: int  # F
+    branches: int  # K
+    actions: int  # A
+    atoms: int  # N
+    hidden: int  # H
+    head_hidden: int
+    iqn_embed: int
+    iqn_hidden: int
+    iqn_taus: int  # T
+    iqn_target_taus: int  # T'
+    iql_hidden: int
+    attn_window: int  # W
+    attn_dim: int  # D
+    attn_heads: int
+    attn_ffn: int
+    ensemble_heads: int  # E
+    v_min: float
+    v_max: float
+
+    @classmethod
+    def build(cls, model: ModelConfig, obs_dim: int, branches: int, actions: int) -> ModelDims:
+        return cls(
+            obs_dim=obs_dim,
+            branches=branches,
+            actions=actions,
+            atoms=model.atoms,
+            hidden=model.hidden,
+            head_hidden=model.head_hidden,
+            iqn_embed=model.iqn_embed,
+            iqn_hidden=model.iqn_hidden,
+            iqn_taus=model.iqn_taus,
+            iqn_target_taus=model.iqn_target_taus,
+            iql_hidden=model.iql_hidden,
+            attn_window=model.attn_window,
+            attn_dim=model.attn_dim,
+            attn_heads=model.attn_heads,
+            attn_ffn=model.attn_ffn,
+            ensemble_heads=model.ensemble_heads,
+            v_min=model.v_min,
+            v_max=model.v_max,
+        )
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    fan_in: int  # for the uniform(±1/sqrt(fan_in)) init of nn.Linear; 0 = LayerNorm (ones/zeros)
+    matrix: bool = False  # a weight matrix: spectral norm and pruning apply
+
+
+class ParamLayout:
+    """Named slices of one flat parameter tensor."""
+
+    def __init__(self, specs: list[ParamSpec]) -> None:
+        self.specs = specs
+        self.offsets: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for spec in specs:
+            size = math.prod(spec.shape)
+            self.offsets[spec.name] = (offset, offset + size)
+            offset += size
+        self.size = offset
+
+    def views(self, flat: Tensor) -> dict[str, Tensor]:
+        """Differentiable views of `flat` [P], one per parameter, in its shape."""
+        return {
+            spec.name: flat[self.offsets[spec.name][0] : self.offsets[spec.name][1]].view(spec.shape)
+            for spec in self.specs
+        }
+
+    def init(self, generator: torch.Generator, device: torch.device) -> Tensor:
+        """nn.Linear's default init (uniform ±1/sqrt(fan_in)) for weights and biases; LayerNorm 1/0."""
+        flat = torch.empty(self.size, device=device)
+        views = self.views(flat)
+        for spec in self.specs:
+            view = views[spec.name]
+            if spec.fan_in == 0:
+                view.fill_(1.0 if spec.name.endswith("_w") else 0.0)
+                continue
+            bound = 1.0 / math.sqrt(spec.fan_in)
+            cpu = torch.rand(spec.shape, generator=generator) * 2 * bound - bound
+            view.copy_(cpu)
+        return flat
+
+    def matrices(self) -> list[ParamSpec]:
+        return [spec for spec in self.specs if spec.matrix]
+
+
+def _linear(name: str, out_dim: int, in_dim: int, matrix: bool = True) -> list[ParamSpec]:
+    return [ParamSpec(f"{name}_w", (out_dim, in_dim), in_dim, matrix), ParamSpec(f"{name}_b", (out_dim,), in_dim)]
+
+
+def main_layout(d: ModelDims) -> ParamLayout:
+    heads = d.branches * d.actions
+    specs = [
+        *_linear("trunk1", d.hidden, d.obs_dim),
+        *_linear("trunk2", d.hidden, d.hidden),
+        *_linear("value1", d.head_hidden, d.hidden),
+        *_linear("value2", d.atoms, d.head_hidden),
+        *_linear("adv1", d.head_hidden, d.hidden),
+        *_linear("adv2", heads * d.atoms, d.head_hidden),
+        *_linear("iqn_embed", d.hidden, d.iqn_embed),
+        *_linear("iqn1", d.iqn_hidden, d.hidden),
+        *_linear("iqn2", heads, d.iqn_hidden),
+    ]
+    if d.ensemble_heads:
+        e = d.ensemble_heads
+        specs += [
+            ParamSpec("ens1_w", (e, d.head_hidden, d.hidden), d.hidden),
+            ParamSpec("ens1_b", (e, d.head_hidden), d.hidden),
+            ParamSpec("ens2_w", (e, heads * d.atoms, d.head_hidden), d.head_hidden),
+            ParamSpec("ens2_b", (e, heads * d.atoms), d.head_hidden),
+        ]
+    return ParamLayout(specs)
+
+
+def iql_layout(d: ModelDims) -> ParamLayout:
+    return ParamLayout([*_linear("iql1", d.iql_hidden, d.hidden, False), *_linear("iql2", 1, d.iql_hidden, False)])
+
+
+def attn_layout(d: ModelDims) -> ParamLayout:
+    D = d.attn_dim
+    return ParamLayout(
+        [
+            *_linear("attn_embed", D, d.obs_dim, False),
+            *_linear("attn_in", 3 * D, D, False),
+            *_linear("attn_out", D, D, False),
+            ParamSpec("attn_ln1_w", (D,), 0),
+            ParamSpec("attn_ln1_b", (D,), 0),
+            *_linear("attn_ffn1", d.attn_ffn, D, False),
+            *_linear("attn_ffn2", D, d.attn_ffn, False),
+            ParamSpec("attn_ln2_w", (D,), 0),
+            ParamSpec("attn_ln2_b", (D,), 0),
+            *_linear("attn_head", d.obs_dim, D, False),
+        ]
+    )
+
+
+# ---------------------------------------------------------------- forward functions (pure)
+
+
+def trunk(p: dict[str, Tensor], obs: Tensor) -> Tensor:
+    """h_s2 = relu(W2 relu(W1 s + b1) + b2)."""
+    h_s1 = fn.relu(fn.linear(obs, p["trunk1_w"], p["trunk1_b"]))  # [B, H]
+    return fn.relu(fn.linear(h_s1, p["trunk2_w"], p["trunk2_b"]))  # [B, H]
+
+
+def value_logits(p: dict[str, Tensor], h_s2: Tensor) -> Tensor:
+    hidden = fn.relu(fn.linear(h_s2, p["value1_w"], p["value1_b"]))  # [B, h]
+    return fn.linear(hidden, p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
+
+
+def advantage_logits(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, h_s2: Tensor, d: ModelDims) -> Tensor:
+    hidden = fn.relu(fn.linear(h_s2, w1, b1))  # [B, h]
+    return fn.linear(hidden, w2, b2).view(-1, d.branches, d.actions, d.atoms)  # [B, K, A, N]
+
+
+def c51_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims) -> Tensor:
+    """Dueling per branch: logits = V + A − mean_a A."""
+    advantage = advantage_logits(p["adv1_w"], p["adv1_b"], p["adv2_w"], p["adv2_b"], h_s2, d)  # [B, K, A, N]
+    return dueling_logits(value_logits(p, h_s2), advantage)  # [B, K, A, N]
+
+
+def ensemble_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims) -> Tensor:
+    """E extra advantage heads sharing the value stream, batched over heads."""
+    hidden = fn.relu(torch.einsum("bh,eoh->ebo", h_s2, p["ens1_w"]) + p["ens1_b"][:, None, :])  # [E, B, h]
+    adv = torch.einsum("ebh,eoh->ebo", hidden, p["ens2_w"]) + p["ens2_b"][:, None, :]  # [E, B, K·A·N]
+    adv = adv.view(d.ensemble_heads, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
+    value = value_logits(p, h_s2)  # [B, 1, 1, N]
+    return torch.stack([dueling_logits(value, adv[e]) for e in range(d.ensemble_heads)])  # [E, B, K, A, N]
+
+
+def iqn_quantiles(p: dict[str, Tensor], h_s2: Tensor, tau: Tensor, d: ModelDims) -> Tensor:
+    """Z_tau(s, ·) = f(ψ(s) ⊙ φ(τ)), φ(τ) = relu(W cos(π i τ) + b)."""
+    phi = fn.relu(fn.linear(cosine_features(tau, d.iqn_embed), p["iqn_embed_w"], p["iqn_embed_b"]))  # [B, T, H]
+    mixed = h_s2[:, None, :] * phi  # [B, T, H]
+    hidden = fn.relu(fn.linear(mixed, p["iqn1_w"], p["iqn1_b"]))  # [B, T, h]
+    return fn.linear(hidden, p["iqn2_w"], p["iqn2_b"]).view(*tau.shape, d.branches, d.actions)  # [B, T, K, A]
+
+
+def iql_value(p: dict[str, Tensor], h_s2: Tensor) -> Tensor:
+    hidden = fn.relu(fn.linear(h_s2, p["iql1_w"], p["iql1_b"]))  # [B, h]
+    return fn.linear(hidden, p["iql2_w"], p["iql2_b"]).squeeze(-1)  # [B]
+
+
+def attention_predict(p: dict[str, Tensor], window: Tensor, d: ModelDims) -> Tensor:
+    """Predict the next state from the window: post-LN self-attention block, mean-pooled."""
+    B, W, _ = window.shape
+    D, heads = d.attn_dim, d.attn_heads
+    x = fn.linear(window, p["attn_embed_w"], p["attn_embed_b"])  # [B, W, D]
+    qkv = fn.linear(x, p["attn_in_w"], p["attn_in_b"]).view(B, W, 3, heads, D // heads)  # [B, W, 3, h, d]
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × [B, h, W, d]
+    attended = fn.scaled_dot_product_attention(q, k, v)  # [B, h, W, d]
+    attended = attended.transpose(1, 2).reshape(B, W, D)  # [B, W, D]
+    x = fn.layer_norm(x + fn.linear(attended, p["attn_out_w"], p["attn_out_b"]), (D,), p["attn_ln1_w"], p["attn_ln1_b"])
+    ffn = fn.linear(fn.relu(fn.linear(x, p["attn_ffn1_w"], p["attn_ffn1_b"])), p["attn_ffn2_w"], p["attn_ffn2_b"])
+    x = fn.layer_norm(x + ffn, (D,), p["attn_ln2_w"], p["attn_ln2_b"])  # [B, W, D]
+    return fn.linear(x.mean(dim=1), p["attn_head_w"], p["attn_head_b"])  # [B, F]
+
+
+def support(d: ModelDims, device: torch.device) -> Tensor:
+    return torch.linspace(d.v_min, d.v_max, d.atoms, device=device)  # [N]
+
+
+def greedy_action(p: dict[str, Tensor], obs: Tensor, d: ModelDims, atoms: Tensor) -> Tensor:
+    """argmax_a E[Z(s, a)] per branch: the acting policy."""
+    logits = c51_logits(p, trunk(p, obs), d)  # [B, K, A, N]
+    return expected_q(logits, atoms).argmax(dim=-1)  # [B, K]

@@ -1,0 +1,62 @@
+"""Execution plans: how `trainer.step.train_step` runs (eager, CUDA graph, two streams, fused, zero-copy).
+
+`make_plan` picks one; a plan this machine cannot run falls back to `eager` with a warning naming why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+
+import torch
+
+from trainer.config import PLANS, TrainConfig
+from trainer.plans.base import Plan
+from trainer.replay.buffer import ReplayBuffer
+from trainer.state import TrainState
+from trainer.step import SectionTimer
+
+# plan name -> (module, class); a plan is available once its module exists.
+_IMPLEMENTATIONS = {
+    "eager": ("trainer.plans.eager", "EagerPlan"),
+    "graph": ("trainer.plans.graph", "GraphPlan"),
+    "dual": ("trainer.plans.dual", "DualStreamPlan"),
+    "fused": ("trainer.plans.fused", "FusedPlan"),
+    "zerocopy": ("trainer.plans.zerocopy", "ZeroCopyPlan"),
+}
+
+
+class PlanFallbackWarning(RuntimeWarning):
+    """The chosen plan cannot run here; eager runs instead."""
+
+
+def unavailable_reason(name: str, device: torch.device) -> str | None:
+    """Why plan `name` cannot run on `device`, or None if it can."""
+    if name not in PLANS:
+        return f"unknown plan {name!r} (choose from {', '.join(PLANS)})"
+    if name == "eager":
+        return None
+    if device.type != "cuda":
+        return f"plan {name!r} needs a CUDA GPU and this run is on {device.type}"
+    module, _ = _IMPLEMENTATIONS[name]
+    if importlib.util.find_spec(module) is None:
+        return f"plan {name!r} is not implemented in this build"
+    return None
+
+
+def make_plan(
+    name: str,
+    state: TrainState,
+    replay: ReplayBuffer,
+    config: TrainConfig,
+    timer: SectionTimer,
+    generator: torch.Generator,
+) -> Plan:
+    reason = unavailable_reason(name, state.atoms.device)
+    if reason is not None:
+        warnings.warn(f"{reason}: falling back to the eager plan", PlanFallbackWarning, stacklevel=2)
+        name = "eager"
+    module, cls = _IMPLEMENTATIONS[name]
+    plan_class = getattr(importlib.import_module(module), cls)
+    return plan_class(state, replay, config, timer, generator)

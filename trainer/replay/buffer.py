@@ -1,0 +1,97 @@
+"""The replay buffer: storage + prioritised sampler + ring writer (+ HER), composed.
+
+`sample` / `sample_into` draw slots by priority, gather the rows, the attention window and (for
+goal-conditioned data) relabel goals, all as device tensor ops; `update_priorities` writes per-sample
+losses back by slot. Only `add`/`extend` run host code (the host produces the rows anyway).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from trainer.batch import Batch
+from trainer.config import TrainConfig
+from trainer.data.spec import EnvSpec, Transitions
+from trainer.replay.her import HindsightRelabeler
+from trainer.replay.sampler import PrioritizedSampler
+from trainer.replay.storage import TensorStorage
+from trainer.replay.writer import RingWriter
+
+
+class ReplayBuffer:
+    """GPU-resident prioritised replay for one run (`config.replay`, window `config.model.attn_window`)."""
+
+    def __init__(
+        self, config: TrainConfig, spec: EnvSpec, device: torch.device | str, generator: torch.Generator
+    ) -> None:
+        replay = config.replay
+        self.spec = spec
+        self.device = torch.device(device)
+        self.generator = generator
+        self.window = config.model.attn_window
+        self.storage = TensorStorage(spec, replay.capacity, config.data.num_envs, self.device, replay.storage_dtype)
+        self.sampler = PrioritizedSampler(
+            replay.capacity,
+            self.device,
+            alpha=replay.alpha,
+            beta_start=replay.beta_start,
+            beta_end=replay.beta_end,
+            total_steps=config.run.steps,
+            eps=replay.priority_eps,
+        )
+        self.writer = RingWriter(self.storage, self.sampler, config.data.num_envs)
+        use_her = replay.her and replay.her_ratio > 0 and spec.goal is not None
+        self.her = HindsightRelabeler(spec.goal, replay.her_ratio) if use_her and spec.goal else None
+
+    def __len__(self) -> int:
+        return len(self.writer)
+
+    def add(self, rows: Transitions) -> Tensor:
+        """One row per parallel env; returns the slots written."""
+        return self.writer.add(rows)
+
+    def extend(self, rows: Transitions) -> Tensor:
+        """A block of whole episodes (offline data); returns the slots written."""
+        return self.writer.extend(rows)
+
+    def empty_batch(self, batch_size: int) -> Batch:
+        """A static Batch of this buffer's shapes, for `sample_into`."""
+        return Batch.empty(batch_size, self.spec.obs_dim, self.spec.branches, self.window, self.device)
+
+    def sample(self, batch_size: int, step: int | Tensor) -> Batch:
+        """A fresh Batch of `batch_size` prioritised samples at update `step` (for the beta schedule)."""
+        return self.sample_into(self.empty_batch(batch_size), step)
+
+    def sample_into(self, batch: Batch, step: int | Tensor) -> Batch:
+        """Fill the static `batch` in place: no allocation visible to the caller, no host sync."""
+        index, weight = self.sampler.sample(batch.size, step, self.generator)  # [B], [B]
+        store = self.storage
+        batch.index.copy_(index)
+        batch.weight.copy_(weight)
+        batch.obs.copy_(store.obs[index])
+        batch.next_obs.copy_(store.next_obs[index])
+        batch.action.copy_(store.action[index])
+        batch.reward.copy_(store.reward[index])
+        batch.done.copy_(store.done[index])
+        if self.her is not None:
+            self.her.relabel(store, index, batch.obs, batch.next_obs, batch.reward, self.generator)
+        # the window ends at obs, so it carries obs's (possibly relabelled) goal at its last step
+        batch.window.copy_(store.window(index, batch.window.shape[1]))
+        batch.window[:, -1].copy_(batch.obs)
+        return batch
+
+    def update_priorities(self, index: Tensor, loss: Tensor) -> None:
+        """priority_i = (|loss_i| + eps)^alpha for the slots `index` [B] (on the device, no sync)."""
+        self.sampler.update(index, loss)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every tensor of the buffer, flat with dotted prefixes (safetensors-ready)."""
+        parts = {"storage": self.storage, "sampler": self.sampler, "writer": self.writer}
+        return {f"{name}.{key}": value for name, part in parts.items() for key, value in part.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        parts = {"storage": self.storage, "sampler": self.sampler, "writer": self.writer}
+        for name, part in parts.items():
+            prefix = f"{name}."
+            part.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})

@@ -1,0 +1,145 @@
+"""Proportional prioritised sampling (Schaul et al. 2016) from a sum-tree kept on the device.
+
+    P(i) = p_i^alpha / sum_j p_j^alpha             (alpha = 0 is uniform sampling)
+    w_i  = (N * P(i))^-beta / max_{b in batch} w_b (N = transitions stored, beta annealed to 1)
+    p_i  = |loss_i| + eps                          (new transitions get the largest p seen so far)
+
+The tree is one float64 array of 2*P entries (P = capacity rounded up to a power of two): node 1 is
+the root, node n has children 2n and 2n+1, leaves P..2P-1 hold p_i^alpha. Sampling and updates are
+tensor ops over the batch with a fixed Python loop over the log2(P) levels: no host sync, so both can
+be captured in a CUDA graph. float64 keeps the sums exact enough at a million leaves.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class Sampler(Protocol):
+    """Picks slots to train on and learns their priorities."""
+
+    def on_write(self, slots: Tensor, size: int) -> None: ...
+
+    def sample(self, batch_size: int, step: int | Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]: ...
+
+    def update(self, index: Tensor, loss: Tensor) -> None: ...
+
+    def state_dict(self) -> dict[str, Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None: ...
+
+
+def _check_unit(name: str, value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    return float(value)
+
+
+class PrioritizedSampler:
+    """Sum-tree PER sampler with alpha fixed and beta annealed linearly over `total_steps` updates."""
+
+    def __init__(
+        self,
+        capacity: int,
+        device: torch.device | str,
+        *,
+        alpha: float,
+        beta_start: float,
+        beta_end: float,
+        total_steps: int,
+        eps: float = 1e-6,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"sampler capacity must be >= 1, got {capacity}")
+        if total_steps < 1:
+            raise ValueError(f"total_steps for the beta schedule must be >= 1, got {total_steps}")
+        if eps <= 0.0:
+            raise ValueError(f"priority eps must be > 0, got {eps}")
+        self.alpha = _check_unit("replay.alpha", alpha)
+        self.beta_start = _check_unit("replay.beta_start", beta_start)
+        self.beta_end = _check_unit("replay.beta_end", beta_end)
+        self.total_steps = total_steps
+        self.eps = eps
+        self.capacity = capacity
+        self.depth = max(1, (capacity - 1).bit_length())  # log2(P)
+        self.leaves = 1 << self.depth  # P
+        self.device = torch.device(device)
+        self.tree = torch.zeros(2 * self.leaves, dtype=torch.float64, device=self.device)
+        self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)
+        self.size = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    def beta(self, step: int | Tensor) -> float | Tensor:
+        """beta(step) = beta_start + (beta_end - beta_start) * min(step / total_steps, 1)."""
+        if isinstance(step, Tensor):
+            frac = (step.to(torch.float64) / self.total_steps).clamp(0.0, 1.0)
+        else:
+            frac = min(max(step / self.total_steps, 0.0), 1.0)
+        return self.beta_start + (self.beta_end - self.beta_start) * frac
+
+    def total(self) -> Tensor:
+        """sum_j p_j^alpha (the root)."""
+        return self.tree[1]
+
+    def priorities(self) -> Tensor:
+        """p_i^alpha of every slot [capacity] (a view of the leaves)."""
+        return self.tree[self.leaves : self.leaves + self.capacity]
+
+    def _set_leaves(self, slots: Tensor, value: Tensor) -> None:
+        """Write leaves, then recompute each ancestor level from its children (duplicates are safe)."""
+        node = slots + self.leaves  # [M]
+        self.tree.index_put_((node,), value)
+        for _ in range(self.depth):
+            node = node // 2
+            self.tree.index_put_((node,), self.tree[2 * node] + self.tree[2 * node + 1])
+
+    def on_write(self, slots: Tensor, size: int) -> None:
+        """New rows at `slots` get p = max priority so far; `size` rows are now stored."""
+        value = self.max_priority.pow(self.alpha).expand(slots.shape[0])  # [M]
+        self._set_leaves(slots.to(self.device), value)
+        self.size.fill_(min(size, self.capacity))
+
+    def update(self, index: Tensor, loss: Tensor) -> None:
+        """p = |loss| + eps for the sampled slots `index` [B]; tree and max priority follow."""
+        p = loss.detach().abs().to(torch.float64) + self.eps  # [B]
+        p = torch.where(torch.isfinite(p), p, self.max_priority)  # a non-finite loss must not poison the tree
+        self._set_leaves(index, p.pow(self.alpha))
+        torch.maximum(self.max_priority, p.max(), out=self.max_priority)
+
+    def sample(self, batch_size: int, step: int | Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Stratified draw of `batch_size` slots and their importance weights ([B] int64, [B] float32).
+
+        Segment b of the total mass [b, b+1) * total / B gets one uniform point u_b; each level sends
+        u right (subtracting the left mass) when u >= left and the right child has mass.
+        """
+        total = self.tree[1]
+        u = (torch.arange(batch_size, device=self.device, dtype=torch.float64)
+             + torch.rand(batch_size, device=self.device, dtype=torch.float64, generator=generator))
+        u = u * (total / batch_size)  # [B]
+        node = torch.ones(batch_size, dtype=torch.int64, device=self.device)  # [B]
+        for _ in range(self.depth):
+            left = self.tree[2 * node]  # [B]
+            right = self.tree[2 * node + 1]  # [B]
+            go_right = (u >= left) & (right > 0)  # [B]
+            u = torch.where(go_right, u - left, u)
+            node = 2 * node + go_right.long()
+        index = node - self.leaves  # [B]
+        # w_i = (N * P(i))^-beta, normalised by the batch maximum
+        prob = self.tree[node] / total  # [B]
+        weight = (self.size.to(torch.float64) * prob).pow(-self.beta(step))  # [B]
+        return index, (weight / weight.max()).to(torch.float32)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"tree": self.tree, "max_priority": self.max_priority, "size": self.size}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if state["tree"].shape != self.tree.shape:
+            raise ValueError(
+                f"replay sampler checkpoint: tree has shape {tuple(state['tree'].shape)}, "
+                f"expected {tuple(self.tree.shape)} (capacity changed?)"
+            )
+        self.tree.copy_(state["tree"])
+        self.max_priority.copy_(state["max_priority"])
+        self.size.copy_(state["size"])

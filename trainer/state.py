@@ -1,0 +1,100 @@
+"""TrainState: every tensor the update reads or writes, allocated once with static shapes.
+
+Plans capture the step over these exact tensors, so updates are in place (`copy_`) and nothing is
+reallocated; checkpoints save `tensors()` by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trainer.budgets import AdamMoments, pruning_mask, spectral_u_init
+from trainer.config import TrainConfig
+from trainer.model import ModelDims, ParamLayout, attn_layout, iql_layout, main_layout, support
+
+
+@dataclass
+class TrainState:
+    dims: ModelDims
+    main: ParamLayout
+    iql: ParamLayout
+    attn: ParamLayout
+    online: Tensor  # [Pm] main network; a leaf that requires grad (views of it are differentiable)
+    target: Tensor  # [Pm] EMA of online
+    adam_main: AdamMoments
+    iql_params: Tensor  # [Pq]
+    adam_iql: AdamMoments
+    attn_params: Tensor  # [Pa]
+    adam_attn: AdamMoments
+    prune_mask: Tensor  # [Pm] 1 keep / 0 pruned
+    spectral_u: Tensor  # [ΣR] power-iteration vectors
+    updates: Tensor  # [] float: accepted updates, Adam's t
+    guard_skips: Tensor  # [] int64: updates skipped by the guard
+    causal_effects: Tensor  # [F] last causal intervention effect per feature
+    atoms: Tensor  # [N] the value support
+
+    @classmethod
+    def create(cls, config: TrainConfig, dims: ModelDims, device: torch.device) -> TrainState:
+        generator = torch.Generator().manual_seed(config.run.seed)
+        main, iql, attn = main_layout(dims), iql_layout(dims), attn_layout(dims)
+        mask = pruning_mask(main, config.optim.prune_sparsity, generator, device)
+        online = main.init(generator, device) * mask
+        return cls(
+            dims=dims,
+            main=main,
+            iql=iql,
+            attn=attn,
+            online=online.requires_grad_(True),
+            target=online.detach().clone(),
+            adam_main=AdamMoments.zeros(main.size, device),
+            iql_params=iql.init(generator, device).requires_grad_(True),
+            adam_iql=AdamMoments.zeros(iql.size, device),
+            attn_params=attn.init(generator, device).requires_grad_(True),
+            adam_attn=AdamMoments.zeros(attn.size, device),
+            prune_mask=mask,
+            spectral_u=spectral_u_init(main, generator, device),
+            updates=torch.zeros((), device=device),
+            guard_skips=torch.zeros((), dtype=torch.int64, device=device),
+            causal_effects=torch.zeros(dims.obs_dim, device=device),
+            atoms=support(dims, device),
+        )
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every stateful tensor by a stable name (checkpoints, equivalence tests)."""
+        return {
+            "online": self.online,
+            "target": self.target,
+            "adam_main.m": self.adam_main.m,
+            "adam_main.v": self.adam_main.v,
+            "iql": self.iql_params,
+            "adam_iql.m": self.adam_iql.m,
+            "adam_iql.v": self.adam_iql.v,
+            "attn": self.attn_params,
+            "adam_attn.m": self.adam_attn.m,
+            "adam_attn.v": self.adam_attn.v,
+            "prune_mask": self.prune_mask,
+            "spectral_u": self.spectral_u,
+            "updates": self.updates,
+            "guard_skips": self.guard_skips,
+            "causal_effects": self.causal_effects,
+        }
+
+    @torch.no_grad()
+    def load_tensors(self, tensors: dict[str, Tensor]) -> None:
+        own = self.tensors()
+        missing = sorted(set(own) - set(tensors))
+        if missing:
+            raise ValueError(f"checkpoint lacks state tensors: {', '.join(missing)}")
+        for name, tensor in own.items():
+            if tensors[name].shape != tensor.shape:
+                raise ValueError(
+                    f"checkpoint tensor {name} has shape {tuple(tensors[name].shape)}, "
+                    f"this model needs {tuple(tensor.shape)}"
+                )
+            tensor.copy_(tensors[name])
+
+    def parameter_count(self) -> dict[str, int]:
+        return {"main": self.main.size, "iql": self.iql.size, "attn": self.attn.size}

@@ -1,0 +1,269 @@
+"""Per-component step timing that never synchronises the host inside a step.
+
+On CUDA each section is a pair of `torch.cuda.Event(enable_timing=True)` recorded on the current
+stream; the events are read back later (`drain`, `means_ms`), only once the GPU has passed them, so
+timing a step costs two event records per component and no sync. On CPU the work is synchronous and
+a monotonic clock (`time.perf_counter_ns`) is exact. `enabled=False` turns every call into a no-op,
+which is how the benchmark measures the cost of measuring.
+
+Components of one step with the same name are summed (a plan may sample twice). A component that
+does not run every step (vaccine, causal) is absent from the steps it skips; `means_ms` averages
+over all steps of the window, so the components add up to the step time.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+STEP = "step"
+"""The whole-step span recorded by `end_step`, from `begin_step` (or the first section) to its end."""
+
+EAGER_COMPONENTS: tuple[str, ...] = (
+    "sample",
+    "spectral",
+    "forward_backward",
+    "clip_prune",
+    "adam",
+    "ema",
+    "attention",
+    "iql",
+    "iqn",
+    "ensemble",
+    "vaccine",
+    "causal",
+    "guard",
+    "priority",
+)
+"""Component names of the eager plan, in step order (also the order of the breakdown line)."""
+
+GRAPH_COMPONENTS: tuple[str, ...] = ("sample", "graph", "aux_stream", "guard")
+"""Component names every graphed plan uses (a plan may add its own)."""
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_CPU = "cpu"
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name) or name == STEP:
+        raise ValueError(f"component name {name!r} must match [a-z][a-z0-9_]* and not be {STEP!r}")
+
+
+@dataclass
+class _Step:
+    """One step's recorded marks: CUDA event pairs or perf_counter_ns pairs, by component."""
+
+    spans: list[tuple[str, object, object, bool]] = field(default_factory=list)
+    start: object | None = None
+    end: object | None = None
+
+
+class StepTimer:
+    """Times named components of each training step; see the module docstring for the model.
+
+    `capacity` bounds memory: the ring of read-back steps (for `means_ms`), the undrained steps
+    (for `drain`) and the steps whose events the GPU has not reached yet. If the GPU falls more than
+    `capacity` steps behind, the oldest pending step is waited for (a rare, bounded sync).
+    """
+
+    def __init__(self, device: torch.device | str, enabled: bool = True, capacity: int = 2000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.device = torch.device(device)
+        self.enabled = enabled
+        self.capacity = capacity
+        self._cuda = self.device.type == "cuda"
+        if self._cuda and not torch.cuda.is_available():
+            raise ValueError(f"StepTimer on {self.device} but CUDA is not available")
+        self._lock = threading.Lock()
+        self._pool: list[torch.cuda.Event] = []
+        self._current: _Step | None = None
+        self._pending: deque[_Step] = deque()
+        self._ring: deque[dict[str, float]] = deque(maxlen=capacity)
+        self._undrained: deque[dict[str, float]] = deque(maxlen=capacity)
+        self.steps_timed = 0
+
+    # ---- marks -------------------------------------------------------------------------------
+
+    def _mark(self) -> object:
+        """A point in time on the current stream: a recorded event (CUDA) or ns of the clock."""
+        if not self._cuda:
+            return time.perf_counter_ns()
+        with self._lock:
+            event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def _step(self) -> _Step:
+        if self._current is None:
+            self._current = _Step()
+        return self._current
+
+    def begin_step(self) -> None:
+        """Start the whole-step span explicitly (otherwise it starts at the step's first section)."""
+        if not self.enabled:
+            return
+        step = self._step()
+        if step.start is None:
+            step.start = self._mark()
+
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """Time the enclosed work of the current step as component `name`."""
+        if not self.enabled:
+            yield
+            return
+        _check_name(name)
+        step = self._step()
+        start = self._mark()
+        if step.start is None:
+            step.start = start
+        try:
+            yield
+        finally:
+            step.spans.append((name, start, self._mark(), True))
+
+    def record_span(self, name: str, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
+        """Add a span timed by the caller's own events (graph segments, the aux stream).
+
+        The events stay the caller's: they are read, never reused by the timer. Record them before
+        `end_step` and do not re-record them until this step has been read back.
+        """
+        if not self.enabled:
+            return
+        _check_name(name)
+        if not self._cuda:
+            raise ValueError("record_span takes CUDA events; on CPU use section()")
+        self._step().spans.append((name, start, end, False))
+
+    def end_step(self) -> None:
+        """Close the current step; its times become readable once the device has passed them."""
+        if not self.enabled:
+            return
+        step = self._current
+        if step is None or step.start is None:
+            raise RuntimeError("end_step() without begin_step() or a section in this step")
+        step.end = self._mark()
+        self._current = None
+        with self._lock:
+            self._pending.append(step)
+            overflow = len(self._pending) > self.capacity
+        if overflow:
+            self._collect(block_oldest=True)
+
+    # ---- read-back ---------------------------------------------------------------------------
+
+    def _ready(self, step: _Step) -> bool:
+        if not self._cuda:
+            return True
+        if not step.end.query():  # type: ignore[union-attr]
+            return False
+        return all(end.query() for _, _, end, _ in step.spans)  # type: ignore[attr-defined]
+
+    def _seconds(self, start: object, end: object) -> float:
+        if self._cuda:
+            return start.elapsed_time(end) / 1e3  # type: ignore[attr-defined]
+        return (end - start) / 1e9  # type: ignore[operator]
+
+    def _read(self, step: _Step) -> dict[str, float]:
+        times: dict[str, float] = {}
+        for name, start, end, _ in step.spans:
+            times[name] = times.get(name, 0.0) + self._seconds(start, end)
+        times[STEP] = self._seconds(step.start, step.end)
+        if self._cuda:
+            owned = [step.start, step.end]
+            for _, start, end, mine in step.spans:
+                if mine:
+                    owned += [start, end]
+            # The step's start is also its first section's start: return each event once.
+            unique = {id(event): event for event in owned}
+            self._pool.extend(unique.values())  # type: ignore[arg-type]
+        return times
+
+    def _collect(self, block: bool = False, block_oldest: bool = False) -> None:
+        """Move every step the device has finished from pending to the ring and the undrained list."""
+        with self._lock:
+            if block and self._cuda and self._pending:
+                torch.cuda.synchronize(self.device)
+            if block_oldest and self._cuda and self._pending:
+                oldest = self._pending[0]
+                for _, _, end, _ in oldest.spans:
+                    end.synchronize()  # type: ignore[attr-defined]
+                oldest.end.synchronize()  # type: ignore[union-attr]
+            while self._pending and self._ready(self._pending[0]):
+                times = self._read(self._pending.popleft())
+                self._ring.append(times)
+                self._undrained.append(times)
+                self.steps_timed += 1
+
+    def drain(self, block: bool = False) -> dict[str, list[float]]:
+        """Seconds per component for each step read back since the last drain (oldest first).
+
+        Non-blocking by default: steps the GPU has not finished stay pending for a later call.
+        `block=True` synchronises the device once, so every closed step is returned.
+        """
+        if not self.enabled:
+            return {}
+        self._collect(block=block)
+        out: dict[str, list[float]] = {}
+        with self._lock:
+            while self._undrained:
+                for name, seconds in self._undrained.popleft().items():
+                    out.setdefault(name, []).append(seconds)
+        return out
+
+    def means_ms(self, window: int | None = None, block: bool = False) -> dict[str, float]:
+        """Mean milliseconds per step of each component over the last `window` read-back steps.
+
+        Independent of `drain`: both see every step. A component absent from some steps counts as
+        0 there, so the components' means add up to the mean step time (minus untimed gaps).
+        """
+        if not self.enabled:
+            return {}
+        if window is not None and window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self._collect(block=block)
+        with self._lock:
+            steps = list(self._ring)[-window:] if window else list(self._ring)
+        if not steps:
+            return {}
+        totals: dict[str, float] = {}
+        for times in steps:
+            for name, seconds in times.items():
+                totals[name] = totals.get(name, 0.0) + seconds
+        return {name: 1e3 * total / len(steps) for name, total in totals.items()}
+
+    @property
+    def pending(self) -> int:
+        """Closed steps whose events the device has not passed yet."""
+        return len(self._pending)
+
+
+def _order(names: list[str]) -> list[str]:
+    known = [n for n in EAGER_COMPONENTS + GRAPH_COMPONENTS if n in names]
+    known = list(dict.fromkeys(known))
+    return known + sorted(n for n in names if n not in known and n != STEP)
+
+
+def format_breakdown(plan: str, means_ms: Mapping[str, float]) -> str:
+    """The log line: sample, the fused rest, guard, then every component (3 decimals, ms).
+
+    `fused` is everything that is neither sample nor guard (nor the whole-step span): the part the
+    plan fuses. The whole step follows the per-step list as `step=`.
+    """
+    components = [name for name in means_ms if name != STEP]
+    fused = sum(ms for name, ms in means_ms.items() if name not in ("sample", "guard", STEP))
+    per_step = " ".join(f"{name}={means_ms[name]:.3f}ms" for name in _order(components))
+    if STEP in means_ms:
+        per_step = f"{per_step} {STEP}={means_ms[STEP]:.3f}ms".strip()
+    return (
+        f"Training step breakdown: sample={means_ms.get('sample', 0.0):.3f}ms fused={fused:.3f}ms "
+        f"guard={means_ms.get('guard', 0.0):.3f}ms (per-step: {per_step}) plan={plan}"
+    )
