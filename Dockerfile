@@ -3,13 +3,11 @@
 #   docker build --target service -t foxhunt-service:$(git rev-parse HEAD) .
 #   docker build --target trainer -t foxhunt-trainer:$(git rev-parse HEAD) .
 # The Argo templates pull the trainer by commit sha, so tag it with the full sha.
-# Base images are pinned by exact tag; pin by digest in your registry mirror if you need immutability.
-
-ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
-ARG TORCH_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
+# Base images are pinned by exact tag (Python 3.11.13 on Debian bookworm; PyTorch 2.11.0 with
+# CUDA 12.8 and cuDNN 9); pin by digest in your registry mirror if you need immutability.
 
 # ---------------------------------------------------------------- service: build a venv
-FROM ${PYTHON_IMAGE} AS service-build
+FROM python:3.11.13-slim-bookworm AS service-build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
@@ -21,7 +19,7 @@ RUN --mount=type=bind,target=/src,rw \
     pip install --no-cache-dir "./[service]"
 
 # ---------------------------------------------------------------- service: runtime
-FROM ${PYTHON_IMAGE} AS service
+FROM python:3.11.13-slim-bookworm AS service
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="foxhunt-service" \
@@ -46,7 +44,7 @@ ENTRYPOINT ["foxhunt"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
 
 # ---------------------------------------------------------------- trainer
-FROM ${TORCH_IMAGE} AS trainer
+FROM pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime AS trainer
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="foxhunt-trainer" \

@@ -56,6 +56,4 @@ class BackendStatus(BaseModel):
     breakdown_ms: dict[str, float] | None = Field(None, description="Last per-step breakdown, if known.")
     epoch_seconds: float | None = None
     step: int | None = None
-    attempt: int | None = Field(
-        None, description="Which attempt (JobSpec.attempt) this status describes, if known."
-    )
+    attempt: int | None = Field(None, description="Which attempt (JobSpec.attempt) this status describes, if known.")

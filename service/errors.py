@@ -7,7 +7,7 @@ class DomainError(Exception):
     """Base of errors a client caused or can act on; the message is one line."""
 
 
-class JobNotFound(DomainError):  # noqa: N818 (STYLE.md names these)
+class JobNotFound(DomainError):
     """No such job, or not visible to this tenant (the two are indistinguishable on purpose)."""
 
     def __init__(self, job_id: str) -> None:
@@ -15,7 +15,7 @@ class JobNotFound(DomainError):  # noqa: N818 (STYLE.md names these)
         self.job_id = job_id
 
 
-class IdempotencyConflict(DomainError):  # noqa: N818 (STYLE.md names these)
+class IdempotencyConflict(DomainError):
     """The idempotency key (or job name) was used before with a different request body."""
 
     def __init__(self, job_id: str) -> None:
@@ -23,25 +23,29 @@ class IdempotencyConflict(DomainError):  # noqa: N818 (STYLE.md names these)
         self.job_id = job_id
 
 
-class InvalidTransition(DomainError):  # noqa: N818 (STYLE.md names these)
+class InvalidTransition(DomainError):
     """The job is in a state that does not allow this action (e.g. retrying a running job)."""
 
 
-class QuotaExceeded(DomainError):  # noqa: N818 (STYLE.md names these)
+class QuotaExceeded(DomainError):
     """The tenant's GPU quota on the pool would be exceeded."""
 
 
-class UnknownPool(DomainError):  # noqa: N818 (STYLE.md names these)
+class UnknownPool(DomainError):
     """The job names a pool that is not configured."""
 
 
-class InvalidRequest(DomainError):  # noqa: N818 (STYLE.md names these)
+class InvalidRequest(DomainError):
     """A request that is well-formed but cannot be used (bad cursor, bad label selector)."""
 
 
-class Unauthorized(DomainError):  # noqa: N818 (STYLE.md names these)
+class Unauthorized(DomainError):
     """Missing, unknown or revoked bearer token."""
 
 
-class Forbidden(DomainError):  # noqa: N818 (STYLE.md names these)
+class Forbidden(DomainError):
     """Authenticated, but the role does not allow this."""
+
+
+class ServiceUnavailable(DomainError):
+    """A dependency of the controller (the database) does not answer."""

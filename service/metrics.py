@@ -73,8 +73,7 @@ class ControllerMetrics:
         )
         self.recoveries = Counter(
             "foxhunt_reconcile_recoveries_total",
-            "Reconciler repairs by cause (resubmitted, cancel_resent, cancel_forced, lost, deadline, "
-            "watch_restarted).",
+            "Reconciler repairs by cause (resubmitted, cancel_resent, cancel_forced, lost, deadline, watch_restarted).",
             ["cause"],
             registry=registry,
         )

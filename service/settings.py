@@ -18,6 +18,7 @@ DEFAULT_LOCAL_COMMAND: tuple[str, ...] = (
     "{config}",
     "--run-dir",
     "{run_dir}",
+    "{resume}",
 )
 
 
@@ -32,7 +33,10 @@ class Settings(BaseSettings):
     jobs_dir: Path = Field(Path("./foxhunt-jobs"), description="Working directory of the local backend.")
     local_command: list[str] = Field(
         default_factory=lambda: list(DEFAULT_LOCAL_COMMAND),
-        description="Command the local backend runs; {config}, {run_dir} and {job_id} are filled in.",
+        description=(
+            "Command the local backend runs; {config}, {run_dir}, {job_id} are filled in; "
+            "{resume} becomes --resume on a retry that has a checkpoint."
+        ),
     )
     local_gpus: int | None = Field(None, ge=0, description="GPUs the local backend may use (None: detect).")
     auth_disabled: bool = Field(False, description="Dev mode: no tokens, every caller is tenant 'default'.")

@@ -129,9 +129,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         created, job_id = json.loads(raw)
         return datetime.fromisoformat(created), str(job_id)
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise InvalidRequest(
-            f"invalid cursor {cursor!r}: pass back next_cursor from a previous page"
-        ) from None
+        raise InvalidRequest(f"invalid cursor {cursor!r}: pass back next_cursor from a previous page") from None
 
 
 def parse_label_selector(selector: str) -> dict[str, str]:
@@ -257,9 +255,7 @@ class Store:
             query = query.where(JobRow.submitter == submitter)
         for key, value in (labels or {}).items():
             query = query.where(
-                exists().where(
-                    JobLabelRow.job_id == JobRow.id, JobLabelRow.key == key, JobLabelRow.value == value
-                )
+                exists().where(JobLabelRow.job_id == JobRow.id, JobLabelRow.key == key, JobLabelRow.value == value)
             )
         if cursor is not None:
             created, last_id = decode_cursor(cursor)
@@ -321,9 +317,7 @@ class Store:
             self._event(s, row, now)
             return True
 
-    def set_state(
-        self, job_id: str, state: JobState, *, reason: str | None, message: str | None = None
-    ) -> None:
+    def set_state(self, job_id: str, state: JobState, *, reason: str | None, message: str | None = None) -> None:
         """Controller-observed state (e.g. the backend lost the job); ignored once terminal."""
         now = utcnow()
         with self._tx() as s:
@@ -335,9 +329,7 @@ class Store:
                 row.finished_at = now
             self._event(s, row, now)
 
-    def request_cancel(
-        self, job_id: str, *, tenant: str | None, reason: str = "CancelRequested"
-    ) -> JobRecord:
+    def request_cancel(self, job_id: str, *, tenant: str | None, reason: str = "CancelRequested") -> JobRecord:
         """Record a cancel; a job the backend never got is cancelled at once."""
         now = utcnow()
         with self._tx() as s:

@@ -198,6 +198,7 @@ def train_step(
     reward = batch.reward * hp.reward_scale  # [B]
     losses: dict[str, Tensor] = {}
     budgeted: dict[str, Tensor] = {}
+    t = state.updates + 1  # [] Adam's 1-based update count; first, so every group's update may fork from here
 
     with timer.section("forward_backward"):
         p = state.main.views(state.online)
@@ -263,7 +264,6 @@ def train_step(
         grad = combine_budgeted(grads, hp.budgets) * state.prune_mask  # [Pm]
 
     with timer.section("adam"):
-        t = state.updates + 1  # []
         candidate, m, v = adam_update(
             state.online.detach(), grad, state.adam_main, t, hp.lr, hp.beta1, hp.beta2, hp.eps
         )

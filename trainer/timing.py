@@ -17,8 +17,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -84,6 +83,8 @@ class StepTimer:
             raise ValueError(f"StepTimer on {self.device} but CUDA is not available")
         self._lock = threading.Lock()
         self._pool: list[torch.cuda.Event] = []
+        self._stream: torch.cuda.Stream | None = None
+        self._names: set[str] = set()
         self._current: _Step | None = None
         self._pending: deque[_Step] = deque()
         self._ring: deque[dict[str, float]] = deque(maxlen=capacity)
@@ -93,17 +94,19 @@ class StepTimer:
     # ---- marks -------------------------------------------------------------------------------
 
     def _mark(self) -> object:
-        """A point in time on the current stream: a recorded event (CUDA) or ns of the clock."""
+        """A point in time on the step's stream: a recorded event (CUDA) or ns of the clock."""
         if not self._cuda:
             return time.perf_counter_ns()
         with self._lock:
             event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
+        event.record(self._stream)
         return event
 
     def _step(self) -> _Step:
         if self._current is None:
             self._current = _Step()
+            if self._cuda:
+                self._stream = torch.cuda.current_stream(self.device)
         return self._current
 
     def begin_step(self) -> None:
@@ -114,21 +117,16 @@ class StepTimer:
         if step.start is None:
             step.start = self._mark()
 
-    @contextmanager
-    def section(self, name: str) -> Iterator[None]:
-        """Time the enclosed work of the current step as component `name`."""
-        if not self.enabled:
-            yield
-            return
-        _check_name(name)
-        step = self._step()
-        start = self._mark()
-        if step.start is None:
-            step.start = start
-        try:
-            yield
-        finally:
-            step.spans.append((name, start, self._mark(), True))
+    def section(self, name: str) -> _Section:
+        """Time the enclosed work of the current step as component `name` (a context manager).
+
+        On CUDA both marks go on the stream that was current when the step began (looking the
+        current stream up costs more than recording an event); time other streams with record_span.
+        """
+        if name not in self._names:
+            _check_name(name)
+            self._names.add(name)
+        return _Section(self, name)
 
     def record_span(self, name: str, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
         """Add a span timed by the caller's own events (graph segments, the aux stream).
@@ -244,6 +242,29 @@ class StepTimer:
     def pending(self) -> int:
         """Closed steps whose events the device has not passed yet."""
         return len(self._pending)
+
+
+class _Section:
+    """The context of one `StepTimer.section` (a class, not a generator: it is entered ~15 times a step)."""
+
+    __slots__ = ("_name", "_start", "_step", "_timer")
+
+    def __init__(self, timer: StepTimer, name: str) -> None:
+        self._timer = timer
+        self._name = name
+
+    def __enter__(self) -> None:
+        timer = self._timer
+        if not timer.enabled:
+            return
+        self._step = timer._step()
+        self._start = timer._mark()
+        if self._step.start is None:
+            self._step.start = self._start
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer.enabled:
+            self._step.spans.append((self._name, self._start, self._timer._mark(), True))
 
 
 def _order(names: list[str]) -> list[str]:

@@ -13,9 +13,7 @@ from torch import Tensor
 from trainer.losses._shapes import expect_shape
 
 
-def categorical_projection(
-    next_pmf: Tensor, reward: Tensor, done: Tensor, gamma: float, support: Tensor
-) -> Tensor:
+def categorical_projection(next_pmf: Tensor, reward: Tensor, done: Tensor, gamma: float, support: Tensor) -> Tensor:
     """Project the Bellman-shifted target distribution back onto the fixed support (the C51 target).
 
     next_pmf [B, K, N] is the target net's distribution at the Double-DQN action a*; done is 1.0 on

@@ -41,8 +41,9 @@ class ReplayBuffer:
             eps=replay.priority_eps,
         )
         self.writer = RingWriter(self.storage, self.sampler, config.data.num_envs)
-        use_her = replay.her and replay.her_ratio > 0 and spec.goal is not None
-        self.her = HindsightRelabeler(spec.goal, replay.her_ratio) if use_her and spec.goal else None
+        self.her: HindsightRelabeler | None = None
+        if replay.her and replay.her_ratio > 0 and spec.goal is not None:
+            self.her = HindsightRelabeler(spec.goal, replay.her_ratio)
 
     def __len__(self) -> int:
         return len(self.writer)
@@ -74,11 +75,12 @@ class ReplayBuffer:
         batch.action.copy_(store.action[index])
         batch.reward.copy_(store.reward[index])
         batch.done.copy_(store.done[index])
+        window, valid = store.window(index, batch.window.shape[1])  # [B, W, F], [B, W]
+        batch.window.copy_(window)
         if self.her is not None:
-            self.her.relabel(store, index, batch.obs, batch.next_obs, batch.reward, self.generator)
-        # the window ends at obs, so it carries obs's (possibly relabelled) goal at its last step
-        batch.window.copy_(store.window(index, batch.window.shape[1]))
-        batch.window[:, -1].copy_(batch.obs)
+            self.her.relabel(
+                store, index, batch.obs, batch.next_obs, batch.reward, batch.window, valid, self.generator
+            )
         return batch
 
     def update_priorities(self, index: Tensor, loss: Tensor) -> None:

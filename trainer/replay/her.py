@@ -4,7 +4,7 @@ For a fraction `ratio` of the sampled rows i (episode e, step s, episode length 
 
     s'        ~ Uniform{s, ..., L-1}                       a step at or after s in episode e
     g'        = achieved_goal[slot of (e, s')]             slot = (serial_i + (s'-s) * stride_i) mod C
-    obs[goal] = next_obs[goal] = g'
+    obs[goal] = next_obs[goal] = g'   (and the goal of every real state of the row's window)
     reward    = base_reward_i + goal_reward(achieved_goal_i, g')
 
 The future row is always still stored: it was written after row i, and the ring overwrites the
@@ -36,9 +36,15 @@ class HindsightRelabeler:
         obs: Tensor,
         next_obs: Tensor,
         reward: Tensor,
+        window: Tensor,
+        window_valid: Tensor,
         generator: torch.Generator,
     ) -> Tensor:
-        """Relabel rows of the gathered obs/next_obs/reward [B, F]/[B, F]/[B] in place; returns the mask [B]."""
+        """Relabel the gathered obs, next_obs [B, F], reward [B] and window [B, W, F] in place.
+
+        The goal is constant within an episode, so every real state of a relabelled row's window
+        gets the new goal too. Returns the relabel mask [B].
+        """
         batch = index.shape[0]
         draw = torch.rand(2, batch, device=index.device, generator=generator)  # [2, B]
         relabel = draw[0] < self.ratio  # [B]
@@ -52,6 +58,8 @@ class HindsightRelabeler:
         mask = relabel[:, None]  # [B, 1]
         obs[:, desired] = torch.where(mask, new_goal, obs[:, desired])
         next_obs[:, desired] = torch.where(mask, new_goal, next_obs[:, desired])
+        win_mask = (relabel[:, None] & window_valid)[..., None]  # [B, W, 1]
+        window[:, :, desired] = torch.where(win_mask, new_goal[:, None, :], window[:, :, desired])
         relabelled = storage.base_reward[index] + self.goal.goal_reward(storage.achieved_goal[index], new_goal)  # [B]
         reward.copy_(torch.where(relabel, relabelled.to(reward.dtype), reward))
         return relabel

@@ -105,13 +105,16 @@ class TensorStorage:
         own = self.episode_len[index]  # [B]
         return torch.where(own >= 0, own, self.stream_len[self.stream[index]])  # [B]
 
-    def window(self, index: Tensor, width: int) -> Tensor:
-        """The `width` states ending at obs[index] in its episode, oldest first, zeros before its start."""
+    def window(self, index: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        """The `width` states ending at obs[index] in its episode, oldest first, zeros before its start.
+
+        Returns the window [B, W, F] and which of its steps are real states [B, W].
+        """
         back = torch.arange(width - 1, -1, -1, device=self.device)  # [W] steps back: W-1 .. 0
         serial = self.serial[index, None] - back * self.stride[index, None]  # [B, W]
         slots = serial.remainder(self.capacity)  # [B, W]
         valid = (back <= self.episode_step[index, None]) & (self.serial[slots] == serial)  # [B, W]
-        return self.obs[slots].float() * valid[..., None]  # [B, W, F]
+        return self.obs[slots].float() * valid[..., None], valid  # [B, W, F], [B, W]
 
     def state_dict(self) -> dict[str, Tensor]:
         names = ("obs", "next_obs", "action", "reward", "done", *self.META, "stream_len")

@@ -81,9 +81,7 @@ def upgrade() -> None:
         sa.Column("message", sa.Text(), nullable=True),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("at", sa.DateTime(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_job_events_job_id_jobs"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_job_events_job_id_jobs"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_job_events")),
     )
     with op.batch_alter_table("job_events", schema=None) as batch_op:
@@ -94,9 +92,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(length=64), nullable=False),
         sa.Column("key", sa.String(length=128), nullable=False),
         sa.Column("value", sa.String(length=256), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_job_labels_job_id_jobs"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_job_labels_job_id_jobs"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("job_id", "key", name=op.f("pk_job_labels")),
     )
     with op.batch_alter_table("job_labels", schema=None) as batch_op:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -38,10 +38,11 @@ class FakeKube:
         self.faults: list[tuple[str, int]] = []  # ("status"|"drop"|"commit-then-drop", code)
         self.bookmark_seq = 0
         self.watch_generation = 0
+        self.watches_paused = False
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        self._server = _Server(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def url(self) -> str:
@@ -52,7 +53,7 @@ class FakeKube:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         with self.state.cond:
             self.state.closing = True
             self.state.cond.notify_all()
@@ -90,6 +91,12 @@ class FakeKube:
         """Close every open watch stream, as an API server restart or a load balancer would."""
         with self.state.cond:
             self.watch_generation += 1
+            self.state.cond.notify_all()
+
+    def pause_watches(self, paused: bool = True) -> None:
+        """While paused, open watch streams deliver nothing (a slow stream); resuming catches up."""
+        with self.state.cond:
+            self.watches_paused = paused
             self.state.cond.notify_all()
 
     def compact(self) -> None:
@@ -158,6 +165,13 @@ class FakeKube:
             self.state.cond.notify_all()
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a closed watch, a test that ended) is normal; anything else is shown."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def _make_handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
     class Handler(_Handler):
         pass
@@ -170,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeKube
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: test output stays readable."""
 
     def do_GET(self) -> None:
@@ -275,7 +289,8 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = self.headers.get("Content-Type", "").split(";")[0].strip()
         if content_type != "application/merge-patch+json":
             # A real server refuses strategic merge patch on custom resources; JSON patch is not faked.
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
+            message = f"the body of the request was in an unknown format: {content_type}"
+            raise ApiError(415, "UnsupportedMediaType", message)
         state = self.fake.state
         with state.cond:  # read-modify-write atomically, as the API server's optimistic update does
             current = state.get("workflows", namespace, name)
@@ -319,22 +334,29 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
                 pending = []
                 with state.cond:
+                    if fake.watches_paused and not state.closing:
+                        state.cond.wait(timeout=0.05)
+                        continue
+                    if state.rv == cursor:
+                        state.cond.wait(timeout=0.05)
                     if cursor < state.compacted_rv:
                         gone = ApiError(410, "Expired", f"too old resource version: {cursor} ({state.rv})")
                         self._chunk(json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n")
                         break
                     events = [e for e in state.events if e.rv > cursor]
-                    if not events:
-                        state.cond.wait(timeout=0.05)
-                        events = [e for e in state.events if e.rv > cursor]
                     for event in events:
                         cursor = event.rv
                         if event.resource == resource and event.namespace == namespace and matches(event.obj, terms):
                             pending.append((event.type, copy.deepcopy(event.obj)))
                     if not events:
                         cursor = state.rv  # nothing for us up to here: a bookmark may say so
-                    send_bookmark = bookmarks and not pending and (
-                        fake.bookmark_seq != bookmark_seq or time.monotonic() - last_bookmark > fake.bookmark_interval
+                    send_bookmark = (
+                        bookmarks
+                        and not pending
+                        and (
+                            fake.bookmark_seq != bookmark_seq
+                            or time.monotonic() - last_bookmark > fake.bookmark_interval
+                        )
                     )
                     bookmark_seq = fake.bookmark_seq
                     ended = state.closing or fake.watch_generation != generation or time.monotonic() > deadline

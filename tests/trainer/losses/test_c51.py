@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -100,8 +101,12 @@ def test_projection_terminal_puts_all_mass_at_the_reward(gen: torch.Generator) -
 
 
 @pytest.mark.parametrize(("reward", "atom"), [(100.0, 50), (-100.0, 0)])
-def test_projection_clamps_at_both_ends(gen: torch.Generator, reward: float, atom: int) -> None:
-    support = torch.linspace(-10, 10, 51)
+@pytest.mark.parametrize(("v_min", "v_max"), [(-10.0, 10.0), (-0.3, 7.0)])
+def test_projection_clamps_at_both_ends(
+    gen: torch.Generator, reward: float, atom: int, v_min: float, v_max: float
+) -> None:
+    # on [-0.3, 7] the float32 b of v_max is 50.000004: the last atom must still get all the mass
+    support = torch.linspace(v_min, v_max, 51)
     next_pmf = random_pmf(gen, 4, 3, 51)
     target_pmf = categorical_projection(next_pmf, torch.full((4,), reward), torch.zeros(4), 0.99, support)
     expected = torch.zeros(4, 3, 51)
@@ -110,7 +115,7 @@ def test_projection_clamps_at_both_ends(gen: torch.Generator, reward: float, ato
 
 
 def reference_expected_q(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
-    B, K, A, N = logits.shape
+    B, K, A, _ = logits.shape
     q = torch.zeros(B, K, A, dtype=torch.float64)
     for i in range(B):
         for k in range(K):
@@ -168,9 +173,7 @@ def test_cross_entropy_matches_reference(gen: torch.Generator) -> None:
     target_pmf = random_pmf(gen, 6, 3, 21)
     loss = c51_cross_entropy(logits, action, target_pmf)
     assert loss.shape == (6,)
-    torch.testing.assert_close(
-        loss.double(), reference_cross_entropy(logits, action, target_pmf), atol=1e-5, rtol=1e-6
-    )
+    torch.testing.assert_close(loss.double(), reference_cross_entropy(logits, action, target_pmf), atol=1e-5, rtol=1e-6)
 
 
 def test_cross_entropy_gradcheck_and_target_gets_no_gradient(gen: torch.Generator) -> None:
@@ -216,20 +219,30 @@ def test_dueling_advantages_average_to_zero(gen: torch.Generator, value_branches
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: categorical_projection(torch.ones(2, 3), torch.zeros(2), torch.zeros(2), 0.9, torch.ones(3)),
-         r"next_pmf must be \[B, K, N\]"),
-        (lambda: categorical_projection(torch.ones(2, 1, 3), torch.zeros(4), torch.zeros(2), 0.9, torch.ones(3)),
-         "reward has B=4 but B=2"),
-        (lambda: categorical_projection(torch.ones(2, 1, 3), torch.zeros(2), torch.zeros(2), 0.9, torch.ones(5)),
-         "support has N=5 but N=3"),
-        (lambda: c51_cross_entropy(torch.ones(2, 1, 4, 3), torch.zeros(2, 2, dtype=torch.int64), torch.ones(2, 1, 3)),
-         "action has K=2 but K=1"),
+        (
+            lambda: categorical_projection(torch.ones(2, 3), torch.zeros(2), torch.zeros(2), 0.9, torch.ones(3)),
+            r"next_pmf must be \[B, K, N\]",
+        ),
+        (
+            lambda: categorical_projection(torch.ones(2, 1, 3), torch.zeros(4), torch.zeros(2), 0.9, torch.ones(3)),
+            "reward has B=4 but B=2",
+        ),
+        (
+            lambda: categorical_projection(torch.ones(2, 1, 3), torch.zeros(2), torch.zeros(2), 0.9, torch.ones(5)),
+            "support has N=5 but N=3",
+        ),
+        (
+            lambda: c51_cross_entropy(
+                torch.ones(2, 1, 4, 3), torch.zeros(2, 2, dtype=torch.int64), torch.ones(2, 1, 3)
+            ),
+            "action has K=2 but K=1",
+        ),
         (lambda: expected_q(torch.ones(2, 1, 4, 3), torch.ones(4)), "support has N=4 but N=3"),
         (lambda: dueling_logits(torch.ones(2, 2, 1, 3), torch.ones(2, 3, 4, 3)), r"value must be \[B, K, 1, N\]"),
         (lambda: dueling_logits(torch.ones(2, 1, 4, 3), torch.ones(2, 3, 4, 3)), r"value must be \[B, K, 1, N\]"),
     ],
 )
-def test_bad_shapes_raise_one_line_errors(call: object, message: str) -> None:
+def test_bad_shapes_raise_one_line_errors(call: Callable[[], object], message: str) -> None:
     with pytest.raises(ValueError, match=message) as info:
-        call()  # type: ignore[operator]
+        call()
     assert "\n" not in str(info.value)

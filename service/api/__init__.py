@@ -1,0 +1,1 @@
+"""The HTTP layer: thin routers over the job service, the store and the pools."""

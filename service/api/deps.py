@@ -1,0 +1,73 @@
+"""Typed dependencies: handlers declare what they need (`store: StoreDep`) and get it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.auth import Principal, authenticate
+from service.backends.base import Backend
+from service.jobs import JobService
+from service.metrics import ControllerMetrics
+from service.pools import Pools
+from service.reconciler import Reconciler
+from service.settings import Settings
+from service.store import Store
+
+
+@dataclass
+class Services:
+    """What create_app builds once and every request shares."""
+
+    settings: Settings
+    store: Store
+    backend: Backend
+    pools: Pools
+    metrics: ControllerMetrics
+    reconciler: Reconciler
+    jobs: JobService
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def _store(request: Request) -> Store:
+    return _services(request).store
+
+
+def _backend(request: Request) -> Backend:
+    return _services(request).backend
+
+
+def _pools(request: Request) -> Pools:
+    return _services(request).pools
+
+
+def _jobs(request: Request) -> JobService:
+    return _services(request).jobs
+
+
+_bearer = HTTPBearer(auto_error=False, description="A token from `foxhunt token create`.")
+
+
+def _principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    services = _services(request)
+    if services.settings.auth_disabled:
+        return Principal(tenant=services.settings.default_tenant, name=services.settings.default_tenant)
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
+    return authenticate(services.store, header)
+
+
+ServicesDep = Annotated[Services, Depends(_services)]
+StoreDep = Annotated[Store, Depends(_store)]
+BackendDep = Annotated[Backend, Depends(_backend)]
+PoolsDep = Annotated[Pools, Depends(_pools)]
+JobsDep = Annotated[JobService, Depends(_jobs)]
+TenantDep = Annotated[Principal, Depends(_principal)]

@@ -1,0 +1,107 @@
+"""Every error the API returns is RFC 9457 problem+json; domain errors are mapped here, once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.api.schemas import Problem
+from service.backends.base import BackendUnavailable
+from service.errors import (
+    DomainError,
+    Forbidden,
+    IdempotencyConflict,
+    InvalidRequest,
+    InvalidTransition,
+    JobNotFound,
+    QuotaExceeded,
+    ServiceUnavailable,
+    Unauthorized,
+    UnknownPool,
+)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+_STATUS: dict[type[Exception], tuple[int, str, str]] = {
+    JobNotFound: (404, "job-not-found", "Job not found"),
+    IdempotencyConflict: (409, "idempotency-conflict", "Idempotency key reused with a different request"),
+    InvalidTransition: (409, "invalid-transition", "Not allowed in the job's current state"),
+    QuotaExceeded: (429, "quota-exceeded", "GPU quota exceeded"),
+    UnknownPool: (422, "unknown-pool", "Unknown pool"),
+    InvalidRequest: (400, "invalid-request", "Invalid request"),
+    Unauthorized: (401, "unauthorized", "Authentication required"),
+    Forbidden: (403, "forbidden", "Forbidden"),
+    ServiceUnavailable: (503, "unavailable", "Service unavailable"),
+    BackendUnavailable: (503, "backend-unavailable", "Backend unavailable"),
+}
+_TITLES = {400: "Bad request", 404: "Not found", 405: "Method not allowed", 422: "Invalid request body"}
+
+
+class ProblemResponse(JSONResponse):
+    media_type = PROBLEM_MEDIA_TYPE
+
+
+def problem(status: int, slug: str, title: str, detail: str, request: Request, **extra: Any) -> ProblemResponse:
+    body = Problem(
+        type=f"urn:foxhunt:problem:{slug}",
+        title=title,
+        status=status,
+        detail=detail,
+        instance=request.url.path,
+        **extra,
+    )
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return ProblemResponse(body.model_dump(mode="json", exclude_none=True), status_code=status, headers=headers)
+
+
+def _domain(request: Request, error: Exception) -> ProblemResponse:
+    for kind, (status, slug, title) in _STATUS.items():
+        if isinstance(error, kind):
+            return problem(status, slug, title, str(error), request)
+    return problem(500, "internal", "Internal error", "unexpected error", request)
+
+
+def _validation(request: Request, error: Exception) -> ProblemResponse:
+    assert isinstance(error, RequestValidationError)
+    errors = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in error.errors()
+    ]
+    if any(e["type"] == "json_invalid" for e in errors):
+        return problem(400, "malformed-json", "Malformed JSON", "the request body is not valid JSON", request)
+    detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:5])
+    return problem(422, "validation", "Invalid request", detail, request, errors=errors)
+
+
+def _http(request: Request, error: Exception) -> ProblemResponse:
+    assert isinstance(error, StarletteHTTPException)
+    title = _TITLES.get(error.status_code, "Error")
+    return problem(error.status_code, "http", title, str(error.detail), request)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(DomainError, _domain)
+    app.add_exception_handler(BackendUnavailable, _domain)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+
+
+def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries for a route; the OpenAPI hook sets their media type to problem+json."""
+    return {code: {"model": Problem, "description": _TITLES.get(code, "Problem details")} for code in codes}
+
+
+def problem_openapi(schema: dict[str, Any]) -> dict[str, Any]:
+    """Every 4xx/5xx response in the document is problem+json with the Problem schema."""
+    ref = {"$ref": "#/components/schemas/Problem"}
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            for code, response in operation.get("responses", {}).items():
+                if code[0] in "45":
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": ref}}
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema.get("components", {}).get("schemas", {}).pop(name, None)
+    return schema

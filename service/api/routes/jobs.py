@@ -1,0 +1,116 @@
+"""/v1/jobs: submit, list, get, cancel, retry, logs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import StreamingResponse
+
+from service.api.deps import BackendDep, JobsDep, StoreDep, TenantDep
+from service.api.errors import problems
+from service.api.routes import V1
+from service.api.schemas import JobCreate, JobDetail, JobPage, JobPublic, PhaseEvent
+from service.backends.base import BackendError, BackendNotFound
+from service.domain import JobState
+from service.store import JobRecord, parse_label_selector
+
+router = APIRouter(prefix=f"{V1}/jobs", tags=["jobs"], responses=problems(401, 422))
+
+
+def _public(job: JobRecord) -> JobPublic:
+    return JobPublic(
+        **job.model_dump(exclude={"events", "config"}), cancel_requested=job.cancel_requested_at is not None
+    )
+
+
+def _detail(job: JobRecord) -> JobDetail:
+    history = [PhaseEvent(**e.model_dump()) for e in job.events]
+    return JobDetail(**_public(job).model_dump(), config=job.config, history=history)
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": JobDetail, "description": "The job this key already created"}, **problems(400, 409, 429)},
+)
+def submit_job(
+    body: JobCreate,
+    principal: TenantDep,
+    jobs: JobsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
+) -> JobDetail:
+    """Queue a job. The same Idempotency-Key (or name) with the same body returns the same job (200)."""
+    job, created = jobs.submit(principal, body, idempotency_key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return _detail(jobs.store.get_job(job.id))
+
+
+@router.get("", responses=problems(400))
+def list_jobs(
+    principal: TenantDep,
+    store: StoreDep,
+    state: JobState | None = None,
+    pool: Annotated[str | None, Query(max_length=63)] = None,
+    label_selector: Annotated[str | None, Query(max_length=1024, description="key=value[,key=value]")] = None,
+    submitter: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=1024)] = None,
+) -> JobPage:
+    """Newest first; pages are stable under concurrent submissions."""
+    labels = parse_label_selector(label_selector) if label_selector else None
+    items, next_cursor = store.list_jobs(
+        tenant=principal.visible_tenant,
+        state=state,
+        pool=pool,
+        labels=labels,
+        submitter=submitter,
+        limit=limit,
+        cursor=cursor,
+    )
+    return JobPage(items=[_public(j) for j in items], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", responses=problems(404))
+def get_job(job_id: str, principal: TenantDep, store: StoreDep) -> JobDetail:
+    return _detail(store.get_job(job_id, tenant=principal.visible_tenant))
+
+
+@router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, responses=problems(404, 409))
+def cancel_job(job_id: str, principal: TenantDep, jobs: JobsDep) -> JobDetail:
+    """Graceful stop now, a forced one after the grace period."""
+    jobs.cancel(principal, job_id)
+    return _detail(jobs.store.get_job(job_id))
+
+
+@router.post("/{job_id}/retry", status_code=status.HTTP_202_ACCEPTED, responses=problems(404, 409, 429))
+def retry_job(job_id: str, principal: TenantDep, jobs: JobsDep) -> JobDetail:
+    """Run a FAILED, CANCELLED or ERROR job again; it resumes from its checkpoint."""
+    jobs.retry(principal, job_id)
+    return _detail(jobs.store.get_job(job_id))
+
+
+def _lines(lines: Iterator[str]) -> Iterator[str]:
+    """Stop quietly if the backend goes away mid-stream: the client sees the stream end."""
+    try:
+        yield from lines
+    except BackendError:
+        return
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(404, 503)},
+)
+def job_logs(job_id: str, principal: TenantDep, store: StoreDep, backend: BackendDep, follow: bool = False) -> Response:
+    """The job's log; `follow=true` streams until the job ends."""
+    store.get_job(job_id, tenant=principal.visible_tenant)
+    try:
+        lines = backend.logs(job_id, follow=follow)
+    except BackendNotFound:
+        lines = iter(())
+    return StreamingResponse(_lines(lines), media_type="text/plain; charset=utf-8")

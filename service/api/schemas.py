@@ -1,0 +1,131 @@
+"""Request and response models of the API: input, storage and output kept apart."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from service.domain import JobState
+from trainer.config import PlanName, TrainConfig
+
+LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$")]
+LabelValue = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
+JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise ValueError("deadline needs a timezone, e.g. 2030-01-01T00:00:00Z")
+    return value
+
+
+class JobCreate(BaseModel):
+    """A job submission. Repeating it with the same Idempotency-Key (or name) returns the same job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: TrainConfig = Field(default_factory=TrainConfig, description="The trainer's TrainConfig.")
+    model: str = Field("c51-branching", min_length=1, max_length=128, description="Model family to train.")
+    plan: PlanName | None = Field(None, description="Execution plan; overrides config.run.plan when given.")
+    commit_sha: str = Field(
+        "HEAD", pattern=r"^([0-9a-f]{7,40}|HEAD)$", description="Commit of the trainer code to build and run."
+    )
+    pool: str | None = Field(None, max_length=63, description="GPU pool; the first configured pool if omitted.")
+    epochs: int | None = Field(
+        None, ge=1, le=100_000, description="Epochs of 2000 steps; overrides config.run.steps when given."
+    )
+    hyperopt_trials: int = Field(0, ge=0, le=10_000, description="Hyper-parameter trials (0: a single run).")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Labels to select jobs by (key=value)."
+    )
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first among waiting jobs.")
+    deadline: Annotated[datetime | None, AfterValidator(_aware)] = Field(
+        None, description="Cancel the job if it has not finished by then (RFC 3339 with timezone)."
+    )
+    name: JobName | None = Field(None, description="Client-chosen name; acts as the idempotency key if none is sent.")
+
+
+class PhaseEvent(BaseModel):
+    state: JobState
+    reason: str | None = None
+    message: str | None = None
+    attempt: int
+    at: datetime
+
+
+class JobPublic(BaseModel):
+    """A job as listed."""
+
+    id: str
+    name: str | None
+    tenant: str
+    submitter: str
+    pool: str
+    model: str
+    plan: str
+    commit_sha: str
+    epochs: int
+    hyperopt_trials: int
+    priority: int
+    deadline: datetime | None
+    labels: dict[str, str]
+    state: JobState
+    reason: str | None = Field(description="Machine-readable cause of the state, kept apart from it.")
+    message: str | None
+    phase: str | None = Field(description="The backend's own phase string.")
+    attempt: int
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    step: int | None = Field(description="Last reported training step.")
+    epoch_seconds: float | None = Field(description="Last reported seconds per epoch.")
+    breakdown_ms: dict[str, float] | None = Field(description="Last per-step breakdown, milliseconds by component.")
+
+
+class JobDetail(JobPublic):
+    """A job with its resolved config and phase history."""
+
+    config: dict[str, Any] = Field(description="The resolved TrainConfig the job runs.")
+    history: list[PhaseEvent]
+
+
+class JobPage(BaseModel):
+    items: list[JobPublic]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class TolerationPublic(BaseModel):
+    key: str | None
+    operator: str
+    value: str | None
+    effect: str | None
+
+
+class PoolPublic(BaseModel):
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+    node_selector: dict[str, str]
+    tolerations: list[TolerationPublic]
+    queue_name: str | None
+    quota_gpus: int | None = Field(description="The caller's GPU quota on this pool; null means unlimited.")
+    used_gpus: int = Field(description="GPUs the caller's active jobs hold on this pool.")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = Field(None, description="Field errors of a 422.")
+
+
+class Health(BaseModel):
+    status: str

@@ -1,0 +1,142 @@
+"""create_app(settings): the controller as an ASGI app. Nothing is built at import."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.routing import APIRoute
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api import errors
+from service.api.deps import Services
+from service.api.routes import health, jobs, pools
+from service.backends.base import Backend
+from service.jobs import JobService
+from service.metrics import ControllerMetrics
+from service.pools import Pools
+from service.reconciler import Reconciler
+from service.settings import Settings
+from service.store import Store
+
+
+def build_backend(settings: Settings) -> Backend:
+    """The configured backend; the Argo one (and the kubernetes client) is imported only when chosen."""
+    if settings.backend == "argo":
+        from service.backends.argo import ArgoBackend
+
+        backend: Backend = ArgoBackend.from_settings(settings)
+        return backend
+    from service.backends.local import LocalBackend
+
+    return LocalBackend.from_settings(settings)
+
+
+def build_pools(settings: Settings, backend: Backend) -> Pools:
+    if settings.pools_file is not None:
+        return Pools.load(settings.pools_file)
+    if settings.backend == "argo":
+        raise ValueError("FOXHUNT_POOLS_FILE is required with the argo backend")
+    return Pools.local(int(getattr(backend, "gpus", 0)))
+
+
+class _RequestMetrics:
+    """Pure ASGI middleware (streams pass through untouched): latency by route template."""
+
+    def __init__(self, app: ASGIApp, metrics: ControllerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record_status)
+        finally:
+            route = scope.get("route")
+            template = route.path if isinstance(route, APIRoute) else "unmatched"
+            self.metrics.record_request(scope["method"], template, status, time.perf_counter() - started)
+
+
+def create_app(
+    settings: Settings, *, backend: Backend | None = None, registry: CollectorRegistry | None = None
+) -> FastAPI:
+    """Build store, backend, pools, metrics and reconciler from `settings`; start threads in the lifespan."""
+    store = Store(settings.database_url)
+    if settings.migrate_on_start:
+        store.migrate()
+    backend = backend if backend is not None else build_backend(settings)
+    pools_config = build_pools(settings, backend)
+    metrics = ControllerMetrics(registry if registry is not None else CollectorRegistry())
+    reconciler = Reconciler(
+        store,
+        backend,
+        pools_config,
+        metrics,
+        interval_seconds=settings.reconcile_interval_seconds,
+        grace_seconds=settings.cancel_grace_seconds,
+    )
+    metrics.watch_store(store.counts_by_state)
+    metrics.watch_reconciler(lambda: reconciler.last_success)
+    services = Services(
+        settings=settings,
+        store=store,
+        backend=backend,
+        pools=pools_config,
+        metrics=metrics,
+        reconciler=reconciler,
+        jobs=JobService(store, pools_config, metrics, reconciler.wake),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if settings.run_reconciler:
+            reconciler.start()
+        try:
+            yield
+        finally:
+            reconciler.stop()
+            store.dispose()
+
+    app = FastAPI(
+        title="foxhunt controller",
+        version="1",
+        summary="Training jobs for the foxhunt trainer, on GPU pools or this machine.",
+        lifespan=lifespan,
+        generate_unique_id_function=lambda route: f"{route.tags[0]}-{route.name}" if route.tags else route.name,
+    )
+    app.state.services = services
+    errors.install(app)
+    app.include_router(jobs.router)
+    app.include_router(pools.router)
+    app.include_router(health.router)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics_endpoint() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+            app.openapi_schema = errors.problem_openapi(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    app.add_middleware(_RequestMetrics, metrics=metrics)
+    return app

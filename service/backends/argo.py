@@ -1,0 +1,513 @@
+"""The Argo Workflows backend: one Workflow per job attempt, made and read through the `kubernetes` client.
+
+Every Kubernetes detail of the controller lives here. A job becomes an `argoproj.io/v1alpha1`
+Workflow that references the `compile-and-train` WorkflowTemplate and passes parameters only (the
+template owns resources, nodeSelector and tolerations; clusters run `templateReferencing: Strict`).
+Its name is the job id (attempt 0) or `<job id>-retry-<n>`, so a repeated submission meets 409 and
+reads the existing object back instead of starting a second run.
+
+Phase mapping (Workflow `status.phase` -> JobState):
+
+====================  ==========  ==============================================================
+phase                 state       reason
+====================  ==========  ==============================================================
+"" / missing          PENDING     Created: Argo's controller has not picked the Workflow up yet
+Pending               PENDING     -
+Running               RUNNING     -
+Succeeded             SUCCEEDED   - (also with spec.shutdown set: it finished before the stop)
+Failed                FAILED      JobFailed, OOMKilled or DeadlineExceeded (from status.message)
+Error                 ERROR       InfrastructureError
+Failed/Error + spec.shutdown      CANCELLED  Stopped (shutdown: Stop) or Terminated
+anything else         PENDING     UnknownPhase
+====================  ==========  ==============================================================
+
+Transient API failures (connection errors, 5xx, 429) are retried with bounded exponential backoff,
+counted in `retries` by cause, and end in BackendUnavailable: never in a job state.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.watch.watch import iter_resp_lines
+
+from service.backends.argo_parameters import workflow_parameters
+from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
+from service.domain import BackendStatus, JobSpec, JobState
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "workflows"
+LABEL_JOB = "foxhunt.io/job-id"
+LABEL_TENANT = "foxhunt.io/tenant"
+LABEL_POOL = "foxhunt.io/pool"
+LABEL_ATTEMPT = "foxhunt.io/attempt"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "foxhunt")
+SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
+POD_WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+PROGRESS_KEY = "foxhunt.io/progress"  # annotation, or workflow output parameter "progress"
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+_PHASES = {
+    "": JobState.PENDING,
+    "Pending": JobState.PENDING,
+    "Running": JobState.RUNNING,
+    "Succeeded": JobState.SUCCEEDED,
+    "Failed": JobState.FAILED,
+    "Error": JobState.ERROR,
+}
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+T = TypeVar("T")
+
+
+# ---- the Workflow we create --------------------------------------------------------------------
+def workflow_name(job_id: str, attempt: int) -> str:
+    """Deterministic per (job, attempt): a retry is a new Workflow, a resubmission is not."""
+    return job_id if attempt == 0 else f"{job_id}-retry-{attempt}"
+
+
+def workflow_manifest(spec: JobSpec, *, template: str = "compile-and-train") -> dict[str, Any]:
+    """The Workflow for one job attempt: a template reference, parameters and our labels, nothing else."""
+    if not _DNS_LABEL.match(spec.job_id):
+        raise ValueError(f"job id {spec.job_id!r} is not a lowercase RFC 1123 label of at most 63 characters")
+    for what, value in (("tenant", spec.tenant), ("pool", spec.pool)):
+        if not _LABEL_VALUE.match(value):
+            raise ValueError(f"{what} {value!r} is not a valid Kubernetes label value")
+    labels = {
+        LABEL_JOB: spec.job_id,
+        LABEL_TENANT: spec.tenant,
+        LABEL_POOL: spec.pool,
+        LABEL_ATTEMPT: str(spec.attempt),
+        MANAGED_BY[0]: MANAGED_BY[1],
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Workflow",
+        "metadata": {"name": workflow_name(spec.job_id, spec.attempt), "labels": labels},
+        "spec": {
+            "workflowTemplateRef": {"name": template},
+            "arguments": {"parameters": workflow_parameters(spec)},
+        },
+    }
+
+
+# ---- reading a Workflow back -------------------------------------------------------------------
+def _time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) and value else None
+
+
+def _progress(obj: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's last progress.json, if the workflow published it (annotation or output)."""
+    raw = (obj.get("metadata", {}).get("annotations") or {}).get(PROGRESS_KEY)
+    for param in ((obj.get("status") or {}).get("outputs") or {}).get("parameters") or []:
+        if param.get("name") == "progress" and raw is None:
+            raw = param.get("value")
+    try:
+        parsed = json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {}  # a garbled report is not the job's state
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _reason(state: JobState, phase: str, message: str, shutdown: str) -> str | None:
+    if state is JobState.CANCELLED:
+        return "Terminated" if shutdown == "Terminate" else "Stopped"
+    if state is JobState.FAILED:
+        if "OOMKilled" in message:
+            return "OOMKilled"
+        return "DeadlineExceeded" if "deadline" in message.lower() else "JobFailed"
+    if state is JobState.ERROR:
+        return "InfrastructureError"
+    if phase not in _PHASES:
+        return "UnknownPhase"
+    return "Created" if phase == "" else None
+
+
+def status_from_workflow(obj: dict[str, Any]) -> BackendStatus:
+    """Map one Workflow object (as the API returns it) to our status; see the module docstring."""
+    status = obj.get("status") or {}
+    phase = status.get("phase") or ""
+    message = status.get("message") or ""
+    shutdown = (obj.get("spec") or {}).get("shutdown") or ""
+    state = _PHASES.get(phase, JobState.PENDING)
+    if shutdown and state in (JobState.FAILED, JobState.ERROR):
+        state = JobState.CANCELLED
+    progress = _progress(obj)
+    breakdown = progress.get("breakdown_ms")
+    metadata = obj.get("metadata") or {}
+    return BackendStatus(
+        job_id=(metadata.get("labels") or {}).get(LABEL_JOB, metadata.get("name", "")),
+        state=state,
+        reason=_reason(state, phase, message, shutdown),
+        phase=phase,
+        message=message or None,
+        started_at=_time(status.get("startedAt")),
+        finished_at=_time(status.get("finishedAt")),
+        breakdown_ms={str(k): float(v) for k, v in breakdown.items()} if isinstance(breakdown, dict) else None,
+        epoch_seconds=progress.get("epoch_seconds"),
+        step=progress.get("step"),
+        attempt=_attempt(obj),
+    )
+
+
+def _attempt(obj: dict[str, Any]) -> int:
+    value = (obj.get("metadata", {}).get("labels") or {}).get(LABEL_ATTEMPT, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def _latest_per_job(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each job's newest attempt: older attempts' Workflows may still exist until Argo's TTL removes them."""
+    latest: dict[str, dict[str, Any]] = {}
+    for obj in items:
+        job_id = (obj.get("metadata", {}).get("labels") or {}).get(LABEL_JOB)
+        if job_id and (job_id not in latest or _attempt(obj) > _attempt(latest[job_id])):
+            latest[job_id] = obj
+    return latest
+
+
+class ArgoBackend:
+    """Jobs as Argo Workflows in one namespace. Blocking calls, safe to share between threads."""
+
+    name = "argo"
+
+    def __init__(
+        self,
+        namespace: str,
+        api_client: client.ApiClient,
+        *,
+        template: str = "compile-and-train",
+        max_attempts: int = 5,
+        backoff_seconds: float = 0.5,
+        max_backoff_seconds: float = 8.0,
+        request_timeout: float = 30.0,
+        poll_seconds: float = 2.0,
+        page_size: int = 500,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.namespace = namespace
+        self.template = template
+        self.max_attempts = max_attempts
+        self.backoff_seconds = backoff_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self.request_timeout = request_timeout
+        self.poll_seconds = poll_seconds
+        self.page_size = page_size
+        self._sleep = sleep
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self.retries: collections.Counter[str] = collections.Counter()  # connection / server_error / throttled
+        self.relists = 0  # watch restarts from a fresh list (410 Gone, or the first list)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ArgoBackend:
+        """Kubeconfig file if the settings name one, in-cluster service account otherwise."""
+        configuration = client.Configuration()
+        try:
+            if settings.kubeconfig:
+                config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
+            else:
+                config.load_incluster_config(client_configuration=configuration)
+        except (ConfigException, OSError) as error:
+            raise BackendError(f"cannot load the Kubernetes configuration: {error}") from error
+        configuration.retries = 0  # our backoff is the one retry layer
+        return cls(
+            settings.argo_namespace,
+            client.ApiClient(configuration),
+            template=settings.argo_workflow_template,
+        )
+
+    # ---- the Backend interface ----------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> BackendStatus:
+        body = workflow_manifest(spec, template=self.template)
+        name = body["metadata"]["name"]
+        try:
+            obj = self._call(
+                f"create Workflow {name}",
+                self._custom.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                body,
+                passthrough=(409,),
+            )
+        except ApiException:  # 409 AlreadyExists: this attempt was submitted before
+            obj = self._call(
+                f"read Workflow {name}",
+                self._custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+            )
+            owner = (obj.get("metadata", {}).get("labels") or {}).get(LABEL_JOB)
+            if owner != spec.job_id:
+                raise BackendError(f"Workflow {name} exists but belongs to job {owner!r}") from None
+        return status_from_workflow(obj)
+
+    def status(self, job_id: str) -> BackendStatus:
+        return status_from_workflow(self._latest(job_id))
+
+    def list_statuses(self) -> list[BackendStatus]:
+        items, _ = self._list_all()
+        return [status_from_workflow(obj) for _, obj in sorted(_latest_per_job(items).items())]
+
+    def cancel(self, job_id: str, *, force: bool = False) -> None:
+        """JSON merge patch of spec.shutdown; a no-op on an ended job or one already being terminated."""
+        obj = self._latest(job_id)
+        current = (obj.get("spec") or {}).get("shutdown")
+        if status_from_workflow(obj).state.terminal or current == "Terminate" or (current and not force):
+            return
+        name = obj["metadata"]["name"]
+        patch = {"spec": {"shutdown": "Terminate" if force else "Stop"}}
+        self._call(
+            f"cancel Workflow {name}",
+            self._custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            name,
+            patch,
+        )
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+        """The `main` container's lines of each of the workflow's pods, in creation order."""
+        name = self._latest(job_id)["metadata"]["name"]
+        done: set[str] = set()
+        while True:
+            ended = follow and self._workflow_status(name).state.terminal
+            pods = self._call(
+                f"list pods of {name}",
+                self._core.list_namespaced_pod,
+                self.namespace,
+                label_selector=f"{POD_WORKFLOW_LABEL}={name}",
+            )
+            ordered = sorted(pods.items, key=lambda p: (p.metadata.creation_timestamp, p.metadata.name))
+            for pod in ordered:
+                if pod.metadata.name not in done:
+                    complete = yield from self._pod_log(pod.metadata.name, follow)
+                    if complete:
+                        done.add(pod.metadata.name)
+            if not follow or ended:
+                return
+            self._sleep(self.poll_seconds)
+
+    def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:
+        """List, then watch from the list's resourceVersion; yield each job's status when it changes.
+
+        The first list only sets the baseline (as the local backend does): the reconciler reads the
+        full state with `list_statuses`.
+        Bookmarks move the resume point forward without an object; 410 Gone (the resume point was
+        compacted away) relists and yields what changed meanwhile. Deletions yield nothing: the
+        reconciler learns of a vanished Workflow from `list_statuses`.
+        """
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        seen: dict[str, BackendStatus] = {}
+        attempts: dict[str, int] = {}
+        rv: str | None = None
+        failures = 0
+        baseline = True
+        while deadline is None or time.monotonic() < deadline:
+            remaining = 300 if deadline is None else max(1, math.ceil(deadline - time.monotonic()))
+            try:
+                if rv is None:
+                    items, rv = self._list_all()
+                    self.relists += 1
+                    for obj in _latest_per_job(items).values():
+                        changed = list(self._changed(obj, seen, attempts))
+                        if not baseline:
+                            yield from changed
+                    baseline = False
+                stream = watch.Watch().stream(
+                    self._custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    label_selector=SELECTOR,
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=remaining,
+                    _request_timeout=(self.request_timeout, remaining + 10),
+                )
+                for event in stream:
+                    failures = 0
+                    obj = event["raw_object"]
+                    rv = obj["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        yield from self._changed(obj, seen, attempts)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return
+            except ApiException as error:
+                if error.status == 410:
+                    rv = None
+                    continue
+                if error.status not in TRANSIENT_STATUSES:
+                    raise BackendError(f"watch Workflows: Kubernetes API answered {error.status}") from error
+                failures = self._backoff_or_give_up("watch Workflows", _cause(error.status), failures)
+            except (urllib3.exceptions.HTTPError, OSError):
+                failures = self._backoff_or_give_up("watch Workflows", "connection", failures)
+
+    def ping(self) -> None:
+        """One cheap list (limit 1), no retries: readiness must answer fast."""
+        try:
+            self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, limit=1, _request_timeout=self.request_timeout
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise BackendUnavailable(f"Kubernetes API not usable: {_describe(error)}") from error
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _workflow_status(self, name: str) -> BackendStatus:
+        obj = self._call(
+            f"read Workflow {name}",
+            self._custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            name,
+        )
+        return status_from_workflow(obj)
+
+    def _latest(self, job_id: str) -> dict[str, Any]:
+        """The newest attempt's Workflow of a job, or BackendNotFound."""
+        selector = f"{SELECTOR},{LABEL_JOB}={job_id}" if _LABEL_VALUE.match(job_id) else None
+        if selector is None:
+            raise BackendNotFound(f"no Workflow for job {job_id!r}")
+        found = self._call(
+            f"list Workflows of job {job_id}",
+            self._custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            label_selector=selector,
+        )
+        latest = _latest_per_job(found.get("items") or [])
+        if job_id not in latest:
+            raise BackendNotFound(f"no Workflow for job {job_id!r}")
+        return latest[job_id]
+
+    def _list_all(self) -> tuple[list[dict[str, Any]], str]:
+        """Every Workflow we manage (paging through `continue`), and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = self._call(
+                "list Workflows",
+                self._custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                label_selector=SELECTOR,
+                limit=self.page_size,
+                _continue=token,
+            )
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items, page["metadata"]["resourceVersion"]
+
+    def _changed(
+        self, obj: dict[str, Any], seen: dict[str, BackendStatus], attempts: dict[str, int]
+    ) -> Iterator[BackendStatus]:
+        """Yield the object's status if it is the job's newest attempt and differs from the last one."""
+        status = status_from_workflow(obj)
+        if _attempt(obj) < attempts.get(status.job_id, 0) or seen.get(status.job_id) == status:
+            return
+        attempts[status.job_id] = _attempt(obj)
+        seen[status.job_id] = status
+        yield status
+
+    def _pod_log(self, pod: str, follow: bool) -> Iterator[str]:
+        """Yield one pod's lines ending in a newline (as the local backend's do); return False if its
+        container has not started yet (try again later)."""
+        try:
+            response = self._call(
+                f"read log of pod {pod}",
+                self._core.read_namespaced_pod_log,
+                pod,
+                self.namespace,
+                container="main",
+                follow=follow,
+                _preload_content=False,
+                _request_timeout=None if follow else self.request_timeout,
+                passthrough=(400,),
+            )
+        except ApiException:  # 400: "container main is waiting to start"
+            return False
+        try:
+            for line in iter_resp_lines(response):
+                yield line + "\n"
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise BackendUnavailable(f"log stream of pod {pod} broke: {_describe(error)}") from error
+        finally:
+            response.release_conn()
+        return True
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, passthrough: tuple[int, ...] = (), **kwargs: Any) -> T:
+        """Call the API, retrying transient failures with backoff; 404 -> BackendNotFound."""
+        failures = 0
+        while True:
+            try:
+                kwargs.setdefault("_request_timeout", self.request_timeout)
+                return fn(*args, **kwargs)
+            except ApiException as error:
+                if error.status in passthrough:
+                    raise
+                if error.status == 404:
+                    raise BackendNotFound(f"{what}: not found") from error
+                if error.status not in TRANSIENT_STATUSES:
+                    raise BackendError(f"{what}: Kubernetes API answered {_describe(error)}") from error
+                failures = self._backoff_or_give_up(what, _cause(error.status), failures, _retry_after(error))
+            except (urllib3.exceptions.HTTPError, OSError):
+                failures = self._backoff_or_give_up(what, "connection", failures)
+
+    def _backoff_or_give_up(self, what: str, cause: str, failures: int, retry_after: float = 0.0) -> int:
+        """Count the failure; sleep (exponential, jittered, capped) or raise BackendUnavailable."""
+        self.retries[cause] += 1
+        failures += 1
+        if failures >= self.max_attempts:
+            raise BackendUnavailable(f"{what}: Kubernetes API unavailable after {failures} attempts ({cause})")
+        delay = min(self.max_backoff_seconds, self.backoff_seconds * 2 ** (failures - 1))
+        self._sleep(max(retry_after, delay * random.uniform(0.5, 1.0)))
+        return failures
+
+
+def _cause(status: int | None) -> str:
+    return "throttled" if status == 429 else "server_error"
+
+
+def _retry_after(error: ApiException) -> float:
+    with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+        return min(30.0, float(error.headers["Retry-After"]))
+    return 0.0
+
+
+def _describe(error: BaseException) -> str:
+    """One line: the API Status message when there is one, else the exception's text."""
+    if isinstance(error, ApiException):
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            return f"{error.status} {json.loads(error.body)['message']}"
+        return f"{error.status} {error.reason}"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -1,0 +1,396 @@
+"""The default backend: jobs as subprocesses on this machine, recorded in job directories.
+
+Each job has `<jobs_dir>/<job_id>/`: `job.json` (the JobSpec; written last, atomically, so it is the
+commit point of a submission), `config.json`, `log.txt`, the trainer's `progress.json`, and per
+attempt `run-<n>.json` (claimed before launch), `pid-<n>`, `exit-<n>.json` (written by local_supervisor.py
+when the trainer exits) and `cancel-<n>`. A restarted controller reads these files back, so it
+finds running and finished jobs and never starts one twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service.backends.base import BackendNotFound, BackendUnavailable
+from service.domain import BackendStatus, JobSpec, JobState
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+_SUPERVISOR = "service.backends.local_supervisor"
+_CANCEL_CODES = {143, -signal.SIGTERM, 137, -signal.SIGKILL}
+_LAST_LINE_CHARS = 300
+
+
+def detect_gpus() -> int:
+    """GPUs this machine offers, without torch: CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomic: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class LocalBackend:
+    """Runs at most `slots` jobs at once (one per GPU, or one on a CPU-only machine)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        jobs_dir: Path,
+        *,
+        command: list[str],
+        gpus: int,
+        grace_seconds: float = 30.0,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        self.jobs_dir = Path(jobs_dir).resolve()
+        self.command = list(command)
+        self.gpus = gpus
+        self.slots = max(gpus, 1)
+        self.grace_seconds = grace_seconds
+        self.poll_seconds = poll_seconds
+        self._lock = threading.Lock()
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LocalBackend:
+        gpus = settings.local_gpus if settings.local_gpus is not None else detect_gpus()
+        return cls(
+            settings.jobs_dir, command=settings.local_command, gpus=gpus, grace_seconds=settings.cancel_grace_seconds
+        )
+
+    # ---- the Backend interface --------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> BackendStatus:
+        """Record the job; it starts when a slot is free. Same job id and attempt: the existing job."""
+        job_dir = self._dir(spec.job_id)
+        with self._locked():
+            existing = _read_json(job_dir / "job.json")
+            if existing is not None and int(existing.get("attempt", 0)) >= spec.attempt:
+                return self._status(job_dir)
+            if existing is not None and not self._status(job_dir).state.terminal:
+                return self._status(job_dir)
+            job_dir.mkdir(parents=True, exist_ok=True)
+            _write_json(job_dir / "config.json", spec.config)
+            _write_json(job_dir / "job.json", {**spec.model_dump(mode="json"), "submitted_at": time.time()})
+        self._schedule()
+        return self._status(job_dir)
+
+    def status(self, job_id: str) -> BackendStatus:
+        job_dir = self._dir(job_id)
+        with self._locked():
+            self._schedule_locked()
+            if not (job_dir / "job.json").is_file():
+                raise BackendNotFound(f"local backend has no job {job_id}")
+            return self._status(job_dir)
+
+    def list_statuses(self) -> list[BackendStatus]:
+        """Statuses are read under the scheduler's lock, so a launch is never seen half done."""
+        with self._locked():
+            self._schedule_locked()
+            return [self._status(d) for d in self._job_dirs()]
+
+    def cancel(self, job_id: str, *, force: bool = False) -> None:
+        """SIGTERM to the job's process group, SIGKILL after the grace period (at once with `force`)."""
+        job_dir = self._dir(job_id)
+        spec = _read_json(job_dir / "job.json")
+        if spec is None:
+            raise BackendNotFound(f"local backend has no job {job_id}")
+        attempt = int(spec.get("attempt", 0))
+        with self._locked():  # not between the scheduler's check of the marker and its launch
+            (job_dir / f"cancel-{attempt}").touch()
+            pid = self._live_pid(job_dir, attempt)
+        if pid is None:
+            return
+        self._signal(pid, signal.SIGKILL if force else signal.SIGTERM)
+        if not force and self.grace_seconds >= 0:
+            timer = threading.Timer(self.grace_seconds, self._kill_if_alive, args=(job_dir, attempt))
+            timer.daemon = True
+            timer.start()
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+        """Lines of the job's log; with `follow`, keeps reading until the job has ended."""
+        job_dir = self._dir(job_id)
+        if not (job_dir / "job.json").is_file():
+            raise BackendNotFound(f"local backend has no job {job_id}")
+        return self._read_log(job_dir, follow)
+
+    def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:
+        """Polls the job directories and yields each status that changed since the last poll."""
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        seen = {s.job_id: self._fingerprint(s) for s in self.list_statuses()}
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(self.poll_seconds)
+            for status in self.list_statuses():
+                mark = self._fingerprint(status)
+                if seen.get(status.job_id) != mark:
+                    seen[status.job_id] = mark
+                    yield status
+
+    def ping(self) -> None:
+        try:
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.jobs_dir / f".ping.{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as error:
+            raise BackendUnavailable(f"jobs dir {self.jobs_dir} is not writable: {error}") from error
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _dir(self, job_id: str) -> Path:
+        if not job_id or "/" in job_id or job_id.startswith("."):
+            raise BackendNotFound(f"invalid job id {job_id!r}")
+        return self.jobs_dir / job_id
+
+    def _job_dirs(self) -> list[Path]:
+        if not self.jobs_dir.is_dir():
+            return []
+        return sorted(d for d in self.jobs_dir.iterdir() if (d / "job.json").is_file())
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One scheduler at a time, across threads and controller processes sharing jobs_dir."""
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock, open(self.jobs_dir / ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _fingerprint(status: BackendStatus) -> tuple[Any, ...]:
+        return (status.state, status.attempt, status.step)
+
+    def _reap(self) -> None:
+        for pid, child in list(self._children.items()):
+            if child.poll() is not None:
+                del self._children[pid]
+
+    def _schedule(self) -> None:
+        with self._locked():
+            self._schedule_locked()
+
+    def _schedule_locked(self) -> None:
+        """Start waiting jobs, highest priority then oldest first, while slots are free."""
+        self._reap()
+        running: list[int | None] = []
+        waiting: list[tuple[int, float, Path, dict[str, Any]]] = []
+        for job_dir in self._job_dirs():
+            spec = _read_json(job_dir / "job.json")
+            if spec is None:
+                continue
+            attempt = int(spec.get("attempt", 0))
+            run = _read_json(job_dir / f"run-{attempt}.json")
+            if run is not None:
+                if self._live_pid(job_dir, attempt) is not None:
+                    running.append(run.get("gpu"))
+            elif not (job_dir / f"cancel-{attempt}").exists():
+                waiting.append((-int(spec.get("priority", 0)), float(spec["submitted_at"]), job_dir, spec))
+        for _, _, job_dir, spec in sorted(waiting, key=lambda w: w[:2]):
+            if len(running) >= self.slots:
+                break
+            free = [g for g in range(self.gpus) if g not in running]
+            gpu = free[0] if free else None
+            self._launch(job_dir, spec, gpu)
+            running.append(gpu)
+
+    def _launch(self, job_dir: Path, spec: dict[str, Any], gpu: int | None) -> None:
+        attempt = int(spec.get("attempt", 0))
+        _write_json(job_dir / f"run-{attempt}.json", {"started_at": time.time(), "gpu": gpu})
+        checkpoints = job_dir / "checkpoints"
+        resume = attempt > 0 and checkpoints.is_dir() and any(checkpoints.iterdir())
+        fill = {"config": str(job_dir / "config.json"), "run_dir": str(job_dir), "job_id": spec["job_id"]}
+        command: list[str] = []
+        for part in self.command:
+            if part == "{resume}":
+                command.extend(["--resume"] if resume else [])
+            else:
+                command.append(part.format(**fill))
+        env = {
+            **os.environ,
+            "FOXHUNT_JOB_ID": spec["job_id"],
+            "FOXHUNT_POOL": spec["pool"],
+            "FOXHUNT_COMMIT": spec["commit_sha"],
+            "FOXHUNT_ATTEMPT": str(attempt),
+            "FOXHUNT_CHECKPOINT_URL": str(checkpoints),
+        }
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        with open(job_dir / "log.txt", "ab") as log:
+            log.write(f"--- foxhunt: attempt {attempt} starting: {' '.join(command)}\n".encode())
+            log.flush()
+            child = subprocess.Popen(
+                [sys.executable, "-m", _SUPERVISOR, str(job_dir), str(attempt), "--", *command],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+        self._children[child.pid] = child
+        (job_dir / f"pid-{attempt}").write_text(str(child.pid))
+
+    def _live_pid(self, job_dir: Path, attempt: int) -> int | None:
+        """The supervisor's pid if it is alive (checked by its command line, so a reused pid is not ours)."""
+        signature = f"\0{job_dir}\0{attempt}\0--\0".encode()
+        try:
+            pid: int | None = int((job_dir / f"pid-{attempt}").read_text())
+        except (FileNotFoundError, ValueError):
+            pid = None
+        candidates = [pid] if pid is not None else [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        for candidate in candidates:
+            try:
+                cmdline = Path(f"/proc/{candidate}/cmdline").read_bytes()
+                state = Path(f"/proc/{candidate}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+                continue
+            if signature in b"\0" + cmdline and state != "Z":
+                return candidate
+        return None
+
+    def _signal(self, pid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+    def _kill_if_alive(self, job_dir: Path, attempt: int) -> None:
+        pid = self._live_pid(job_dir, attempt)
+        if pid is not None:
+            self._signal(pid, signal.SIGKILL)
+
+    def _status(self, job_dir: Path) -> BackendStatus:
+        spec = _read_json(job_dir / "job.json") or {}
+        attempt = int(spec.get("attempt", 0))
+        run = _read_json(job_dir / f"run-{attempt}.json")
+        alive = run is not None and self._live_pid(job_dir, attempt) is not None
+        # read after the liveness check: a supervisor writes its exit file before it exits
+        finished = _read_json(job_dir / f"exit-{attempt}.json")
+        cancelled = (job_dir / f"cancel-{attempt}").exists()
+        progress = _read_json(job_dir / "progress.json") or {}
+        status = BackendStatus(
+            job_id=job_dir.name,
+            state=JobState.PENDING,
+            attempt=attempt,
+            breakdown_ms=progress.get("breakdown_ms"),
+            epoch_seconds=progress.get("epoch_seconds"),
+            step=progress.get("step"),
+        )
+        if run is not None:
+            status.started_at = datetime.fromtimestamp(run["started_at"], UTC)
+        if finished is not None:
+            code = int(finished["code"])
+            status.finished_at = datetime.fromtimestamp(finished["finished_at"], UTC)
+            status.phase = f"exit {code}"
+            status.state, status.reason, status.message = self._exit_state(job_dir, code, cancelled)
+        elif run is None:
+            if cancelled:
+                status.state, status.reason, status.phase = JobState.CANCELLED, "CancelledBeforeStart", "cancelled"
+            else:
+                status.phase = "waiting for a slot"
+        elif alive:
+            status.state, status.phase = JobState.RUNNING, "running"
+        elif cancelled:
+            status.state, status.reason, status.phase = JobState.CANCELLED, "Killed", "killed"
+        else:
+            status.state, status.reason, status.phase = JobState.ERROR, "ProcessLost", "lost"
+            status.message = "the job's process ended without recording an exit code"
+        return status
+
+    def _exit_state(self, job_dir: Path, code: int, cancelled: bool) -> tuple[JobState, str | None, str | None]:
+        """0 SUCCEEDED; a signal exit after a cancel CANCELLED; anything else FAILED with the cause."""
+        if code == 0:
+            return JobState.SUCCEEDED, "Completed", None
+        if cancelled and code in _CANCEL_CODES:
+            return JobState.CANCELLED, "Cancelled", f"stopped on request (exit {code})"
+        last = self._last_log_line(job_dir)
+        if code == 2:
+            return JobState.FAILED, "BadInput", last or "exit code 2"
+        if code in _CANCEL_CODES:
+            return JobState.FAILED, "Terminated", f"killed by a signal nobody here sent (exit {code})"
+        return JobState.FAILED, "ExitCode", f"exit code {code}" + (f": {last}" if last else "")
+
+    @staticmethod
+    def _last_log_line(job_dir: Path) -> str | None:
+        try:
+            with open(job_dir / "log.txt", "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 4096))
+                lines = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+        except FileNotFoundError:
+            return None
+        return lines[-1][:_LAST_LINE_CHARS] if lines else None
+
+    def _ended(self, job_dir: Path) -> bool:
+        with self._locked():
+            return self._status(job_dir).state.terminal
+
+    def _read_log(self, job_dir: Path, follow: bool) -> Iterator[str]:
+        path = job_dir / "log.txt"
+        while follow and not path.exists():
+            if self._ended(job_dir):
+                return
+            time.sleep(self.poll_seconds)
+        if not path.exists():
+            return
+        with open(path, encoding="utf-8", errors="replace") as log:
+            pending = ""
+            while True:
+                chunk = log.readline()
+                if chunk:
+                    pending += chunk
+                    if pending.endswith("\n"):
+                        yield pending
+                        pending = ""
+                    continue
+                if not follow:
+                    break
+                if self._ended(job_dir):
+                    rest = log.read()
+                    pending += rest
+                    if not rest:
+                        break
+                    continue
+                time.sleep(self.poll_seconds)
+            if pending:
+                yield pending

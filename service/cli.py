@@ -1,0 +1,253 @@
+"""`foxhunt`: serve the controller, submit and follow jobs over the API, manage tokens in the DB."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from service.settings import Settings
+
+app = typer.Typer(help="foxhunt training-job controller.", no_args_is_help=True, add_completion=False)
+jobs_app = typer.Typer(help="List, inspect, follow, cancel and retry jobs.", no_args_is_help=True)
+token_app = typer.Typer(help="Create, list and revoke API tokens (talks to the database directly).")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(token_app, name="token")
+
+ApiUrl = Annotated[str, typer.Option("--api-url", envvar="FOXHUNT_API_URL", help="Controller base URL.")]
+Token = Annotated[str | None, typer.Option("--token", envvar="FOXHUNT_TOKEN", help="Bearer token.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+_JOB_COLUMNS = ("id", "name", "state", "reason", "pool", "plan", "attempt", "created_at")
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False)
+    return typer.Exit(code)
+
+
+def _client(api_url: str, token: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=api_url, headers=headers, timeout=httpx.Timeout(30.0, read=None))
+
+
+def _call(api_url: str, token: str | None, method: str, path: str, **kwargs: Any) -> Any:
+    """One API call; a problem+json answer becomes a one-line error and exit code 1."""
+    try:
+        with _client(api_url, token) as client:
+            response = client.request(method, path, **kwargs)
+    except httpx.HTTPError as error:
+        raise _fail(f"cannot reach {api_url}: {error}") from None
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise _fail(f"{response.status_code}: {detail}")
+    return response.json()
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    Console().print(table)
+
+
+def _print_job(job: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(job, indent=2))
+        return
+    for key in (*_JOB_COLUMNS, "message", "phase", "step", "epoch_seconds", "started_at", "finished_at"):
+        typer.echo(f"{key:>14}: {'' if job.get(key) is None else job[key]}")
+    if job.get("breakdown_ms"):
+        parts = " ".join(f"{k}={v:.3f}ms" for k, v in job["breakdown_ms"].items())
+        typer.echo(f"{'breakdown':>14}: {parts}")
+    for event in job.get("history", []):
+        typer.echo(f"{'':>14}  {event['at']} {event['state']} {event.get('reason') or ''}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default FOXHUNT_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default FOXHUNT_PORT).")] = None,
+) -> None:
+    """Run the controller (settings from FOXHUNT_* variables)."""
+    import uvicorn
+
+    from service.app import create_app
+
+    settings = Settings()
+    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+
+
+@app.command()
+def submit(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TrainConfig YAML/JSON file.")] = None,
+    pool: Annotated[str | None, typer.Option(help="GPU pool.")] = None,
+    plan: Annotated[str | None, typer.Option(help="Execution plan.")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Epochs (2000 steps each).")] = None,
+    name: Annotated[str | None, typer.Option(help="Job name (also makes the submission idempotent).")] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Idempotency-Key.")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="key=value, repeatable.")] = None,
+    commit_sha: Annotated[str | None, typer.Option("--commit", help="Trainer commit sha.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the log until the job ends.")] = False,
+    api_url: ApiUrl = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job."""
+    body: dict[str, Any] = {}
+    if config is not None:
+        if not config.is_file():
+            raise _fail(f"config file not found: {config}", 2)
+        body["config"] = yaml.safe_load(config.read_text()) or {}
+    labels: dict[str, str] = {}
+    for item in label or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise _fail(f"label {item!r}: expected key=value", 2)
+        labels[key] = value
+    extra = {"pool": pool, "plan": plan, "epochs": epochs, "name": name, "commit_sha": commit_sha}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    if labels:
+        body["labels"] = labels
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    job = _call(api_url, token, "POST", "/v1/jobs", json=body, headers=headers)
+    if as_json:
+        typer.echo(json.dumps(job, indent=2))
+    else:
+        typer.echo(f"{job['id']} {job['state']}")
+    if follow:
+        _stream_logs(api_url, token, job["id"])
+
+
+@jobs_app.command("list")
+def list_jobs(
+    state: Annotated[str | None, typer.Option(help="Only this state.")] = None,
+    pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+    selector: Annotated[str | None, typer.Option("--selector", "-l", help="key=value[,key=value].")] = None,
+    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+    all_pages: Annotated[bool, typer.Option("--all", help="Follow every page.")] = False,
+    api_url: ApiUrl = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """List jobs, newest first."""
+    params: dict[str, Any] = {"limit": limit}
+    params.update({k: v for k, v in {"state": state, "pool": pool, "label_selector": selector}.items() if v})
+    items: list[dict[str, Any]] = []
+    while True:
+        page = _call(api_url, token, "GET", "/v1/jobs", params=params)
+        items.extend(page["items"])
+        if not all_pages or not page["next_cursor"]:
+            break
+        params["cursor"] = page["next_cursor"]
+    if as_json:
+        typer.echo(json.dumps(items, indent=2))
+    else:
+        _table(items, _JOB_COLUMNS)
+
+
+@jobs_app.command("show")
+def show(job_id: str, api_url: ApiUrl = DEFAULT_URL, token: Token = None, as_json: AsJson = False) -> None:
+    """A job's state, history and last breakdown."""
+    _print_job(_call(api_url, token, "GET", f"/v1/jobs/{job_id}"), as_json)
+
+
+def _stream_logs(api_url: str, token: str | None, job_id: str, follow: bool = True) -> None:
+    try:
+        with (
+            _client(api_url, token) as client,
+            client.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": follow}) as response,
+        ):
+            if response.status_code >= 400:
+                response.read()
+                raise _fail(f"{response.status_code}: {response.json().get('detail', response.text)}")
+            for chunk in response.iter_text():
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+    except httpx.HTTPError as error:
+        raise _fail(f"cannot reach {api_url}: {error}") from None
+
+
+@jobs_app.command("logs")
+def logs(
+    job_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
+    api_url: ApiUrl = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Print a job's log."""
+    _stream_logs(api_url, token, job_id, follow)
+
+
+@jobs_app.command("cancel")
+def cancel(job_id: str, api_url: ApiUrl = DEFAULT_URL, token: Token = None, as_json: AsJson = False) -> None:
+    """Stop a job (graceful, then forced after the grace period)."""
+    job = _call(api_url, token, "DELETE", f"/v1/jobs/{job_id}")
+    typer.echo(json.dumps(job, indent=2) if as_json else f"{job['id']} {job['state']} (cancel requested)")
+
+
+@jobs_app.command("retry")
+def retry(job_id: str, api_url: ApiUrl = DEFAULT_URL, token: Token = None, as_json: AsJson = False) -> None:
+    """Run a failed, cancelled or errored job again from its checkpoint."""
+    job = _call(api_url, token, "POST", f"/v1/jobs/{job_id}/retry")
+    typer.echo(json.dumps(job, indent=2) if as_json else f"{job['id']} {job['state']} (attempt {job['attempt']})")
+
+
+def _store() -> Any:
+    from service.store import Store
+
+    store = Store(Settings().database_url)
+    store.migrate()
+    return store
+
+
+@token_app.command("create")
+def token_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the token acts for.")],
+    name: Annotated[str, typer.Option(help="Who or what holds the token.")],
+    admin: Annotated[bool, typer.Option(help="Sees and cancels every tenant's jobs.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Create a token; the secret is printed once and stored only as a hash."""
+    from service.auth import create_token
+
+    try:
+        secret, info = create_token(_store(), name=name, tenant=tenant, admin=admin)
+    except ValueError as error:
+        raise _fail(str(error), 2) from None
+    if as_json:
+        typer.echo(json.dumps({"token": secret, **info.model_dump(mode="json")}, indent=2))
+    else:
+        typer.echo(secret)
+
+
+@token_app.command("list")
+def token_list(as_json: AsJson = False) -> None:
+    """Tokens (never their secrets)."""
+    rows = [t.model_dump(mode="json") for t in _store().list_tokens()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        _table(rows, ("id", "name", "tenant", "admin", "created_at", "revoked_at"))
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: int) -> None:
+    """Revoke a token by id; requests with it get 401 from then on."""
+    if not _store().revoke_token(token_id):
+        raise _fail(f"no live token with id {token_id}")
+    typer.echo(f"revoked {token_id}")
+
+
+def main() -> None:
+    app()

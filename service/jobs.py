@@ -1,0 +1,95 @@
+"""Submission, cancel and retry rules between the API and the store (no HTTP, no SQL here)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Callable
+
+from service.api.schemas import JobCreate
+from service.auth import Principal
+from service.errors import IdempotencyConflict
+from service.metrics import ControllerMetrics
+from service.pools import Pools
+from service.store import JobRecord, NewJob, Store
+from trainer.config import STEPS_PER_EPOCH
+
+
+def job_id_for(tenant: str, key: str) -> str:
+    """Deterministic and DNS-safe, so a backend object name follows from the idempotency key."""
+    return "job-" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:20]
+
+
+def request_hash(body: JobCreate) -> str:
+    return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+class JobService:
+    """The rules; `wake` nudges the reconciler so a new job reaches the backend at once."""
+
+    def __init__(self, store: Store, pools: Pools, metrics: ControllerMetrics, wake: Callable[[], None]) -> None:
+        self.store = store
+        self.pools = pools
+        self.metrics = metrics
+        self.wake = wake
+
+    def submit(self, principal: Principal, body: JobCreate, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+        """(job, created). The same key and body return the stored job; another body is a conflict."""
+        key = idempotency_key or (f"name:{body.name}" if body.name else f"uuid:{uuid.uuid4()}")
+        job_id = job_id_for(principal.tenant, key)
+        digest = request_hash(body)
+        existing = self.store.find_job(job_id)
+        if existing is not None:
+            if existing.request_hash != digest:
+                raise IdempotencyConflict(job_id)
+            self.metrics.record_submission(existing.pool, created=False)
+            return existing, False
+        pool = self.pools.get(body.pool or self.pools.default)
+        pool.check_quota(tenant=principal.tenant, used=self.store.gpu_use(tenant=principal.tenant, pool=pool.name))
+        config = body.config.model_copy(deep=True)
+        if body.plan is not None:
+            config.run.plan = body.plan
+        if body.epochs is not None:
+            config.run.steps = body.epochs * STEPS_PER_EPOCH
+        job, created = self.store.insert_job(
+            NewJob(
+                id=job_id,
+                tenant=principal.tenant,
+                submitter=principal.name,
+                name=body.name,
+                idempotency_key=key,
+                request_hash=digest,
+                pool=pool.name,
+                gpus=pool.gpus_per_node,
+                model=body.model,
+                plan=config.run.plan,
+                commit_sha=body.commit_sha,
+                epochs=body.epochs or max(1, math.ceil(config.run.steps / STEPS_PER_EPOCH)),
+                hyperopt_trials=body.hyperopt_trials,
+                priority=body.priority,
+                deadline=body.deadline,
+                config=config.model_dump(mode="json"),
+                labels=dict(body.labels),
+            )
+        )
+        self.metrics.record_submission(job.pool, created=created)
+        if created:
+            self.wake()
+        return job, created
+
+    def cancel(self, principal: Principal, job_id: str) -> JobRecord:
+        job = self.store.request_cancel(job_id, tenant=principal.visible_tenant)
+        self.wake()
+        return job
+
+    def retry(self, principal: Principal, job_id: str) -> JobRecord:
+        """Queue the next attempt; it resumes from the job's fixed checkpoint location."""
+        job = self.store.get_job(job_id, tenant=principal.visible_tenant)
+        self.pools.get(job.pool).check_quota(
+            tenant=job.tenant, used=self.store.gpu_use(tenant=job.tenant, pool=job.pool)
+        )
+        job = self.store.retry(job_id, tenant=principal.visible_tenant)
+        self.wake()
+        return job

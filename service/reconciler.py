@@ -1,0 +1,218 @@
+"""Keeps the store in step with the backend: submits queued jobs, follows status, enforces cancels.
+
+The backend is the source of truth for running jobs. Two threads: one submits and runs a full
+list-based pass every interval (or when woken); one follows backend.watch for prompt updates. An
+unreachable backend is counted and retried; it never makes a job fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+
+from service.backends.base import Backend, BackendError, BackendNotFound, BackendUnavailable
+from service.domain import BackendStatus, JobSpec, JobState
+from service.metrics import ControllerMetrics
+from service.pools import Pools
+from service.store import JobRecord, Store
+
+log = logging.getLogger(__name__)
+
+
+def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
+    pool = pools.get(job.pool)
+    return JobSpec(
+        job_id=job.id,
+        tenant=job.tenant,
+        pool=job.pool,
+        queue_name=pool.queue_name,
+        plan=job.plan,
+        model=job.model,
+        commit_sha=job.commit_sha,
+        epochs=job.epochs,
+        hyperopt_trials=job.hyperopt_trials,
+        config=job.config,
+        labels=job.labels,
+        attempt=job.attempt,
+    )
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        pools: Pools,
+        metrics: ControllerMetrics,
+        *,
+        interval_seconds: float,
+        grace_seconds: float,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.pools = pools
+        self.metrics = metrics
+        self.interval = interval_seconds
+        self.grace = grace_seconds
+        self.last_success: float | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._cancel_sent: set[tuple[str, int]] = set()
+        self._pass_lock = threading.Lock()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._threads = [
+            threading.Thread(target=self._pass_loop, name="reconcile-pass", daemon=True),
+            threading.Thread(target=self._watch_loop, name="reconcile-watch", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout=self.interval + 5)
+        self._threads = []
+
+    # ---- one pass ---------------------------------------------------------------------------------
+
+    def reconcile_once(self) -> bool:
+        """Submit queued jobs, then bring every job in step with backend.list_statuses(). True on success."""
+        with self._pass_lock:
+            started = time.monotonic()
+            try:
+                self._submit_queued()
+                self._sync()
+            except BackendUnavailable as error:
+                log.warning("backend unavailable during reconcile: %s", error)
+                return False
+            self.last_success = time.monotonic()
+            self.metrics.reconcile_seconds.observe(self.last_success - started)
+            return True
+
+    def _call_failed(self, operation: str, error: BackendError) -> None:
+        cause = (
+            "unavailable"
+            if isinstance(error, BackendUnavailable)
+            else "not_found"
+            if isinstance(error, BackendNotFound)
+            else "other"
+        )
+        self.metrics.record_backend_error(operation, cause)
+
+    def _submit_queued(self) -> None:
+        for job in self.store.jobs_to_submit():
+            try:
+                status = self.backend.submit(spec_for(job, self.pools))
+            except BackendUnavailable as error:
+                self._call_failed("submit", error)
+                raise
+            except BackendError as error:
+                self._call_failed("submit", error)
+                self.store.set_state(job.id, JobState.ERROR, reason="SubmitRejected", message=str(error))
+                continue
+            if job.submitted_attempt == job.attempt:
+                self.metrics.record_recovery("resubmitted")
+            self.store.mark_submitted(job.id, job.attempt)
+            self.store.apply_status(status)
+            after = self.store.find_job(job.id)
+            if after is not None and after.cancel_requested_at is not None and not status.state.terminal:
+                self._send_cancel(after, force=False)
+
+    def _sync(self) -> None:
+        try:
+            statuses = self.backend.list_statuses()
+        except BackendUnavailable as error:
+            self._call_failed("list", error)
+            raise
+        seen: dict[str, BackendStatus] = {}
+        for status in statuses:
+            seen[status.job_id] = status
+            self.store.apply_status(status)
+        now = datetime.now(UTC)
+        active = {job.id: job for job in self.store.active_jobs()}
+        for status in statuses:
+            if status.state.terminal or status.job_id in active:
+                continue
+            stored = self.store.find_job(status.job_id)  # cancelled here before the backend got it
+            if stored is not None and stored.cancel_requested_at is not None:
+                self._send_cancel(stored, force=True)
+        for job in active.values():
+            status = seen.get(job.id)
+            if status is None:
+                if job.state is not JobState.QUEUED and job.submitted_attempt == job.attempt:
+                    self.store.set_state(
+                        job.id, JobState.ERROR, reason="Lost", message="the backend no longer has this job"
+                    )
+                    self.metrics.record_recovery("lost")
+                continue
+            if job.deadline is not None and now > job.deadline and job.cancel_requested_at is None:
+                self.store.request_cancel(job.id, tenant=None, reason="DeadlineExceeded")
+                self.metrics.record_recovery("deadline")
+                job = self.store.get_job(job.id)
+            if job.cancel_requested_at is not None and not status.state.terminal:
+                overdue = (now - job.cancel_requested_at).total_seconds() > self.grace
+                self._send_cancel(job, force=overdue)
+
+    def _send_cancel(self, job: JobRecord, *, force: bool) -> None:
+        """Graceful once per attempt (again after a restart), forced once after the grace period."""
+        key = (job.id, job.attempt)
+        if force and job.cancel_forced:
+            return
+        if not force and key in self._cancel_sent:
+            return
+        try:
+            self.backend.cancel(job.id, force=force)
+        except BackendNotFound as error:
+            self._call_failed("cancel", error)
+            return
+        except BackendUnavailable as error:
+            self._call_failed("cancel", error)
+            raise
+        self._cancel_sent.add(key)
+        if force:
+            self.store.mark_cancel_forced(job.id)
+            self.metrics.record_recovery("cancel_forced")
+        elif job.state is not JobState.QUEUED and job.cancel_requested_at is not None:
+            age = (datetime.now(UTC) - job.cancel_requested_at).total_seconds()
+            if age > self.interval * 2:
+                self.metrics.record_recovery("cancel_resent")
+
+    # ---- threads ----------------------------------------------------------------------------------
+
+    def _pass_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile_once()
+            except Exception:  # a bug in one pass must not stop reconciliation for good
+                log.exception("reconcile pass failed")
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def _watch_loop(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                for status in self.backend.watch(timeout_seconds=self.interval):
+                    self.store.apply_status(status)
+                    if self._stop.is_set():
+                        return
+                backoff = 0.5
+            except BackendUnavailable as error:
+                self._call_failed("watch", error)
+                self.metrics.record_recovery("watch_restarted")
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception:
+                log.exception("watch failed; restarting it")
+                self.metrics.record_recovery("watch_restarted")
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)

@@ -1,0 +1,123 @@
+"""Dockerfile: hadolint-clean, pinned, non-root, and each target installs exactly its dependency group."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.conftest import ROOT
+
+DOCKERFILE = ROOT / "Dockerfile"
+TARGETS = {"service": "service", "trainer": "trainer"}
+
+
+def _instructions() -> list[tuple[str, str, str]]:
+    """(stage, INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    out, stage, pending = [], "", ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        pending += line[:-1] + " " if line.endswith("\\") else line
+        if line.endswith("\\"):
+            continue
+        keyword, _, args = pending.partition(" ")
+        if keyword.upper() == "FROM":
+            stage = args.split(" AS ")[-1].strip() if " AS " in args else args
+        out.append((stage, keyword.upper(), args.strip()))
+        pending = ""
+    return out
+
+
+def _pip_installs(stage: str) -> list[list[str]]:
+    commands = []
+    for found_stage, keyword, args in _instructions():
+        if found_stage == stage and keyword == "RUN":
+            for command in re.split(r"&&|;", re.sub(r"--mount=\S+", "", args)):
+                words = shlex.split(command)
+                if words[:2] == ["pip", "install"]:
+                    commands.append(words[2:])
+    return commands
+
+
+def test_hadolint_passes() -> None:
+    hadolint = Path(sys.executable).parent / "hadolint"
+    result = subprocess.run([str(hadolint), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_ignored_rule_is_explained_in_place() -> None:
+    lines = DOCKERFILE.read_text().splitlines()
+    for number, line in enumerate(lines):
+        match = re.match(r"#\s*hadolint ignore=(\S+)", line.strip())
+        if match:
+            above = " ".join(lines[max(0, number - 3) : number])
+            for rule in match.group(1).split(","):
+                assert rule in above, f"line {number + 1}: ignored {rule} is not explained just above"
+
+
+def test_targets_exist_pin_their_base_images_and_run_as_non_root() -> None:
+    instructions = _instructions()
+    for _stage, keyword, args in instructions:
+        if keyword == "FROM":
+            image = args.split()[0]
+            assert re.search(r"(@sha256:[0-9a-f]{64}|:\d+\.\d+\.\d+[-\w.]*)$", image), f"{image} is not pinned"
+    for target in TARGETS:
+        users = [args for stage, keyword, args in instructions if stage == target and keyword == "USER"]
+        assert users and users[-1].split(":")[0] not in ("0", "root"), f"{target} runs as root"
+        labels = " ".join(args for stage, keyword, args in instructions if stage == target and keyword == "LABEL")
+        for key in ("title", "source", "revision", "version", "licenses"):
+            assert f"org.opencontainers.image.{key}=" in labels, f"{target}: OCI label {key} missing"
+    assert any(s == "service" and k == "HEALTHCHECK" and "/healthz" in a for s, k, a in instructions)
+    # The service's runtime stage copies only the built venv from its build stage.
+    copies = [a for s, k, a in instructions if s == "service" and k == "COPY"]
+    assert copies == ["--from=service-build /opt/venv /opt/venv"]
+
+
+def _declared_extras() -> dict[str, list[str]]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def _requirement_name(spec: str) -> str:
+    return re.split(r"[<>=!~\[;@ ]", spec, maxsplit=1)[0].lower().replace("_", "-")
+
+
+@pytest.mark.parametrize(("target", "group"), [("service-build", "service"), ("trainer", "trainer")])
+def test_each_target_installs_exactly_its_dependency_group(target: str, group: str) -> None:
+    assert group in _declared_extras()
+    installs = _pip_installs(target)
+    assert len(installs) == 1, f"{target}: expected one pip install, got {installs}"
+    packages = [w for w in installs[0] if not w.startswith("-")]
+    assert packages == [f"./[{group}]"], f"{target} installs {packages}, not the package's [{group}] group"
+
+
+@pytest.mark.slow
+def test_service_install_resolves_without_torch(tmp_path: Path) -> None:
+    """Run the service stage's own pip command (as a dry run) in a fresh venv: no torch, all of [service]."""
+    (args,) = _pip_installs("service-build")
+    venv.create(tmp_path / "venv", with_pip=True)
+    pip = tmp_path / "venv" / "bin" / "pip"
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [str(pip), "install", *args, "--dry-run", "--quiet", "--report", str(report)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    installed = {
+        item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]
+    }
+    assert "foxhunt" in installed
+    assert not {"torch", "triton", "nvidia-cublas-cu12", "numpy", "optuna"} & installed, sorted(installed)
+    wanted = {_requirement_name(r) for r in _declared_extras()["service"]}
+    assert wanted <= installed, sorted(wanted - installed)

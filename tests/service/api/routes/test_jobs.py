@@ -1,0 +1,242 @@
+"""/v1/jobs through the app: status codes, problem+json bodies, tenancy, quotas, cancel, retry, logs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from service.settings import Settings
+from tests.service.conftest import Controller
+from tests.service.factories import live_server, make_settings, stand_in_command, tiny_train_config
+
+PROBLEM = "application/problem+json"
+
+
+def _submit(c: Controller, *, key: str | None = None, as_: str = "alice", **body: object) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    payload = {"config": {"run": {"steps": 2}}, "pool": "cpu", **body}
+    return c.request("POST", "/v1/jobs", as_=as_, json=payload, headers=headers)
+
+
+def _wait_for_log(c: Controller, job_id: str, text: str, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        log = c.request("GET", f"/v1/jobs/{job_id}/logs").text
+        if text in log:
+            return log
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the log:\n{log}"
+        time.sleep(0.1)
+
+
+def test_submit_runs_the_job_to_success_with_history_and_breakdown(controller: Controller) -> None:
+    created = _submit(controller, key="first", labels={"exp": "a"})
+    assert created.status_code == 201
+    body = created.json()
+    assert body["state"] == "QUEUED" and body["id"].startswith("job-") and body["tenant"] == "team-a"
+    assert body["config"]["run"]["steps"] == 2 and body["labels"] == {"exp": "a"}
+    job = controller.wait_for(body["id"])
+    assert job["state"] == "SUCCEEDED" and job["reason"] == "Completed", job
+    assert [h["state"] for h in job["history"]][0] == "QUEUED" and job["history"][-1]["state"] == "SUCCEEDED"
+    assert job["breakdown_ms"] == {"sample": 0.25, "fused": 1.0, "guard": 0.25}
+    assert job["epoch_seconds"] == 3.0 and job["step"] == 2
+    assert job["started_at"] and job["finished_at"]
+
+
+def test_same_key_same_body_returns_the_same_job_and_different_body_conflicts(controller: Controller) -> None:
+    first = _submit(controller, key="k")
+    again = _submit(controller, key="k")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    other = _submit(controller, key="k", priority=5)
+    assert other.status_code == 409 and other.headers["content-type"] == PROBLEM
+    assert other.json()["type"] == "urn:foxhunt:problem:idempotency-conflict"
+    assert first.json()["id"] in other.json()["detail"]
+
+
+def test_a_name_is_an_idempotency_key_and_keys_are_per_tenant(controller: Controller) -> None:
+    first = _submit(controller, name="nightly")
+    again = _submit(controller, name="nightly")
+    assert (first.status_code, again.status_code) == (201, 200) and first.json()["id"] == again.json()["id"]
+    bobs = _submit(controller, name="nightly", as_="bob")
+    assert bobs.status_code == 201 and bobs.json()["id"] != first.json()["id"]
+    no_key = [_submit(controller).json()["id"] for _ in range(2)]
+    assert no_key[0] != no_key[1]
+
+
+def test_epochs_and_plan_override_the_config(controller: Controller) -> None:
+    body = _submit(controller, epochs=2, plan="graph").json()
+    assert body["config"]["run"]["steps"] == 4000 and body["config"]["run"]["plan"] == "graph"
+    assert body["epochs"] == 2 and body["plan"] == "graph"
+    controller.request("DELETE", f"/v1/jobs/{body['id']}")
+
+
+def test_bad_submissions_get_problem_details(controller: Controller) -> None:
+    bad_config = controller.request("POST", "/v1/jobs", json={"config": {"run": {"steps": 0}}})
+    assert bad_config.status_code == 422 and bad_config.headers["content-type"] == PROBLEM
+    assert any(e["loc"][-1] == "steps" for e in bad_config.json()["errors"])
+    unknown_field = controller.request("POST", "/v1/jobs", json={"config": {"lr": 1}})
+    assert unknown_field.status_code == 422
+    naive_deadline = controller.request("POST", "/v1/jobs", json={"deadline": "2030-01-01T00:00:00"})
+    assert naive_deadline.status_code == 422 and "timezone" in naive_deadline.json()["detail"]
+    unknown_pool = _submit(controller, pool="nope")
+    assert unknown_pool.status_code == 422 and "unknown pool 'nope'" in unknown_pool.json()["detail"]
+    malformed = controller.request(
+        "POST", "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert malformed.status_code == 400 and malformed.json()["type"] == "urn:foxhunt:problem:malformed-json"
+
+
+def test_auth_missing_unknown_and_revoked_tokens_are_401(controller: Controller) -> None:
+    missing = controller.request("GET", "/v1/jobs", as_="nobody")
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert missing.headers["content-type"] == PROBLEM
+    wrong = controller.request("GET", "/v1/jobs", as_="nobody", headers={"Authorization": "Bearer fxh_nope"})
+    assert wrong.status_code == 401 and wrong.json()["detail"] == "unknown or revoked token"
+    basic = controller.request("GET", "/v1/jobs", as_="nobody", headers={"Authorization": "Basic abc"})
+    assert basic.status_code == 401 and "malformed" in basic.json()["detail"]
+    store = controller.services.store
+    bob = next(t for t in store.list_tokens() if t.name == "bob")
+    assert store.revoke_token(bob.id)
+    assert controller.request("GET", "/v1/jobs", as_="bob").status_code == 401
+
+
+def test_tenants_see_and_cancel_only_their_own_jobs_and_admin_sees_all(controller: Controller) -> None:
+    alices = _submit(controller, key="a", labels={"team": "a"}).json()["id"]
+    bobs = _submit(controller, key="b", as_="bob").json()["id"]
+    for method, path in (
+        ("GET", f"/v1/jobs/{alices}"),
+        ("DELETE", f"/v1/jobs/{alices}"),
+        ("POST", f"/v1/jobs/{alices}/retry"),
+        ("GET", f"/v1/jobs/{alices}/logs"),
+    ):
+        response = controller.request(method, path, as_="bob")
+        assert response.status_code == 404, (method, path)
+        assert response.json()["detail"] == f"job {alices} not found"
+    assert [j["id"] for j in controller.request("GET", "/v1/jobs", as_="bob").json()["items"]] == [bobs]
+    everyone = {j["id"] for j in controller.request("GET", "/v1/jobs", as_="root").json()["items"]}
+    assert everyone == {alices, bobs}
+    assert controller.request("GET", f"/v1/jobs/{alices}", as_="root").status_code == 200
+    assert controller.request("DELETE", f"/v1/jobs/{bobs}", as_="root").status_code == 202
+
+
+def test_list_filters_and_cursor_pages_are_stable(controller: Controller) -> None:
+    ids = [_submit(controller, key=f"j{i}", labels={"exp": "x" if i % 2 else "y", "n": str(i)}).json()["id"] for i in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, object] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = controller.request("GET", "/v1/jobs", params=params).json()
+        seen += [j["id"] for j in page["items"]]
+        _submit(controller, key=f"late{len(seen)}")  # new jobs land before the cursor, never inside the walk
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))
+    by_label = controller.request("GET", "/v1/jobs", params={"label_selector": "exp=x,n=3"}).json()["items"]
+    assert [j["id"] for j in by_label] == [ids[3]]
+    by_pool = controller.request("GET", "/v1/jobs", params={"pool": "h200"}).json()["items"]
+    assert by_pool == []
+    by_submitter = controller.request("GET", "/v1/jobs", params={"submitter": "alice", "limit": 500}).json()
+    assert len(by_submitter["items"]) == len(seen) + 3
+    bad_selector = controller.request("GET", "/v1/jobs", params={"label_selector": "exp"})
+    assert bad_selector.status_code == 400 and "label selector" in bad_selector.json()["detail"]
+    bad_cursor = controller.request("GET", "/v1/jobs", params={"cursor": "!!"})
+    assert bad_cursor.status_code == 400 and "invalid cursor" in bad_cursor.json()["detail"]
+    bad_state = controller.request("GET", "/v1/jobs", params={"state": "DONE"})
+    assert bad_state.status_code == 422
+
+
+def test_quota_per_tenant_per_pool_is_429(controller: Controller) -> None:
+    assert _submit(controller, pool="h200").status_code == 201  # team-a: 8 of 8 GPUs
+    over = _submit(controller, pool="h200")
+    assert over.status_code == 429 and over.headers["content-type"] == PROBLEM
+    assert over.json()["detail"] == "tenant team-a uses 8 of 8 GPUs on pool h200; a job needs 8 more"
+    assert _submit(controller, pool="h200", as_="bob").status_code == 429  # team-b: default quota 0
+    pools = {p["name"]: p for p in controller.request("GET", "/v1/pools").json()}
+    assert pools["h200"]["used_gpus"] == 8 and pools["h200"]["quota_gpus"] == 8
+
+
+def test_cancel_a_running_job_then_retry_resumes_it(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+    c = controller_factory(make_settings(tmp_path, local_command=stand_in_command("--sleep", "30")))
+    job_id = _submit(c, key="long").json()["id"]
+    _wait_for_log(c, job_id, "stand-in: steps=2 resume=False")
+    cancelled = c.request("DELETE", f"/v1/jobs/{job_id}")
+    assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
+    job = c.wait_for(job_id)
+    assert job["state"] == "CANCELLED" and job["reason"] == "Cancelled"
+    again = c.request("DELETE", f"/v1/jobs/{job_id}")
+    assert again.status_code == 409 and "already CANCELLED" in again.json()["detail"]
+    retried = c.request("POST", f"/v1/jobs/{job_id}/retry")
+    assert retried.status_code == 202 and retried.json()["attempt"] == 1 and retried.json()["state"] == "QUEUED"
+    log = _wait_for_log(c, job_id, "resume=True")  # the checkpoint of attempt 0 is reused
+    assert "attempt 1 starting" in log
+    not_terminal = c.request("POST", f"/v1/jobs/{job_id}/retry")
+    assert not_terminal.status_code == 409 and "only FAILED, CANCELLED or ERROR" in not_terminal.json()["detail"]
+    c.request("DELETE", f"/v1/jobs/{job_id}")
+
+
+def test_cancelling_a_queued_job_cancels_it_before_it_starts(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False))
+    job_id = _submit(c, key="q").json()["id"]
+    job = c.request("DELETE", f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "CANCELLED" and job["reason"] == "CancelRequested"
+    c.services.reconciler.reconcile_once()
+    assert c.services.backend.list_statuses() == []  # never reached the backend
+
+
+def test_failed_job_reports_exit_reason(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+    c = controller_factory(make_settings(tmp_path, local_command=stand_in_command("--exit", "2")))
+    job = c.wait_for(_submit(c).json()["id"])
+    assert job["state"] == "FAILED" and job["reason"] == "BadInput"
+    assert job["message"] == "error: bad input for the stand-in"
+
+
+def test_logs_follow_streams_until_the_job_ends(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+    c = controller_factory(make_settings(tmp_path, local_command=stand_in_command("--sleep", "1")))
+    job_id = _submit(c).json()["id"]
+    with c.client.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": True}, headers=c.headers["alice"]) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        text = "".join(r.iter_text())
+    assert "Training step breakdown: sample=0.250ms" in text and text.endswith("stand-in: done, exit 0\n")
+    assert c.wait_for(job_id, timeout=10)["state"] == "SUCCEEDED"
+
+
+def test_fifty_concurrent_identical_submissions_make_exactly_one_job(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False))
+    barrier = threading.Barrier(50)
+    results: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def submit(url: str) -> None:
+        with httpx.Client(base_url=url, headers=c.headers["alice"], timeout=60) as client:
+            barrier.wait()
+            response = client.post("/v1/jobs", json={"config": {"run": {"steps": 2}}}, headers={"Idempotency-Key": "same"})
+        with lock:
+            results.append((response.status_code, response.json()["id"]))
+
+    with live_server(c.app) as url:
+        threads = [threading.Thread(target=submit, args=(url,)) for _ in range(50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    codes = sorted(code for code, _ in results)
+    assert codes == [200] * 49 + [201]
+    assert len({job_id for _, job_id in results}) == 1
+    assert len(c.services.store.list_jobs(limit=500)[0]) == 1
+
+
+def test_a_real_training_job_runs_end_to_end_on_cpu(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+    """The default command: `python -m trainer train` with a tiny market config on the CPU."""
+    c = controller_factory(make_settings(tmp_path, local_command=Settings.model_fields["local_command"].default_factory()))  # type: ignore[misc]
+    created = c.request("POST", "/v1/jobs", json={"config": tiny_train_config(steps=4), "pool": "cpu"})
+    assert created.status_code == 201
+    job = c.wait_for(created.json()["id"], timeout=240)
+    log = c.request("GET", f"/v1/jobs/{job['id']}/logs").text
+    assert job["state"] == "SUCCEEDED", log[-2000:]
+    assert job["step"] == 4 and job["breakdown_ms"] and job["epoch_seconds"] is not None
+    assert "Training step breakdown:" in log

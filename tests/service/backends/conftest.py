@@ -1,0 +1,52 @@
+"""Fixtures for the backend tests: a fake Kubernetes API server and an ArgoBackend pointed at it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+
+from service.backends.argo import ArgoBackend
+from service.domain import JobSpec
+from tests.service.fake_kube import FakeKube
+
+
+@pytest.fixture
+def fake_kube() -> Iterator[FakeKube]:
+    with FakeKube(namespace="foxhunt") as fake:
+        yield fake
+
+
+def kube_client(fake: FakeKube) -> client.ApiClient:
+    """The real client, configured as from_settings does (no urllib3 retries: the backend retries)."""
+    configuration = client.Configuration(host=fake.url)
+    configuration.retries = 0
+    return client.ApiClient(configuration)
+
+
+def argo_backend(fake: FakeKube, **kwargs: float) -> ArgoBackend:
+    options = {"backoff_seconds": 0.001, "max_backoff_seconds": 0.01, "poll_seconds": 0.05, **kwargs}
+    return ArgoBackend(fake.namespace, kube_client(fake), request_timeout=5.0, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def argo(fake_kube: FakeKube) -> ArgoBackend:
+    return argo_backend(fake_kube)
+
+
+def job_spec(job_id: str = "job-1", **overrides: object) -> JobSpec:
+    """A valid job as the API builds it."""
+    fields: dict[str, object] = {
+        "job_id": job_id,
+        "tenant": "acme",
+        "pool": "h100",
+        "queue_name": "h100-acme",
+        "plan": "graph",
+        "model": "c51",
+        "commit_sha": "0123abcd",
+        "epochs": 3,
+        "hyperopt_trials": 0,
+        "config": {"run": {"steps": 100}, "lr": 0.001},
+    }
+    return JobSpec.model_validate({**fields, **overrides})

@@ -1,0 +1,486 @@
+"""The Argo backend through the real `kubernetes` client against an HTTP-level fake API server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from service.backends.argo import ArgoBackend, status_from_workflow, workflow_manifest
+from service.backends.argo_parameters import PARAMETER_NAMES, workflow_parameters
+from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
+from service.domain import BackendStatus, JobState
+from service.settings import Settings
+from tests.service.backends.conftest import argo_backend, job_spec, kube_client
+from tests.service.fake_kube import FakeKube
+
+WORKFLOWS = "/apis/argoproj.io/v1alpha1/namespaces/foxhunt/workflows"
+
+
+def in_background(*steps: Callable[[], object], delay: float = 0.1) -> threading.Thread:
+    """Run `steps` in order on another thread, `delay` apart: the cluster moving while we watch."""
+
+    def run() -> None:
+        for step in steps:
+            time.sleep(delay)
+            step()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def until(statuses: Iterator[BackendStatus], done: Callable[[BackendStatus], bool]) -> list[BackendStatus]:
+    """Consume a watch until `done` (the generator is then closed, ending its HTTP stream)."""
+    seen: list[BackendStatus] = []
+    for status in statuses:
+        seen.append(status)
+        if done(status):
+            break
+    return seen
+
+
+# ---- the Workflow we send ----------------------------------------------------------------------
+def test_parameters_are_the_declared_names_as_strings() -> None:
+    params = workflow_parameters(job_spec(epochs=7, hyperopt_trials=4, queue_name=None))
+    assert tuple(p["name"] for p in params) == PARAMETER_NAMES
+    values = {p["name"]: p["value"] for p in params}
+    assert all(isinstance(v, str) for v in values.values())
+    assert values["train-epochs"] == "7" and values["hyperopt-trials"] == "4" and values["queue-name"] == ""
+    assert json.loads(values["config"]) == {"run": {"steps": 100}, "lr": 0.001}
+    assert " " not in values["config"]  # compact JSON
+
+
+def test_manifest_references_the_template_and_passes_parameters_only() -> None:
+    body = workflow_manifest(job_spec("job-9", attempt=2), template="compile-and-train")
+    assert set(body["spec"]) == {"workflowTemplateRef", "arguments"}
+    assert body["spec"]["workflowTemplateRef"] == {"name": "compile-and-train"}
+    assert body["metadata"]["name"] == "job-9-retry-2"
+    assert body["metadata"]["labels"] == {
+        "foxhunt.io/job-id": "job-9",
+        "foxhunt.io/tenant": "acme",
+        "foxhunt.io/pool": "h100",
+        "foxhunt.io/attempt": "2",
+        "app.kubernetes.io/managed-by": "foxhunt",
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"job_id": "Job_1"}, "job id 'Job_1' is not a lowercase RFC 1123 label"),
+        ({"tenant": "acme corp"}, "tenant 'acme corp' is not a valid Kubernetes label value"),
+        ({"pool": "x" * 64}, "pool"),
+    ],
+)
+def test_manifest_refuses_names_kubernetes_would_refuse(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        workflow_manifest(job_spec(**overrides))
+
+
+# ---- the fake enforces the CRD schema ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda b: b["spec"].update(resources={"limits": {"nvidia.com/gpu": 1}}), "'resources' was unexpected"),
+        (lambda b: b["spec"]["arguments"]["parameters"][0].update(value=3), "3 is not of type 'string'"),
+        (lambda b: b["spec"]["arguments"]["parameters"][0].update(name="job id"), "does not match"),
+        (lambda b: b["spec"].update(shutdown=True), "True is not of type 'string'"),
+        (lambda b: b["metadata"].update(name="Job_1"), "RFC 1123 subdomain"),
+    ],
+)
+def test_fake_rejects_workflows_that_break_the_crd_schema(
+    fake_kube: FakeKube, change: Callable[[dict[str, object]], None], error: str
+) -> None:
+    body = workflow_manifest(job_spec())
+    client.CustomObjectsApi(kube_client(fake_kube)).create_namespaced_custom_object(
+        "argoproj.io", "v1alpha1", "foxhunt", "workflows", workflow_manifest(job_spec("ours"))
+    )  # ours passes
+    change(body)
+    with pytest.raises(ApiException) as caught:
+        client.CustomObjectsApi(kube_client(fake_kube)).create_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", "foxhunt", "workflows", body
+        )
+    assert caught.value.status == 422
+    status = json.loads(caught.value.body)
+    assert status["kind"] == "Status" and status["reason"] == "Invalid" and error in status["message"]
+    assert [w["metadata"]["name"] for w in fake_kube.workflows()] == ["ours"]
+
+
+def test_fake_refuses_strategic_merge_patch_on_a_custom_resource(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    api = client.CustomObjectsApi(kube_client(fake_kube))
+    with pytest.raises(ApiException) as caught:
+        api.patch_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", "foxhunt", "workflows", "job-1", {"spec": {"shutdown": "Stop"}},
+            _content_type="application/strategic-merge-patch+json",
+        )  # fmt: skip
+    assert caught.value.status == 415
+
+
+# ---- submit ------------------------------------------------------------------------------------
+def test_submit_creates_one_pending_workflow(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    status = argo.submit(job_spec())
+    assert (status.job_id, status.state, status.reason, status.phase, status.attempt) == (
+        "job-1", JobState.PENDING, "Created", "", 0,
+    )  # fmt: skip
+    (workflow,) = fake_kube.workflows()
+    assert workflow["spec"]["arguments"]["parameters"] == workflow_parameters(job_spec())
+
+
+def test_submit_again_reads_the_existing_workflow_back(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Running")
+    again = argo.submit(job_spec())
+    assert again.state is JobState.RUNNING  # the existing job's status, not a new one
+    assert len(fake_kube.workflows()) == 1
+    calls = [(m, p) for m, p, _ in fake_kube.requests]
+    assert calls[-2:] == [("POST", WORKFLOWS), ("GET", f"{WORKFLOWS}/job-1")]
+
+
+def test_submit_whose_answer_was_lost_is_not_duplicated(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    fake_kube.commit_then_drop(1)  # created, but the client never hears so and retries
+    status = argo.submit(job_spec())
+    assert status.job_id == "job-1" and len(fake_kube.workflows()) == 1
+    assert argo.retries["connection"] == 1
+
+
+def test_submit_refuses_a_name_held_by_another_job(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    body = workflow_manifest(job_spec("job-2"))
+    body["metadata"]["name"] = "job-1"
+    fake_kube.state.create("workflows", "foxhunt", body)
+    with pytest.raises(BackendError, match="Workflow job-1 exists but belongs to job 'job-2'"):
+        argo.submit(job_spec("job-1"))
+
+
+def test_retry_is_a_new_workflow_and_becomes_the_jobs_status(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Failed", "exit code 1")
+    retried = argo.submit(job_spec(attempt=1))
+    assert (retried.state, retried.attempt) == (JobState.PENDING, 1)
+    assert sorted(w["metadata"]["name"] for w in fake_kube.workflows()) == ["job-1", "job-1-retry-1"]
+    fake_kube.set_phase("job-1-retry-1", "Running")
+    assert (argo.status("job-1").state, argo.status("job-1").attempt) == (JobState.RUNNING, 1)
+    assert [(s.job_id, s.attempt) for s in argo.list_statuses()] == [("job-1", 1)]
+
+
+# ---- status ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("phase", "message", "state", "reason"),
+    [
+        (None, None, JobState.PENDING, "Created"),
+        ("Pending", None, JobState.PENDING, None),
+        ("Running", None, JobState.RUNNING, None),
+        ("Succeeded", None, JobState.SUCCEEDED, None),
+        ("Failed", "child 'train' failed: exit code 1", JobState.FAILED, "JobFailed"),
+        ("Failed", "OOMKilled (exit code 137)", JobState.FAILED, "OOMKilled"),
+        ("Failed", "Step exceeded its deadline", JobState.FAILED, "DeadlineExceeded"),
+        ("Error", "pod deleted", JobState.ERROR, "InfrastructureError"),
+    ],
+)
+def test_status_maps_every_phase(
+    fake_kube: FakeKube, argo: ArgoBackend, phase: str | None, message: str | None, state: JobState, reason: str
+) -> None:
+    argo.submit(job_spec())
+    if phase is not None:
+        fake_kube.set_phase("job-1", phase, message)
+    status = argo.status("job-1")
+    assert (status.state, status.reason, status.message) == (state, reason, message)
+    assert status.phase == (phase or "")
+    assert (status.started_at is not None) == (phase is not None)
+    assert (status.finished_at is not None) == (phase in ("Succeeded", "Failed", "Error"))
+
+
+@pytest.mark.parametrize(
+    ("shutdown", "phase", "state", "reason"),
+    [
+        ("Stop", "Running", JobState.RUNNING, None),  # stopping: exit handlers still run
+        ("Stop", "Failed", JobState.CANCELLED, "Stopped"),
+        ("Terminate", "Failed", JobState.CANCELLED, "Terminated"),
+        ("Terminate", "Error", JobState.CANCELLED, "Terminated"),
+        ("Stop", "Succeeded", JobState.SUCCEEDED, None),  # it finished before the stop took effect
+    ],
+)
+def test_status_of_a_shut_down_workflow(
+    fake_kube: FakeKube, argo: ArgoBackend, shutdown: str, phase: str, state: JobState, reason: str | None
+) -> None:
+    argo.submit(job_spec())
+    fake_kube.update_workflow("job-1", lambda w: w["spec"].update(shutdown=shutdown))
+    fake_kube.set_phase("job-1", phase, f"Stopped with strategy '{shutdown}'")
+    assert (argo.status("job-1").state, argo.status("job-1").reason) == (state, reason)
+
+
+def test_unknown_phase_is_pending_not_a_failure() -> None:
+    status = status_from_workflow({"metadata": {"name": "a"}, "status": {"phase": "Paused"}})
+    assert (status.state, status.reason, status.job_id) == (JobState.PENDING, "UnknownPhase", "a")
+
+
+def test_status_reads_the_published_progress(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    progress = {"step": 40, "epoch_seconds": 12.5, "breakdown_ms": {"sample": 0.2, "fused": 1.5}}
+    annotations = {"foxhunt.io/progress": json.dumps(progress)}
+    fake_kube.update_workflow("job-1", lambda w: w["metadata"].update(annotations=annotations))
+    status = argo.status("job-1")
+    assert (status.step, status.epoch_seconds, status.breakdown_ms) == (40, 12.5, {"sample": 0.2, "fused": 1.5})
+    output = {"outputs": {"parameters": [{"name": "progress", "value": json.dumps({"step": 41})}]}}
+    fake_kube.update_workflow("job-1", lambda w: (w["metadata"].pop("annotations"), w.update(status=output)))
+    assert argo.status("job-1").step == 41
+    fake_kube.update_workflow("job-1", lambda w: w["status"]["outputs"]["parameters"][0].update(value="{garbled"))
+    assert argo.status("job-1").step is None and argo.status("job-1").state is JobState.PENDING
+
+
+def test_unknown_job_is_not_found(argo: ArgoBackend) -> None:
+    with pytest.raises(BackendNotFound):
+        argo.status("nope")
+    with pytest.raises(BackendNotFound):
+        argo.cancel("nope")
+    with pytest.raises(BackendNotFound):
+        list(argo.logs("nope"))
+    with pytest.raises(BackendNotFound):
+        argo.status("Not A Label")
+
+
+# ---- cancel ------------------------------------------------------------------------------------
+def test_cancel_stops_gracefully_then_force_terminates(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Running")
+    argo.cancel("job-1")
+    assert fake_kube.workflow("job-1")["spec"]["shutdown"] == "Stop"
+    argo.cancel("job-1")  # a second graceful cancel changes nothing
+    assert [m for m, _, _ in fake_kube.requests].count("PATCH") == 1
+    argo.cancel("job-1", force=True)
+    assert fake_kube.workflow("job-1")["spec"]["shutdown"] == "Terminate"
+    argo.cancel("job-1")  # never downgrades a terminate
+    assert fake_kube.workflow("job-1")["spec"]["shutdown"] == "Terminate"
+    assert fake_kube.workflow("job-1")["spec"]["workflowTemplateRef"] == {"name": "compile-and-train"}  # merged
+
+
+def test_cancel_of_an_ended_job_changes_nothing(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Failed", "exit code 1")
+    argo.cancel("job-1", force=True)
+    assert "shutdown" not in fake_kube.workflow("job-1")["spec"]
+    assert argo.status("job-1").state is JobState.FAILED
+
+
+# ---- watch -------------------------------------------------------------------------------------
+def test_watch_yields_changes_not_the_baseline(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec("old"))
+    argo.submit(job_spec())
+    in_background(
+        lambda: fake_kube.set_phase("job-1", "Running"),
+        lambda: fake_kube.update_workflow("job-1", lambda w: w["status"].update(nodes={})),  # same status
+        lambda: fake_kube.set_phase("job-1", "Succeeded"),
+    )
+    seen = until(argo.watch(timeout_seconds=10), lambda s: s.state.terminal)
+    assert [(s.job_id, s.state) for s in seen] == [("job-1", JobState.RUNNING), ("job-1", JobState.SUCCEEDED)]
+
+
+def test_watch_resumes_from_a_bookmark(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    in_background(
+        lambda: fake_kube.add_pod("job-1", "job-1-train"),  # moves the resourceVersion, not our objects
+        fake_kube.request_bookmark,
+        fake_kube.compact,  # history before the bookmark is gone: resuming from older would be 410
+        fake_kube.end_watches,
+        lambda: fake_kube.set_phase("job-1", "Running"),
+    )
+    seen = until(argo.watch(timeout_seconds=10), lambda s: s.state is JobState.RUNNING)
+    assert [s.state for s in seen] == [JobState.RUNNING]
+    first, second = fake_kube.watch_requests()[:2]
+    pod_rv = fake_kube.state.get("pods", "foxhunt", "job-1-train")["metadata"]["resourceVersion"]
+    assert first["allowWatchBookmarks"] == "true" and second["resourceVersion"] == pod_rv
+    assert argo.relists == 1  # no relist was needed
+
+
+def test_watch_relists_after_410_gone_and_reports_what_it_missed(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    argo.submit(job_spec("job-2"))
+
+    def miss_events() -> None:
+        fake_kube.pause_watches()  # the stream stalls...
+        fake_kube.set_phase("job-1", "Succeeded")
+        fake_kube.add_pod("job-2", "job-2-train")
+        fake_kube.compact()  # ...while its resume point is compacted away
+        fake_kube.pause_watches(False)
+
+    in_background(lambda: fake_kube.set_phase("job-2", "Running"), miss_events)
+    seen = until(argo.watch(timeout_seconds=10), lambda s: s.job_id == "job-1")
+    assert [(s.job_id, s.state) for s in seen] == [("job-2", JobState.RUNNING), ("job-1", JobState.SUCCEEDED)]
+    assert argo.relists == 2
+
+
+def test_watch_rides_out_transient_errors(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+
+    def break_the_stream() -> None:
+        fake_kube.fail_next(2, 503)
+        fake_kube.drop_next(1)
+        fake_kube.end_watches()
+
+    in_background(break_the_stream, lambda: fake_kube.set_phase("job-1", "Running"), delay=0.2)
+    seen = until(argo.watch(timeout_seconds=10), lambda s: s.state is JobState.RUNNING)
+    assert [s.state for s in seen] == [JobState.RUNNING]
+    assert argo.retries == {"server_error": 2, "connection": 1}
+
+
+def test_watch_gives_up_after_the_bound(fake_kube: FakeKube) -> None:
+    argo = argo_backend(fake_kube, max_attempts=3)
+    fake_kube.fail_next(5, 500)
+    with pytest.raises(BackendUnavailable, match="after 3 attempts"):
+        list(argo.watch(timeout_seconds=5))
+
+
+def test_watch_ends_after_its_timeout(argo: ArgoBackend) -> None:
+    started = time.monotonic()
+    assert list(argo.watch(timeout_seconds=1)) == []
+    assert time.monotonic() - started < 4
+
+
+# ---- transient errors --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("inject", "cause"),
+    [
+        (lambda f: f.fail_next(3, 503), "server_error"),
+        (lambda f: f.fail_next(3, 500), "server_error"),
+        (lambda f: f.fail_next(3, 429), "throttled"),
+        (lambda f: f.drop_next(3), "connection"),
+    ],
+)
+def test_transient_errors_are_retried_and_counted(
+    fake_kube: FakeKube, argo: ArgoBackend, inject: Callable[[FakeKube], None], cause: str
+) -> None:
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Running")
+    inject(fake_kube)
+    assert argo.status("job-1").state is JobState.RUNNING
+    assert argo.retries == {cause: 3}
+
+
+def test_persistent_errors_raise_unavailable_never_a_job_failure(fake_kube: FakeKube) -> None:
+    argo = argo_backend(fake_kube, max_attempts=3)
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Running")
+    fake_kube.fail_next(3, 502)
+    with pytest.raises(BackendUnavailable, match="after 3 attempts"):
+        argo.status("job-1")
+    fake_kube.fail_next(3, 503)
+    with pytest.raises(BackendUnavailable):
+        argo.submit(job_spec("job-2"))
+    assert argo.status("job-1").state is JobState.RUNNING
+    assert [w["metadata"]["name"] for w in fake_kube.workflows()] == ["job-1"]
+    assert argo.retries == {"server_error": 6}
+
+
+def test_other_api_errors_are_backend_errors_without_retry(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    fake_kube.fail_next(1, 403)
+    with pytest.raises(BackendError, match="403 injected fault") as caught:
+        argo.status("job-1")
+    assert not isinstance(caught.value, BackendUnavailable | BackendNotFound)
+    assert not argo.retries
+
+
+def test_unreachable_server_is_unavailable(fake_kube: FakeKube) -> None:
+    configuration = client.Configuration(host="http://127.0.0.1:9")  # nothing listens on discard
+    configuration.retries = 0
+    argo = ArgoBackend("foxhunt", client.ApiClient(configuration), max_attempts=2, backoff_seconds=0.001)
+    with pytest.raises(BackendUnavailable, match="after 2 attempts \\(connection\\)"):
+        argo.status("job-1")
+    with pytest.raises(BackendUnavailable, match="not usable"):
+        argo.ping()
+
+
+def test_ping(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.ping()
+    assert fake_kube.requests[-1][2] == {"limit": "1"}
+    fake_kube.fail_next(1, 500)
+    with pytest.raises(BackendUnavailable, match="500"):
+        argo.ping()
+
+
+# ---- logs --------------------------------------------------------------------------------------
+def test_logs_of_every_pod_in_order(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    fake_kube.add_pod("job-1", "job-1-prepare", ("compiling", "plan graph captured"), done=True)
+    fake_kube.add_pod("job-1", "job-1-train", ("step 1", "step 2"))
+    fake_kube.add_pod("other", "other-train", ("not ours",))
+    assert list(argo.logs("job-1")) == ["compiling\n", "plan graph captured\n", "step 1\n", "step 2\n"]
+    queries = [q for _, p, q in fake_kube.requests if p.endswith("/log")]
+    assert all(q["container"] == "main" for q in queries) and queries[0].get("follow") != "true"
+
+
+def test_logs_follow_streams_until_the_workflow_ends(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Running")
+    fake_kube.add_pod("job-1", "job-1-prepare", ("compiling",))
+    lines: list[str] = []
+    in_background(
+        lambda: fake_kube.append_log("job-1-prepare", "cache warm"),
+        lambda: fake_kube.finish_pod("job-1-prepare"),
+        lambda: fake_kube.add_pod("job-1", "job-1-train", ("step 1",)),
+        lambda: fake_kube.append_log("job-1-train", "step 2"),
+        lambda: fake_kube.finish_pod("job-1-train"),
+        lambda: fake_kube.set_phase("job-1", "Succeeded"),
+    )
+    started = time.monotonic()
+    for line in argo.logs("job-1", follow=True):
+        lines.append(line)
+        if len(lines) == 1:
+            assert time.monotonic() - started < 0.5  # streamed, not collected at the end
+    assert lines == ["compiling\n", "cache warm\n", "step 1\n", "step 2\n"]
+
+
+# ---- restart -----------------------------------------------------------------------------------
+def test_a_new_backend_over_the_same_cluster_lists_every_job(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    for n, phase in enumerate(["Running", "Succeeded", "Failed", None, "Error"]):
+        argo.submit(job_spec(f"job-{n}"))
+        if phase:
+            fake_kube.set_phase(f"job-{n}", phase)
+    argo.submit(job_spec("job-2", attempt=1))  # the failed one was retried
+    restarted = argo_backend(fake_kube, page_size=2)  # a fresh process: nothing in memory
+    statuses = {s.job_id: (s.state, s.attempt) for s in restarted.list_statuses()}
+    assert statuses == {
+        "job-0": (JobState.RUNNING, 0),
+        "job-1": (JobState.SUCCEEDED, 0),
+        "job-2": (JobState.PENDING, 1),
+        "job-3": (JobState.PENDING, 0),
+        "job-4": (JobState.ERROR, 0),
+    }
+    assert sum(1 for _, p, q in fake_kube.requests if p == WORKFLOWS and "continue" in q) == 2  # paged
+    assert restarted.submit(job_spec("job-0")).state is JobState.RUNNING  # resubmission: same job
+    assert len(fake_kube.workflows()) == 6
+
+
+# ---- configuration -----------------------------------------------------------------------------
+def test_from_settings_uses_the_kubeconfig(fake_kube: FakeKube, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": fake_kube.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    argo = ArgoBackend.from_settings(Settings(kubeconfig=kubeconfig, argo_namespace="foxhunt"))
+    argo.submit(job_spec())
+    assert fake_kube.workflow("job-1")["spec"]["workflowTemplateRef"] == {"name": "compile-and-train"}
+
+
+def test_from_settings_without_any_cluster_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(BackendError, match="cannot load the Kubernetes configuration"):
+        ArgoBackend.from_settings(Settings(kubeconfig=None))
+    with pytest.raises(BackendError, match="cannot load the Kubernetes configuration"):
+        ArgoBackend.from_settings(Settings(kubeconfig=tmp_path / "missing"))

@@ -1,0 +1,244 @@
+"""The local backend with a real tiny program as the job: states, exit codes, cancel, limits, restarts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.backends.base import BackendNotFound
+from service.backends.local import LocalBackend, detect_gpus
+from service.domain import BackendStatus, JobSpec, JobState
+from tests.service.factories import stand_in_command
+
+
+def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0) -> JobSpec:
+    return JobSpec(
+        job_id=job_id,
+        tenant="team-a",
+        pool="cpu",
+        plan="eager",
+        model="c51-branching",
+        commit_sha="HEAD",
+        epochs=1,
+        config={"run": {"steps": 3}, "priority": priority},
+        attempt=attempt,
+    )
+
+
+def make_backend(jobs_dir: Path, *extra: str, gpus: int = 0, grace: float = 5.0) -> LocalBackend:
+    return LocalBackend(jobs_dir, command=stand_in_command(*extra), gpus=gpus, grace_seconds=grace, poll_seconds=0.05)
+
+
+def wait_state(backend: LocalBackend, job_id: str, states: set[JobState], timeout: float = 30.0) -> BackendStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = backend.status(job_id)
+        if status.state in states:
+            return status
+        assert time.monotonic() < deadline, f"{job_id} stayed {status.state}"
+        time.sleep(0.05)
+
+
+def wait_log(backend: LocalBackend, job_id: str, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in "".join(backend.logs(job_id)):
+        assert time.monotonic() < deadline, f"{text!r} not in the log of {job_id}"
+        time.sleep(0.05)
+
+
+TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.ERROR}
+
+
+@pytest.fixture
+def backends() -> Iterator[list[LocalBackend]]:
+    """Backends made by a test; their still-running jobs are killed at the end."""
+    made: list[LocalBackend] = []
+    yield made
+    for backend in made:
+        for status in backend.list_statuses():
+            if not status.state.terminal:
+                backend.cancel(status.job_id, force=True)
+
+
+def test_a_job_runs_to_success_with_progress_and_logs(tmp_path: Path) -> None:
+    backend = make_backend(tmp_path)
+    first = backend.submit(spec())
+    assert first.state in {JobState.PENDING, JobState.RUNNING} and first.attempt == 0
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert (status.state, status.reason, status.phase) == (JobState.SUCCEEDED, "Completed", "exit 0")
+    assert status.breakdown_ms == {"sample": 0.25, "fused": 1.0, "guard": 0.25}
+    assert status.step == 3 and status.epoch_seconds == 3.0 and status.started_at and status.finished_at
+    log = "".join(backend.logs("job-1"))
+    assert "Training step breakdown: sample=0.250ms" in log
+    assert json.loads((tmp_path / "job-1" / "config.json").read_text())["run"]["steps"] == 3
+
+
+def test_submit_is_idempotent_per_attempt(tmp_path: Path) -> None:
+    backend = make_backend(tmp_path)
+    backend.submit(spec())
+    wait_state(backend, "job-1", TERMINAL)
+    backend.submit(spec())
+    assert "attempt 0 starting" in "".join(backend.logs("job-1"))
+    assert "".join(backend.logs("job-1")).count("starting") == 1
+    assert [s.job_id for s in backend.list_statuses()] == ["job-1"]
+
+
+@pytest.mark.parametrize(("code", "reason"), [(2, "BadInput"), (3, "ExitCode"), (143, "Terminated")])
+def test_exit_codes_map_to_failed_with_a_reason(tmp_path: Path, code: int, reason: str) -> None:
+    backend = make_backend(tmp_path, "--exit", str(code))
+    backend.submit(spec())
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert (status.state, status.reason) == (JobState.FAILED, reason)
+    if code == 3:
+        assert status.message == "exit code 3: stand-in: done, exit 3"
+
+
+def test_only_one_cpu_job_runs_at_a_time_and_priority_orders_the_queue(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backends.append(backend)
+    backend.submit(spec("job-a"))
+    wait_state(backend, "job-a", {JobState.RUNNING})
+    backend.submit(spec("job-b"))
+    high = spec("job-c")
+    (tmp_path / "job-c").mkdir()
+    backend.submit(high.model_copy(update={"config": high.config}))
+    states = {s.job_id: s.state for s in backend.list_statuses()}
+    assert states == {"job-a": JobState.RUNNING, "job-b": JobState.PENDING, "job-c": JobState.PENDING}
+    assert backend.status("job-b").phase == "waiting for a slot"
+    backend.cancel("job-a", force=True)
+    wait_state(backend, "job-a", TERMINAL)
+    assert wait_state(backend, "job-b", {JobState.RUNNING}).state is JobState.RUNNING  # submitted first
+    assert backend.status("job-c").state is JobState.PENDING
+
+
+def test_gpu_jobs_get_one_gpu_each(tmp_path: Path, backends: list[LocalBackend]) -> None:
+    backend = LocalBackend(
+        tmp_path,
+        command=[
+            sys.executable,
+            "-c",
+            "import os,time; print('gpu', os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(30)",
+        ],
+        gpus=2,
+        poll_seconds=0.05,
+    )
+    backends.append(backend)
+    for job_id in ("job-a", "job-b", "job-c"):
+        backend.submit(spec(job_id))
+    wait_state(backend, "job-b", {JobState.RUNNING})
+    assert backend.status("job-c").state is JobState.PENDING
+    wait_log(backend, "job-a", "gpu 0")
+    wait_log(backend, "job-b", "gpu 1")
+
+
+def test_cancel_is_graceful_first(tmp_path: Path) -> None:
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backend.submit(spec())
+    wait_log(backend, "job-1", "stand-in: steps=3")
+    backend.cancel("job-1")
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert (status.state, status.reason) == (JobState.CANCELLED, "Cancelled")
+    assert status.message == "stopped on request (exit 143)"
+
+
+def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    backend = make_backend(tmp_path, "--sleep", "60", "--ignore-term", grace=0.5)
+    backend.submit(spec())
+    wait_log(backend, "job-1", "stand-in: steps=3")
+    started = time.monotonic()
+    backend.cancel("job-1")
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert status.state is JobState.CANCELLED and status.reason == "Killed"
+    assert 0.4 < time.monotonic() - started < 10
+
+
+def test_cancel_before_start_and_unknown_jobs(tmp_path: Path, backends: list[LocalBackend]) -> None:
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backends.append(backend)
+    backend.submit(spec("job-a"))
+    backend.submit(spec("job-b"))
+    backend.cancel("job-b")
+    assert backend.status("job-b").reason == "CancelledBeforeStart"
+    backend.cancel("job-a", force=True)
+    wait_state(backend, "job-a", TERMINAL)
+    time.sleep(0.3)
+    assert backend.status("job-b").state is JobState.CANCELLED  # never started
+    assert not (tmp_path / "job-b" / "run-0.json").exists()
+    for call in (lambda: backend.status("nope"), lambda: backend.cancel("nope"), lambda: backend.logs("nope")):
+        with pytest.raises(BackendNotFound):
+            call()
+    with pytest.raises(BackendNotFound, match="invalid job id"):
+        backend.status("../etc")
+
+
+def test_a_restarted_backend_finds_running_and_finished_jobs_and_starts_nothing_twice(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    first = make_backend(tmp_path, "--sleep", "1.5")
+    first.submit(spec("job-a"))
+    wait_state(first, "job-a", {JobState.RUNNING})
+    second = make_backend(tmp_path, "--sleep", "1.5")  # a new controller process over the same dir
+    backends.append(second)
+    assert second.status("job-a").state is JobState.RUNNING
+    second.submit(spec("job-a"))
+    assert wait_state(second, "job-a", TERMINAL).state is JobState.SUCCEEDED
+    third = make_backend(tmp_path)
+    assert third.status("job-a").state is JobState.SUCCEEDED
+    assert "".join(third.logs("job-a")).count("starting") == 1
+
+
+def test_a_process_that_vanished_without_exit_code_is_an_error(tmp_path: Path) -> None:
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backend.submit(spec())
+    wait_state(backend, "job-1", {JobState.RUNNING})
+    pid = int((tmp_path / "job-1" / "pid-0").read_text())
+    subprocess.run(["kill", "-KILL", f"-{pid}"], check=True)  # the whole group, as an OOM kill or reboot would
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert (status.state, status.reason) == (JobState.ERROR, "ProcessLost")
+
+
+def test_retry_runs_the_next_attempt_with_resume(tmp_path: Path) -> None:
+    backend = make_backend(tmp_path, "--exit", "3")
+    backend.submit(spec())
+    wait_state(backend, "job-1", TERMINAL)
+    retried = backend.submit(spec(attempt=1))
+    assert retried.attempt == 1
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert status.attempt == 1 and status.state is JobState.FAILED
+    assert "stand-in: steps=3 resume=True" in "".join(backend.logs("job-1"))
+
+
+def test_logs_follow_until_the_end_and_watch_reports_changes(tmp_path: Path) -> None:
+    backend = make_backend(tmp_path, "--sleep", "0.5")
+    backend.submit(spec())
+    lines = list(backend.logs("job-1", follow=True))
+    assert lines[-1] == "stand-in: done, exit 0\n"
+    backend.submit(spec("job-2"))
+    seen = [s.state for s in backend.watch(timeout_seconds=3) if s.job_id == "job-2"]
+    assert seen[-1] is JobState.SUCCEEDED
+
+
+def test_ping_and_gpu_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_backend(tmp_path).ping()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,3")
+    assert detect_gpus() == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert detect_gpus() == 0
+
+
+def test_supervisor_records_exit_codes_and_rejects_bad_usage(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "service.backends.local_supervisor"]
+    bad = subprocess.run([*run, str(tmp_path), "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
+    subprocess.run([*run, str(tmp_path), "4", "--", sys.executable, "-c", "raise SystemExit(7)"], check=True)
+    assert json.loads((tmp_path / "exit-4.json").read_text())["code"] == 7
+    subprocess.run([*run, str(tmp_path), "5", "--", str(tmp_path / "missing-binary")], check=True)
+    assert json.loads((tmp_path / "exit-5.json").read_text())["code"] == 127

@@ -1,0 +1,116 @@
+"""Builders for service tests: settings, configs, pools files, tokens, a live uvicorn server."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from service.settings import Settings
+
+STAND_IN = Path(__file__).with_name("stand_in_trainer.py")
+
+
+def stand_in_command(*extra: str) -> list[str]:
+    """The local backend's command for a real tiny program instead of the trainer."""
+    return [sys.executable, str(STAND_IN), "--config", "{config}", "--run-dir", "{run_dir}", "{resume}", *extra]
+
+
+def tiny_train_config(steps: int = 3) -> dict[str, Any]:
+    """A TrainConfig small enough to train on a CPU in seconds (market data, narrow networks)."""
+    return {
+        "model": {
+            "hidden": 16,
+            "head_hidden": 8,
+            "atoms": 11,
+            "iqn_embed": 8,
+            "iqn_hidden": 8,
+            "iqn_taus": 4,
+            "iqn_target_taus": 4,
+            "iql_hidden": 8,
+            "attn_window": 4,
+            "attn_dim": 8,
+            "attn_heads": 2,
+            "attn_ffn": 16,
+        },
+        "replay": {"capacity": 256},
+        "data": {"source": "market", "learning_starts": 32, "market_features": 8, "market_horizon": 16},
+        "run": {
+            "steps": steps,
+            "batch_size": 16,
+            "device": "cpu",
+            "log_every": 1,
+            "checkpoint_every": steps,
+            "eval_episodes": 1,
+        },
+    }
+
+
+POOLS_YAML = """\
+pools:
+  - name: cpu
+    gpu_type: cpu
+    gpus_per_node: 1
+    default_quota_gpus: 100
+  - name: h200
+    gpu_type: H200
+    gpus_per_node: 8
+    node_selector: {foxhunt.io/pool: h200}
+    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+    queue_name: foxhunt-h200
+    quota_gpus: {team-a: 8}
+    default_quota_gpus: 0
+"""
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """Settings for one test: its own SQLite file, jobs dir and pools file; nothing from the environment."""
+    pools = tmp_path / "pools.yaml"
+    if not pools.exists():
+        pools.write_text(POOLS_YAML)
+    fields: dict[str, Any] = {
+        "database_url": f"sqlite:///{tmp_path / 'foxhunt.db'}",
+        "jobs_dir": tmp_path / "jobs",
+        "pools_file": pools,
+        "local_command": stand_in_command(),
+        "local_gpus": 0,
+        "reconcile_interval_seconds": 0.2,
+        "cancel_grace_seconds": 2.0,
+        "auth_disabled": False,
+    }
+    fields.update(overrides)
+    return Settings(_env_file=None, **fields)  # type: ignore[call-arg]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def live_server(app: FastAPI) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free port in a thread; yields the base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,60 @@
+"""A throwaway PostgreSQL server for the store tests: initdb + pg_ctl in a temp dir, on a free port."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.service.factories import free_port
+from tests.system_packages import ensure_debian_packages
+
+PG_BIN_DIRS = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin")
+
+
+def _pg_bin() -> Path:
+    for candidate in PG_BIN_DIRS:
+        if (Path(candidate) / "pg_ctl").is_file():
+            return Path(candidate)
+    found = shutil.which("pg_ctl") or ensure_debian_packages("pg_ctl", "postgresql")
+    return Path(os.path.realpath(found)).parent
+
+
+def _as_postgres(args: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root; run its tools as the `postgres` user then."""
+    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
+
+
+@contextmanager
+def postgres_server() -> Iterator[str]:
+    """Yields an admin URL (`postgresql+psycopg://postgres@127.0.0.1:PORT/postgres`); stops and removes it after."""
+    pg_bin = _pg_bin()
+    root = Path(tempfile.mkdtemp(prefix="foxhunt-pg-"))
+    data, sockets = root / "data", root / "sock"
+    sockets.mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        shutil.chown(sockets, "postgres")
+    port = free_port()
+    run = dict(check=True, capture_output=True, text=True)
+    subprocess.run(
+        _as_postgres([str(pg_bin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]), **run
+    )  # type: ignore[call-overload]
+    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    subprocess.run(
+        _as_postgres([str(pg_bin / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
+        **run,
+    )  # type: ignore[call-overload]
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            _as_postgres([str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,220 @@
+"""The store, run on SQLite and on a real PostgreSQL server (the `database_url` fixture)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from service.domain import BackendStatus, JobState
+from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
+from service.models import Base
+from service.store import NewJob, Store, parse_label_selector
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    store = Store(database_url)
+    store.migrate()
+    yield store
+    store.dispose()
+
+
+def new_job(job_id: str = "job-1", **overrides: object) -> NewJob:
+    fields: dict[str, object] = {
+        "id": job_id,
+        "tenant": "team-a",
+        "submitter": "alice",
+        "name": None,
+        "idempotency_key": job_id,
+        "request_hash": "h1",
+        "pool": "cpu",
+        "gpus": 1,
+        "model": "c51-branching",
+        "plan": "eager",
+        "commit_sha": "HEAD",
+        "epochs": 1,
+        "hyperopt_trials": 0,
+        "priority": 0,
+        "deadline": None,
+        "config": {"run": {"steps": 2}},
+        "labels": {},
+    }
+    return NewJob.model_validate({**fields, **overrides})
+
+
+def test_migrations_create_exactly_the_orm_schema(store: Store) -> None:
+    with store.engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert diff == []
+    store.migrate()  # running again at the next start is a no-op
+
+
+def test_insert_is_idempotent_and_conflicts_on_a_different_body(store: Store) -> None:
+    job, created = store.insert_job(new_job(labels={"exp": "a"}))
+    assert created and job.state is JobState.QUEUED and job.labels == {"exp": "a"}
+    again, created_again = store.insert_job(new_job(labels={"exp": "a"}))
+    assert not created_again and again.id == job.id and again.created_at == job.created_at
+    with pytest.raises(IdempotencyConflict, match="job-1"):
+        store.insert_job(new_job(request_hash="h2"))
+
+
+def test_concurrent_inserts_of_one_job_make_one_row(store: Store) -> None:
+    barrier = threading.Barrier(20)
+    outcomes: list[bool] = []
+
+    def insert() -> None:
+        barrier.wait()
+        outcomes.append(store.insert_job(new_job("job-race"))[1])
+
+    threads = [threading.Thread(target=insert) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == [False] * 19 + [True]
+    assert [j.id for j in store.list_jobs()[0]] == ["job-race"]
+    assert len(store.get_job("job-race").events) == 1
+
+
+def test_get_hides_other_tenants_jobs(store: Store) -> None:
+    store.insert_job(new_job())
+    assert store.get_job("job-1", tenant="team-a").id == "job-1"
+    assert store.get_job("job-1").id == "job-1"  # admin
+    with pytest.raises(JobNotFound, match="job job-1 not found"):
+        store.get_job("job-1", tenant="team-b")
+    with pytest.raises(JobNotFound):
+        store.get_job("job-2")
+
+
+def test_list_filters_by_tenant_state_pool_labels_submitter_and_pages(store: Store) -> None:
+    for i in range(7):
+        store.insert_job(
+            new_job(
+                f"job-{i}",
+                tenant="team-a" if i < 5 else "team-b",
+                pool="cpu" if i % 2 else "h200",
+                labels={"exp": "x" if i % 3 == 0 else "y", "i": str(i)},
+                submitter="alice" if i != 4 else "carol",
+            )
+        )
+    store.apply_status(BackendStatus(job_id="job-1", state=JobState.RUNNING))
+    assert {j.id for j in store.list_jobs(tenant="team-b")[0]} == {"job-5", "job-6"}
+    assert [j.id for j in store.list_jobs(state=JobState.RUNNING)[0]] == ["job-1"]
+    assert {j.id for j in store.list_jobs(pool="cpu")[0]} == {"job-1", "job-3", "job-5"}
+    assert {j.id for j in store.list_jobs(labels={"exp": "x"})[0]} == {"job-0", "job-3", "job-6"}
+    assert [j.id for j in store.list_jobs(labels={"exp": "x", "i": "3"})[0]] == ["job-3"]
+    assert [j.id for j in store.list_jobs(submitter="carol")[0]] == ["job-4"]
+    pages, cursor = [], None
+    while True:
+        items, cursor = store.list_jobs(limit=3, cursor=cursor)
+        pages.append([j.id for j in items])
+        if cursor is None:
+            break
+    assert pages == [["job-6", "job-5", "job-4"], ["job-3", "job-2", "job-1"], ["job-0"]]
+
+
+def test_bad_cursor_and_label_selector_are_invalid_requests(store: Store) -> None:
+    with pytest.raises(InvalidRequest, match="invalid cursor"):
+        store.list_jobs(cursor="not-a-cursor")
+    assert parse_label_selector("a=1, b=2") == {"a": "1", "b": "2"}
+    for bad in ("a", "=1", "a=1,,b=2"):
+        with pytest.raises(InvalidRequest, match="invalid label selector"):
+            parse_label_selector(bad)
+
+
+def test_apply_status_moves_forward_only_and_records_history(store: Store) -> None:
+    store.insert_job(new_job())
+    started = datetime(2030, 1, 1, tzinfo=UTC)
+    assert store.apply_status(BackendStatus(job_id="job-1", state=JobState.RUNNING, started_at=started, attempt=0))
+    assert not store.apply_status(BackendStatus(job_id="job-1", state=JobState.PENDING))  # stale event
+    assert not store.apply_status(
+        BackendStatus(job_id="job-1", state=JobState.RUNNING, step=5, breakdown_ms={"a": 1.0})
+    )
+    job = store.get_job("job-1")
+    assert job.state is JobState.RUNNING and job.step == 5 and job.breakdown_ms == {"a": 1.0}
+    assert job.started_at == started
+    assert store.apply_status(BackendStatus(job_id="job-1", state=JobState.FAILED, reason="ExitCode", message="exit 3"))
+    assert not store.apply_status(BackendStatus(job_id="job-1", state=JobState.SUCCEEDED))  # terminal stays
+    job = store.get_job("job-1")
+    assert [(e.state, e.reason) for e in job.events] == [
+        (JobState.QUEUED, None),
+        (JobState.RUNNING, None),
+        (JobState.FAILED, "ExitCode"),
+    ]
+    assert job.finished_at is not None and job.message == "exit 3"
+    assert not store.apply_status(BackendStatus(job_id="unknown", state=JobState.RUNNING))
+
+
+def test_retry_starts_the_next_attempt_and_ignores_the_old_attempts_statuses(store: Store) -> None:
+    store.insert_job(new_job())
+    with pytest.raises(InvalidTransition, match="only FAILED, CANCELLED or ERROR"):
+        store.retry("job-1", tenant="team-a")
+    store.apply_status(BackendStatus(job_id="job-1", state=JobState.ERROR, reason="Lost", attempt=0))
+    with pytest.raises(JobNotFound):
+        store.retry("job-1", tenant="team-b")
+    job = store.retry("job-1", tenant="team-a")
+    assert job.state is JobState.QUEUED and job.attempt == 1 and job.reason == "Retry" and job.finished_at is None
+    assert not store.apply_status(BackendStatus(job_id="job-1", state=JobState.ERROR, attempt=0))
+    assert store.apply_status(BackendStatus(job_id="job-1", state=JobState.PENDING, attempt=1))
+
+
+def test_cancel_before_submission_is_immediate_and_after_it_is_requested(store: Store) -> None:
+    store.insert_job(new_job("job-q"))
+    job = store.request_cancel("job-q", tenant="team-a")
+    assert job.state is JobState.CANCELLED and job.cancel_requested_at is not None
+    with pytest.raises(InvalidTransition, match="already CANCELLED"):
+        store.request_cancel("job-q", tenant=None)
+    store.insert_job(new_job("job-r"))
+    store.mark_submitted("job-r", 0)
+    store.apply_status(BackendStatus(job_id="job-r", state=JobState.RUNNING))
+    job = store.request_cancel("job-r", tenant=None)
+    assert job.state is JobState.RUNNING and job.cancel_requested_at is not None
+    with pytest.raises(JobNotFound):
+        store.request_cancel("job-r", tenant="team-b")
+    store.mark_cancel_forced("job-r")
+    assert store.get_job("job-r").cancel_forced
+
+
+def test_gpu_use_counts_active_jobs_only_and_counts_by_state(store: Store) -> None:
+    store.insert_job(new_job("a", gpus=8, pool="h200"))
+    store.insert_job(new_job("b", gpus=8, pool="h200"))
+    store.insert_job(new_job("c", gpus=8, pool="h200", tenant="team-b"))
+    store.apply_status(BackendStatus(job_id="b", state=JobState.SUCCEEDED))
+    assert store.gpu_use(tenant="team-a", pool="h200") == 8
+    assert store.gpu_use(tenant="team-a", pool="cpu") == 0
+    counts = store.counts_by_state()
+    assert counts[JobState.QUEUED] == 2 and counts[JobState.SUCCEEDED] == 1 and counts[JobState.RUNNING] == 0
+    assert {j.id for j in store.jobs_to_submit()} == {"a", "c"}
+    assert {j.id for j in store.active_jobs()} == {"a", "c"}
+
+
+def test_set_state_is_ignored_once_terminal(store: Store) -> None:
+    store.insert_job(new_job())
+    store.set_state("job-1", JobState.ERROR, reason="Lost")
+    store.set_state("job-1", JobState.FAILED, reason="Other")
+    job = store.get_job("job-1")
+    assert (job.state, job.reason) == (JobState.ERROR, "Lost")
+
+
+def test_deadlines_round_trip_as_utc(store: Store) -> None:
+    deadline = datetime(2030, 6, 1, 12, tzinfo=UTC) + timedelta(microseconds=5)
+    job, _ = store.insert_job(new_job(deadline=deadline))
+    assert store.get_job(job.id).deadline == deadline
+
+
+def test_tokens_are_stored_hashed_and_revocable(store: Store) -> None:
+    info = store.add_token(token_hash="ab" * 32, name="alice", tenant="team-a", admin=False)
+    assert store.find_token("ab" * 32) == info
+    assert store.find_token("cd" * 32) is None
+    assert store.revoke_token(info.id) and not store.revoke_token(info.id) and not store.revoke_token(999)
+    assert store.find_token("ab" * 32) is None
+    assert [t.revoked_at is not None for t in store.list_tokens()] == [True]
+
+
+def test_ping_answers(store: Store) -> None:
+    store.ping()

@@ -1,0 +1,133 @@
+"""The sum-tree PER sampler: frequencies, weights, updates, schedule, validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.replay.sampler import PrioritizedSampler
+
+
+def make(capacity: int = 64, alpha: float = 0.6, **kwargs: float) -> PrioritizedSampler:
+    args = {"beta_start": 0.4, "beta_end": 1.0, "total_steps": 100, **kwargs}
+    return PrioritizedSampler(capacity, "cpu", alpha=alpha, **args)  # type: ignore[arg-type]
+
+
+def filled(capacity: int, priorities: torch.Tensor, alpha: float = 0.6) -> PrioritizedSampler:
+    sampler = make(capacity, alpha)
+    slots = torch.arange(priorities.numel())
+    sampler.on_write(slots, priorities.numel())
+    sampler.update(slots, priorities - sampler.eps)  # p_i = |loss| + eps = priorities
+    return sampler
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_sampling_frequencies_follow_priorities(alpha: float) -> None:
+    n = 50  # capacity 64: 14 empty leaves must never be drawn
+    gen = torch.Generator().manual_seed(1)
+    priorities = torch.rand(n, generator=gen, dtype=torch.float64) * 4 + 0.1
+    sampler = filled(64, priorities, alpha)
+    counts = torch.zeros(64, dtype=torch.float64)
+    draws = 0
+    for _ in range(100):
+        index, _ = sampler.sample(997, 0, gen)
+        counts += torch.bincount(index, minlength=64).double()
+        draws += 997
+    assert counts[n:].sum() == 0
+    expected = priorities.pow(alpha) / priorities.pow(alpha).sum() * draws
+    chi2 = float(((counts[:n] - expected) ** 2 / expected).sum())
+    assert chi2 < chi2_critical(n - 1)
+    # and the test has power: uniform expectations are rejected when alpha > 0
+    if alpha > 0:
+        uniform = torch.full((n,), draws / n, dtype=torch.float64)
+        assert float(((counts[:n] - uniform) ** 2 / uniform).sum()) > chi2_critical(n - 1)
+
+
+def test_importance_weights_match_formula() -> None:
+    gen = torch.Generator().manual_seed(2)
+    priorities = torch.rand(30, generator=gen, dtype=torch.float64) + 0.05
+    sampler = filled(32, priorities, alpha=0.7)
+    step = 40
+    index, weight = sampler.sample(256, step, gen)
+    beta = 0.4 + (1.0 - 0.4) * step / 100
+    prob = priorities.pow(0.7) / priorities.pow(0.7).sum()
+    w = (30 * prob[index]).pow(-beta)
+    torch.testing.assert_close(weight, (w / w.max()).float())
+    assert weight.dtype == torch.float32 and float(weight.max()) == 1.0
+
+
+def test_beta_schedule_is_linear_and_clamped() -> None:
+    sampler = make(beta_start=0.2, beta_end=0.8)
+    assert sampler.beta(0) == pytest.approx(0.2)
+    assert sampler.beta(50) == pytest.approx(0.5)
+    assert sampler.beta(1000) == pytest.approx(0.8)
+    assert float(sampler.beta(torch.tensor(25))) == pytest.approx(0.35)
+
+
+def test_duplicate_indices_in_update_keep_tree_consistent() -> None:
+    sampler = filled(16, torch.ones(16, dtype=torch.float64), alpha=1.0)
+    index = torch.tensor([3, 3, 3, 7, 7])
+    sampler.update(index, torch.tensor([2.0, 2.0, 2.0, 5.0, 5.0]))
+    leaves = sampler.priorities()
+    assert leaves[3] == pytest.approx(2.0 + sampler.eps)
+    assert leaves[7] == pytest.approx(5.0 + sampler.eps)
+    assert float(sampler.total()) == pytest.approx(float(leaves.sum()))
+    assert float(sampler.max_priority) == pytest.approx(5.0 + sampler.eps)
+
+
+def test_tree_sums_stay_exact_after_random_updates() -> None:
+    gen = torch.Generator().manual_seed(3)
+    sampler = make(100, alpha=0.5)
+    sampler.on_write(torch.arange(100), 100)
+    for _ in range(50):
+        index = torch.randint(0, 100, (32,), generator=gen)
+        sampler.update(index, torch.randn(32, generator=gen) * 3)
+    tree = sampler.tree
+    internal = torch.arange(1, sampler.leaves)
+    torch.testing.assert_close(tree[internal], tree[2 * internal] + tree[2 * internal + 1])
+    torch.testing.assert_close(sampler.total(), sampler.priorities().sum())
+
+
+def test_new_rows_get_max_priority_and_nan_loss_is_ignored() -> None:
+    sampler = make(8, alpha=1.0)
+    sampler.on_write(torch.arange(4), 4)
+    sampler.update(torch.tensor([0, 1]), torch.tensor([3.0, float("nan")]))
+    assert float(sampler.priorities()[1]) == pytest.approx(1.0)  # nan -> the max before this update
+    assert torch.isfinite(sampler.tree).all()
+    sampler.on_write(torch.tensor([4]), 5)
+    assert float(sampler.priorities()[4]) == pytest.approx(3.0 + sampler.eps)
+    assert int(sampler.size) == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"alpha": 1.5}, r"replay.alpha must be in \[0, 1\], got 1.5"),
+        ({"beta_start": -0.1}, r"replay.beta_start must be in \[0, 1\]"),
+        ({"beta_end": 2.0}, r"replay.beta_end must be in \[0, 1\]"),
+        ({"total_steps": 0}, "total_steps"),
+        ({"eps": 0.0}, "priority eps"),
+    ],
+)
+def test_bad_parameters_raise_clear_errors(kwargs: dict[str, float], message: str) -> None:
+    args = {"alpha": 0.6, "beta_start": 0.4, "beta_end": 1.0, "total_steps": 10, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        PrioritizedSampler(16, "cpu", **args)  # type: ignore[arg-type]
+
+
+def test_state_dict_round_trip_and_capacity_mismatch() -> None:
+    sampler = filled(16, torch.arange(1, 11, dtype=torch.float64))
+    other = make(16)
+    other.load_state_dict({k: v.clone() for k, v in sampler.state_dict().items()})
+    a = sampler.sample(32, 5, torch.Generator().manual_seed(9))
+    b = other.sample(32, 5, torch.Generator().manual_seed(9))
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="capacity changed"):
+        make(64).load_state_dict(sampler.state_dict())

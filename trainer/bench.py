@@ -1,0 +1,426 @@
+"""`python -m trainer bench`: every execution plan on the pinned model, beside eager and torch.compile.
+
+For each configuration (`core`: ensemble, vaccine, causal and HER off; `full`: all on) one replay
+of random transitions is filled (so every batch differs: nothing is timed out of cache), then each
+method gets a fresh TrainState, the same seeds and the replay's priorities as filled, and runs:
+`warmup` steps (untimed: capture, compilation, cuBLAS handles), then `repeats` windows of `steps`
+steps, each timed with CUDA events around the window. Reported: median ms/step over the windows and
+their spread, the 2000-step epoch seconds, speed-up over eager and peak GPU memory. The cost of
+per-step timing (`StepTimer` on vs off) is measured the same way.
+
+Methods: the plans of `trainer.plans`, plus `compile`: `torch.compile(train_step,
+mode="reduce-overhead")` (Inductor with its own CUDA graphs) in the eager loop, state buffers marked
+static. `eager` is the project's eager plan, which reads the losses back every step as trainers do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.config import STEPS_PER_EPOCH, TrainConfig, build_config
+from trainer.data.spec import EnvSpec, Transitions, goal_columns
+from trainer.model import ModelDims
+from trainer.plans import make_plan
+from trainer.plans.base import Plan
+from trainer.replay.buffer import ReplayBuffer
+from trainer.state import TrainState
+from trainer.step import Draws, Hyper, SectionTimer, StepFlags, StepOutput, train_step
+from trainer.timing import StepTimer
+
+BRANCHES, ACTIONS = 3, 5
+CONFIGS: dict[str, list[str]] = {
+    "core": ["model.ensemble_heads=0", "loss.vaccine=false", "loss.causal=false", "replay.her=false"],
+    "full": ["model.ensemble_heads=2", "loss.vaccine=true", "loss.causal=true", "replay.her=true"],
+}
+METHODS: tuple[str, ...] = ("eager", "compile", "graph", "dual", "fused", "zerocopy")
+EPISODE = 200
+
+
+@dataclass
+class BenchOptions:
+    configs: list[str] = field(default_factory=lambda: list(CONFIGS))
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    batch_size: int = 1024
+    capacity: int = 1_000_000
+    obs_dim: int = 64
+    steps: int = 100
+    repeats: int = 5
+    warmup: int = 20
+    steps_per_replay: int = 10
+    timer_overhead: bool = True
+    seed: int = 0
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    config: str
+    method: str
+    ms_median: float | None = None
+    ms_min: float | None = None
+    ms_max: float | None = None
+    windows_ms: list[float] = field(default_factory=list)
+    epoch_s: float | None = None
+    speedup: float | None = None
+    peak_mem_gib: float | None = None
+    setup_s: float | None = None
+    losses: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def bench_config(name: str, options: BenchOptions) -> TrainConfig:
+    """The pinned model: TrainConfig defaults, F = obs_dim, and the configuration's switches."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown bench configuration {name!r} (choose from {', '.join(CONFIGS)})")
+    return build_config(
+        {},
+        [
+            f"data.market_features={options.obs_dim}",
+            f"run.batch_size={options.batch_size}",
+            f"replay.capacity={options.capacity}",
+            f"run.seed={options.seed}",
+            f"run.steps_per_replay={options.steps_per_replay}",
+            *CONFIGS[name],
+            *options.overrides,
+        ],
+    )
+
+
+def bench_spec(config: TrainConfig) -> EnvSpec:
+    """Market-shaped data (3 assets × 5 positions), goal-conditioned when HER is on."""
+    goal = None
+    if config.replay.her:
+        from trainer.data.market import market_goal_spec
+
+        goal = market_goal_spec()
+    return EnvSpec(obs_dim=config.data.market_features, branches=BRANCHES, actions=ACTIONS, goal=goal)
+
+
+def fill_replay(replay: ReplayBuffer, rows: int, seed: int, chunk: int = 1 << 17) -> None:
+    """Write `rows` random transitions in whole episodes of EPISODE steps (random, so batches differ)."""
+    spec, device = replay.spec, replay.device
+    generator = torch.Generator(device).manual_seed(seed)
+    written = 0
+    while written < rows:
+        n = min(chunk, rows - written)
+        obs = torch.randn(n, spec.obs_dim, device=device, generator=generator)
+        next_obs = torch.randn(n, spec.obs_dim, device=device, generator=generator)
+        reward = torch.randn(n, device=device, generator=generator)
+        action = torch.randint(0, spec.actions, (n, spec.branches), device=device, generator=generator)
+        step = (torch.arange(written, written + n) % EPISODE).to(torch.int64)
+        achieved = base = None
+        if spec.goal is not None:
+            achieved, base = goal_columns(spec, obs, next_obs, reward)
+        replay.extend(
+            Transitions(
+                obs=obs,
+                action=action,
+                reward=reward,
+                next_obs=next_obs,
+                done=torch.zeros(n, device=device),
+                last=step == EPISODE - 1,
+                episode_step=step,
+                achieved_goal=achieved,
+                base_reward=base,
+            )
+        )
+        written += n
+
+
+class CompiledEagerPlan:
+    """The eager loop with `train_step` under torch.compile's best mode that runs ("reduce-overhead":
+    Inductor kernels in its own CUDA graphs). Sampling and draws stay eager, into static buffers."""
+
+    name = "compile"
+    steps_per_call = 1
+
+    def __init__(
+        self,
+        state: TrainState,
+        replay: ReplayBuffer,
+        config: TrainConfig,
+        timer: SectionTimer,
+        generator: torch.Generator,
+        mode: str = "reduce-overhead",
+    ) -> None:
+        self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
+        self.hp = Hyper.from_config(config)
+        self.batch = replay.empty_batch(config.run.batch_size)
+        self.draws = Draws.empty(state.dims, config.run.batch_size, state.atoms.device)
+        static = [*state.tensors().values(), *vars(self.batch).values(), *vars(self.draws).values(), state.atoms]
+        for tensor in static:
+            torch._dynamo.mark_static_address(tensor)
+        self.step_fn = torch.compile(train_step, mode=mode)
+
+    def run(self, step: int) -> StepOutput:
+        with self.timer.section("sample"):
+            self.replay.sample_into(self.batch, step)
+            self.draws.fill_(self.generator)
+        with self.timer.section("compiled"):
+            output = self.step_fn(self.state, self.batch, self.draws, self.hp, StepFlags.for_step(step, self.config))
+        with self.timer.section("priority"):
+            self.replay.update_priorities(self.batch.index, output.priority)
+        return output
+
+
+def check_options(options: BenchOptions) -> None:
+    """One-line errors for unknown configurations or methods and sizes that cannot run."""
+    unknown = [c for c in options.configs if c not in CONFIGS] + [m for m in options.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown bench names {', '.join(unknown)} (configs: {', '.join(CONFIGS)}; methods: "
+                         f"{', '.join(METHODS)})")
+    if min(options.steps, options.repeats, options.batch_size, options.capacity) < 1 or options.warmup < 0:
+        raise ValueError("bench sizes must be positive (steps, repeats, batch size, capacity) and warmup >= 0")
+    if options.steps % options.steps_per_replay:
+        raise ValueError(f"steps ({options.steps}) must be a multiple of steps_per_replay ({options.steps_per_replay})")
+
+
+def build_method(
+    method: str, state: TrainState, replay: ReplayBuffer, config: TrainConfig, timer: SectionTimer,
+    generator: torch.Generator,
+) -> Plan:
+    if method == "compile":
+        return CompiledEagerPlan(state, replay, config, timer, generator)
+    return make_plan(method, state, replay, config, timer, generator)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def _window(device: torch.device, out: list[float]) -> Iterator[None]:
+    """Milliseconds of the enclosed steps: CUDA events on the GPU, the host clock on the CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    else:
+        began = time.perf_counter()
+        yield
+        out.append(1e3 * (time.perf_counter() - began))
+
+
+def run_steps(plan: Plan, timer: StepTimer, start: int, steps: int) -> tuple[int, StepOutput | None]:
+    """`steps` steps from global step `start` (rounded to whole calls); returns the next step."""
+    output = None
+    step = start
+    while step < start + steps:
+        output = plan.run(step)
+        timer.end_step()
+        step += plan.steps_per_call
+    timer.drain()
+    return step, output
+
+
+def time_method(
+    name: str, method: str, config: TrainConfig, replay: ReplayBuffer, priorities: dict[str, torch.Tensor],
+    options: BenchOptions, timer_enabled: bool = True,
+) -> Result:
+    """Fresh state and seeds, warm-up, then `repeats` timed windows of `steps` steps."""
+    result = Result(config=name, method=method)
+    device = replay.device
+    for key, tensor in replay.sampler.state_dict().items():
+        tensor.copy_(priorities[key])
+    replay.generator.manual_seed(options.seed + 1)
+    generator = torch.Generator(device).manual_seed(options.seed + 2)
+    dims = ModelDims.build(config.model, replay.spec.obs_dim, replay.spec.branches, replay.spec.actions)
+    timer = StepTimer(device, enabled=timer_enabled)
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    began = time.perf_counter()
+    plan: Plan | None = None
+    try:
+        state = TrainState.create(config, dims, device)
+        plan = build_method(method, state, replay, config, timer, generator)
+        step, _ = run_steps(plan, timer, 0, options.warmup)
+        _sync(device)
+        result.setup_s = time.perf_counter() - began
+        windows: list[float] = []
+        output = None
+        for _ in range(options.repeats):
+            with _window(device, windows):
+                step, output = run_steps(plan, timer, step, options.steps)
+        per_step = options.steps // plan.steps_per_call * plan.steps_per_call
+        result.windows_ms = [ms / per_step for ms in windows]
+        result.ms_median = statistics.median(result.windows_ms)
+        result.ms_min, result.ms_max = min(result.windows_ms), max(result.windows_ms)
+        result.epoch_s = result.ms_median * STEPS_PER_EPOCH / 1e3
+        if output is not None:
+            result.losses = {key: float(value) for key, value in output.losses.items()}
+        if device.type == "cuda":
+            result.peak_mem_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    except Exception as error:  # a method that cannot run is reported, not hidden
+        result.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    finally:
+        del plan
+    return result
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "device": str(device),
+        "host": platform.node(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            info["triton"] = None
+    return info
+
+
+def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every method in every configuration; returns the JSON document (environment, options, results)."""
+    results: list[Result] = []
+    overhead: list[dict[str, Any]] = []
+    # Each method and variant is its own compiled entry; Dynamo's default limit would fall back to eager.
+    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.accumulated_cache_size_limit = 1024
+    for name in options.configs:
+        config = bench_config(name, options)
+        spec = bench_spec(config)
+        replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(options.seed + 1))
+        began = time.perf_counter()
+        fill_replay(replay, options.capacity, options.seed)
+        log(f"[{name}] replay of {len(replay)} random transitions filled in {time.perf_counter() - began:.1f}s")
+        priorities = {key: tensor.clone() for key, tensor in replay.sampler.state_dict().items()}
+        eager_ms: float | None = None
+        for method in options.methods:
+            result = time_method(name, method, config, replay, priorities, options)
+            if method == "eager":
+                eager_ms = result.ms_median
+            if eager_ms and result.ms_median:
+                result.speedup = eager_ms / result.ms_median
+            results.append(result)
+            timing = f"{result.ms_median:.3f} ms/step (setup {result.setup_s:.1f}s)" if result.ms_median else ""
+            log(f"[{name}] {method}: {result.error or timing}")
+        if options.timer_overhead:
+            for method in [m for m in ("eager", "zerocopy") if m in options.methods]:
+                on = next(r for r in results if r.config == name and r.method == method)
+                off = time_method(name, method, config, replay, priorities, options, timer_enabled=False)
+                if on.ms_median and off.ms_median:
+                    overhead.append({
+                        "config": name, "method": method, "ms_timer_on": on.ms_median, "ms_timer_off": off.ms_median,
+                        "overhead_pct": 100 * (on.ms_median - off.ms_median) / off.ms_median,
+                    })
+        del replay
+    return {
+        "environment": environment(device),
+        "options": asdict(options),
+        "results": [asdict(result) for result in results],
+        "timer_overhead": overhead,
+    }
+
+
+def format_table(document: dict[str, Any]) -> str:
+    """The plan's table: plan, ms/step median and spread, epoch seconds, speed-up, peak memory."""
+    lines = [
+        f"{'config':<6} {'method':<9} {'ms/step':>9} {'spread (min-max)':>18} {'epoch s':>8} "
+        f"{'speed-up':>9} {'peak GiB':>9}"
+    ]
+    for r in document["results"]:
+        if r["error"]:
+            lines.append(f"{r['config']:<6} {r['method']:<9} failed: {r['error']}")
+            continue
+        speed = f"{r['speedup']:.1f}x" if r["speedup"] else "-"
+        mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "-"
+        spread = f"{r['ms_min']:.3f}-{r['ms_max']:.3f}"
+        lines.append(
+            f"{r['config']:<6} {r['method']:<9} {r['ms_median']:>9.3f} {spread:>18} {r['epoch_s']:>8.2f} "
+            f"{speed:>9} {mem:>9}"
+        )
+    for row in document["timer_overhead"]:
+        lines.append(
+            f"timer overhead [{row['config']} {row['method']}]: {row['ms_timer_on']:.3f} ms on, "
+            f"{row['ms_timer_off']:.3f} ms off ({row['overhead_pct']:+.2f}%)"
+        )
+    return "\n".join(lines)
+
+
+def plot(document: dict[str, Any], path: Path) -> None:
+    """Bar chart of median ms/step per method, one group per configuration, min-max as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in document["results"] if r["ms_median"] is not None]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / max(1, len(configs))
+    for i, config in enumerate(configs):
+        xs, ys, lo, hi = [], [], [], []
+        for j, method in enumerate(methods):
+            match = [r for r in rows if r["config"] == config and r["method"] == method]
+            if match:
+                r = match[0]
+                xs.append(j + i * width)
+                ys.append(r["ms_median"])
+                lo.append(r["ms_median"] - r["ms_min"])
+                hi.append(r["ms_max"] - r["ms_median"])
+        bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=config)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(methods))], methods)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per training step (median, log scale)")
+    env = document["environment"]
+    ax.set_title(f"foxhunt step time: {env.get('gpu', env['device'])}, torch {env['torch']}, batch "
+                 f"{document['options']['batch_size']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(document: dict[str, Any], out_dir: Path, command: str) -> list[Path]:
+    """bench.json, bench.png and bench.md (table, environment, command) under `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = {**document, "command": command}
+    paths = [out_dir / "bench.json", out_dir / "bench.png", out_dir / "bench.md"]
+    paths[0].write_text(json.dumps(document, indent=2) + "\n")
+    plot(document, paths[1])
+    env = document["environment"]
+    md = [
+        "# foxhunt step benchmark",
+        "",
+        f"- device: {env.get('gpu', env['device'])}",
+        f"- date: {env['date']}",
+        f"- torch {env['torch']}, CUDA {env['cuda']}, Triton {env.get('triton')}, Python {env['python']}",
+        f"- command: `{command}`",
+        "",
+        "```",
+        format_table(document),
+        "```",
+        "",
+        "![step time](bench.png)",
+        "",
+    ]
+    paths[2].write_text("\n".join(md))
+    return paths

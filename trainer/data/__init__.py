@@ -1,0 +1,55 @@
+"""Sources of transitions: Gymnasium envs, the built-in market, offline datasets.
+
+Sources are built by `make_source(config)`; their modules import gymnasium/pyarrow, so they load
+only when a source is made (importing `trainer.data` stays light and side-effect free).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from trainer.config import ConfigError, TrainConfig
+from trainer.data.spec import EnvSpec, GoalSpec, Transitions
+
+if TYPE_CHECKING:
+    from trainer.data.gym_source import GreedyFn
+
+__all__ = ["EnvSpec", "GoalSpec", "OnlineSource", "Source", "Transitions", "make_source"]
+
+
+class Source(Protocol):
+    """Anything the trainer learns from: a spec, and greedy evaluation returns."""
+
+    spec: EnvSpec
+
+    def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]: ...
+
+
+class OnlineSource(Source, Protocol):
+    """A source that collects: one step of every parallel env per call (`num_envs` rows)."""
+
+    num_envs: int
+    finished_returns: list[float]
+
+    def collect(self, greedy_fn: GreedyFn | None, epsilon: float, generator: torch.Generator) -> Transitions: ...
+
+
+def make_source(config: TrainConfig, device: torch.device | str = "cpu") -> Source:
+    """The source `config.data.source` names (market and gym are online, offline is a dataset file)."""
+    data = config.data
+    if data.source == "offline":
+        from trainer.data.offline import OfflineSource
+
+        if not data.dataset:
+            raise ConfigError("data.dataset is required when data.source is 'offline'")
+        return OfflineSource(data.dataset, device)
+    from trainer.data.gym_source import GymSource
+
+    if data.source == "market":
+        from trainer.data.market import ENV_ID
+
+        kwargs = {"features": data.market_features, "horizon": data.market_horizon}
+        return GymSource(ENV_ID, data.num_envs, config.run.seed, device, kwargs)
+    return GymSource(data.env_id, data.num_envs, config.run.seed, device)

@@ -1,0 +1,258 @@
+"""The training loop: collect, update through the chosen plan, report, checkpoint, evaluate.
+
+The loop only orchestrates; the update is `trainer.step.train_step` run by a plan, the data comes
+from a source (`trainer.data`), and every figure it prints is also in `progress.json` and, when
+enabled, on the Prometheus endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from trainer.checkpoint import Checkpoint, Checkpointer, decode_generator, encode_generator
+from trainer.config import STEPS_PER_EPOCH, TrainConfig, dump_config
+from trainer.data import make_source
+from trainer.data.gym_source import linear_epsilon
+from trainer.model import ModelDims, greedy_action
+from trainer.plans import make_plan
+from trainer.replay.buffer import ReplayBuffer
+from trainer.state import TrainState
+from trainer.timing import StepTimer, format_breakdown
+
+EXIT_TERMINATED = 143
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        print("warning: run.device=cuda but no CUDA GPU is visible; training on the CPU", file=sys.stderr)
+        return torch.device("cpu")
+    if choice in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class _Termination:
+    """SIGTERM/SIGINT set a flag; the loop checkpoints and exits 143 at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self)
+
+
+@dataclass
+class Run:
+    """Everything one training run holds, built from its config."""
+
+    config: TrainConfig
+    run_dir: Path
+    device: torch.device
+    state: TrainState
+    replay: ReplayBuffer
+    source: Any
+    timer: StepTimer
+    plan: Any
+    generator: torch.Generator
+    explore_generator: torch.Generator
+    checkpointer: Checkpointer
+    step: int = 0
+    wall_seconds: float = 0.0
+    last_report: dict[str, Any] = field(default_factory=dict)
+
+    def act_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        views = self.state.main.views(self.state.online.detach())
+
+        @torch.no_grad()
+        def act(obs: torch.Tensor) -> torch.Tensor:
+            return greedy_action(views, obs.to(self.device, torch.float32), self.state.dims, self.state.atoms)
+
+        return act
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_run(config: TrainConfig, run_dir: Path) -> Run:
+    seed_everything(config.run.seed)
+    device = resolve_device(config.run.device)
+    source = make_source(config, device)
+    spec = source.spec
+    dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+    state = TrainState.create(config, dims, device)
+    generator = torch.Generator(device=device).manual_seed(config.run.seed)
+    replay = ReplayBuffer(config, spec, device, generator)
+    timer = StepTimer(device)
+    plan = make_plan(config.run.plan, state, replay, config, timer, generator)
+    checkpoint_url = os.environ.get("FOXHUNT_CHECKPOINT_URL") or str(run_dir / "checkpoints")
+    explore_generator = torch.Generator(device=device).manual_seed(config.run.seed + 1)
+    return Run(
+        config, run_dir, device, state, replay, source, timer, plan, generator, explore_generator,
+        Checkpointer(checkpoint_url),
+    )
+
+
+def save_checkpoint(run: Run) -> None:
+    run.checkpointer.save(
+        Checkpoint(
+            step=run.step,
+            state=run.state.tensors(),
+            replay=run.replay.state_dict(),
+            meta={
+                "generator": encode_generator(run.generator),
+                "explore_generator": encode_generator(run.explore_generator),
+                "torch_cpu_rng": encode_generator(torch.default_generator),
+                "wall_seconds": run.wall_seconds,
+                "config": run.config.model_dump(mode="json"),
+            },
+        )
+    )
+
+
+def restore_checkpoint(run: Run) -> bool:
+    checkpoint = run.checkpointer.load_latest()
+    if checkpoint is None:
+        return False
+    run.state.load_tensors({name: tensor.to(run.device) for name, tensor in checkpoint.state.items()})
+    run.replay.load_state_dict({name: tensor.to(run.device) for name, tensor in checkpoint.replay.items()})
+    decode_generator(run.generator, checkpoint.meta["generator"])
+    decode_generator(run.explore_generator, checkpoint.meta["explore_generator"])
+    decode_generator(torch.default_generator, checkpoint.meta["torch_cpu_rng"])
+    run.step = checkpoint.step
+    run.wall_seconds = checkpoint.meta.get("wall_seconds", 0.0)
+    return True
+
+
+def fill_replay(run: Run) -> None:
+    """Offline: load the dataset once. Online: collect `learning_starts` transitions at random."""
+    config = run.config
+    if config.data.source == "offline":
+        if len(run.replay) == 0:
+            run.replay.extend(run.source.transitions())
+        return
+    while len(run.replay) < max(config.data.learning_starts, config.run.batch_size):
+        run.replay.add(run.source.collect(None, 1.0, run.explore_generator))
+
+
+def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> dict[str, Any]:
+    drained = run.timer.drain()
+    means = {name: 1000.0 * float(np.mean(values)) for name, values in drained.items() if values}
+    step_ms = means.pop("step", sum(means.values()))
+    out(format_breakdown(run.plan.name, means))
+    progress = {
+        "step": run.step,
+        "steps": run.config.run.steps,
+        "plan": run.plan.name,
+        "step_ms": step_ms,
+        "epoch_seconds": step_ms * STEPS_PER_EPOCH / 1000.0,
+        "breakdown_ms": means,
+        "losses": losses,
+        "guard_skips": int(run.state.guard_skips),
+        "replay_size": len(run.replay),
+        "wall_seconds": run.wall_seconds,
+    }
+    finished = getattr(run.source, "finished_returns", None)
+    if finished:
+        progress["train_return_mean"] = float(np.mean(finished[-20:]))
+    write_json_atomic(run.run_dir / "progress.json", progress)
+    run.last_report = progress
+    return progress
+
+
+def run_training(
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool = False,
+    show_progress: bool = True,
+    out: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train to `config.run.steps` and return the summary (also written to run_dir/summary.json)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(config, run_dir / "config.json")
+    run = build_run(config, run_dir)
+    if resume and restore_checkpoint(run):
+        out(f"resumed from checkpoint at step {run.step}")
+    fill_replay(run)
+    termination = _Termination()
+    termination.install()
+
+    online = config.data.source != "offline"
+    bar = tqdm(total=config.run.steps, initial=run.step, disable=not show_progress, unit="step", file=sys.stderr)
+    say = tqdm.write if show_progress else out
+    losses: dict[str, float] = {}
+    started = time.perf_counter() - run.wall_seconds
+    while run.step < config.run.steps:
+        if termination.requested:
+            run.wall_seconds = time.perf_counter() - started
+            save_checkpoint(run)
+            bar.close()
+            out(f"terminated at step {run.step}: checkpoint written")
+            raise SystemExit(EXIT_TERMINATED)
+        if online:
+            act = run.act_fn()
+            for _ in range(config.data.env_steps_per_update):
+                epsilon = linear_epsilon(
+                    run.step, config.data.epsilon_start, config.data.epsilon_end, config.data.epsilon_decay_steps
+                )
+                run.replay.add(run.source.collect(act, epsilon, run.explore_generator))
+        output = run.plan.run(run.step)
+        run.timer.end_step()
+        run.step += run.plan.steps_per_call
+        bar.update(run.plan.steps_per_call)
+        if run.step % config.run.log_every == 0 or run.step >= config.run.steps:
+            run.wall_seconds = time.perf_counter() - started
+            losses = {name: float(value) for name, value in output.losses.items()}
+            report(run, losses, say)
+            bar.set_postfix({name: f"{value:.3g}" for name, value in losses.items() if name in ("c51", "iqn")})
+        if run.step % config.run.checkpoint_every == 0 and run.step < config.run.steps:
+            run.wall_seconds = time.perf_counter() - started
+            save_checkpoint(run)
+    bar.close()
+    run.wall_seconds = time.perf_counter() - started
+    save_checkpoint(run)
+
+    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + 10_000)
+    summary = {
+        **run.last_report,
+        "step": run.step,
+        "eval_returns": returns,
+        "eval_return_mean": float(np.mean(returns)) if returns else None,
+        "wall_seconds": run.wall_seconds,
+        "device": str(run.device),
+        "parameters": run.state.parameter_count(),
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    if returns:
+        out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
+    return summary
