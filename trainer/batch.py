@@ -26,9 +26,7 @@ class Batch:
     index: Tensor  # [B] int64, replay slot for priority write-back
 
     @classmethod
-    def empty(
-        cls, batch_size: int, obs_dim: int, branches: int, window: int, device: torch.device | str
-    ) -> Batch:
+    def empty(cls, batch_size: int, obs_dim: int, branches: int, window: int, device: torch.device | str) -> Batch:
         """A zero-filled Batch of static shapes, to be filled in place (`ReplayBuffer.sample_into`)."""
         if min(batch_size, obs_dim, branches, window) < 1:
             raise ValueError(

@@ -5,7 +5,9 @@ Bad input (config, dataset, missing file) prints one line `error: …` and exits
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -109,6 +111,117 @@ def bench(
     document = run_bench(options, target, log=lambda line: typer.echo(line, err=True))
     write_outputs(document, out, "python -m trainer bench " + shlex.join(sys.argv[2:]))
     typer.echo(format_table(document))
+
+
+hyperopt_app = typer.Typer(no_args_is_help=True, help="Optuna hyper-parameter search (docs/hyperopt.md).")
+app.add_typer(hyperopt_app, name="hyperopt")
+
+StorageOption = Annotated[str, typer.Option(help="Optuna storage URL, e.g. sqlite:///runs/optuna.db or postgresql://…")]
+StudyOption = Annotated[str, typer.Option(help="Study name (one per job).")]
+SpaceOption = Annotated[
+    Path | None, typer.Option(help="YAML search space: dotted.name -> {type, low, high, log, step, choices}.")
+]
+
+
+def _hyperopt_call(body: Callable[[], None]) -> None:
+    """Bad input exits 2; a crashed trial (recorded FAIL) or a study with no completed trial exits 1."""
+    from trainer.hyperopt import HyperoptError, TrialFailed
+
+    try:
+        body()
+    except (ConfigError, HyperoptError) as error:
+        raise fail(str(error)) from None
+    except TrialFailed as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+
+
+@hyperopt_app.command("run")
+def hyperopt_run(
+    config: ConfigOption = None,
+    trials: Annotated[int, typer.Option(min=1, help="Trials the study should hold in total.")] = 20,
+    storage: Annotated[str | None, typer.Option(help="Storage URL (default sqlite:///RUN_DIR/optuna.db).")] = None,
+    study: Annotated[str, typer.Option(help="Study name.")] = "foxhunt",
+    run_dir: Annotated[Path, typer.Option(help="Trials in trial-<n>/, the full run in final/, best.json.")] = Path(
+        "runs/hyperopt"
+    ),
+    space: SpaceOption = None,
+    trial_steps: Annotated[
+        int | None, typer.Option(min=1, help="Shorter run.steps for trials; the final run keeps the config's.")
+    ] = None,
+) -> None:
+    """The whole search locally: trials one after another, then the best config trained in full."""
+    from trainer.hyperopt import load_space, search
+
+    def body() -> None:
+        base = load_config(config)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        url = storage or f"sqlite:///{run_dir.resolve() / 'optuna.db'}"
+        best = search(base, load_space(space), trials, url, study, run_dir, typer.echo, trial_steps)
+        typer.echo(json.dumps({k: best[k] for k in ("trial", "value", "params", "eval_return_mean")}))
+
+    _hyperopt_call(body)
+
+
+@hyperopt_app.command("suggest")
+def hyperopt_suggest(
+    storage: StorageOption,
+    study: StudyOption,
+    trials: Annotated[int, typer.Option(min=1, help="Trials the study should hold in total.")],
+    config: ConfigOption = None,
+    space: SpaceOption = None,
+) -> None:
+    """Create the study if needed, ask the missing trials, print the unfinished trial numbers as JSON."""
+    from trainer.hyperopt import check_space, load_space, open_study, suggest
+
+    def body() -> None:
+        base = load_config(config)
+        parsed = load_space(space)
+        check_space(parsed, base)
+        opened = open_study(storage, study, create=True, seed=base.run.seed)
+        numbers = suggest(opened, parsed, trials, lambda line: typer.echo(line, err=True))
+        typer.echo(json.dumps(numbers))
+
+    _hyperopt_call(body)
+
+
+@hyperopt_app.command("trial")
+def hyperopt_trial(
+    trial: Annotated[int, typer.Option(min=0, help="Trial number, as printed by suggest.")],
+    storage: StorageOption,
+    study: StudyOption,
+    config: ConfigOption = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Output folder of this trial (default runs/<time>).")] = None,
+    trial_steps: Annotated[int | None, typer.Option(min=1, help="run.steps of the trial (default: config's).")] = None,
+) -> None:
+    """Train one trial with its stored parameters and tell the study its objective (or FAIL)."""
+    from trainer.hyperopt import open_study, run_trial
+    from trainer.train import default_run_dir
+
+    def body() -> None:
+        base = load_config(config)
+        opened = open_study(storage, study, create=False)
+        extra = [f"run.steps={trial_steps}"] if trial_steps is not None else []
+        run_trial(opened, trial, base, run_dir or default_run_dir(), typer.echo, extra)
+
+    _hyperopt_call(body)
+
+
+@hyperopt_app.command("best")
+def hyperopt_best(
+    storage: StorageOption,
+    study: StudyOption,
+    out: Annotated[Path, typer.Option(help="Where to write the best TrainConfig (JSON).")],
+    config: ConfigOption = None,
+) -> None:
+    """Write base config + the best completed trial's parameters, for the full training run."""
+    from trainer.hyperopt import open_study, write_best_config
+
+    def body() -> None:
+        base = load_config(config)
+        write_best_config(open_study(storage, study, create=False), base, out, typer.echo)
+
+    _hyperopt_call(body)
 
 
 def main() -> None:

@@ -50,6 +50,9 @@ LR_GROUPS: tuple[str, ...] = ("main", "aux")
 CAUSAL_FEATURES_MAX = 64
 """At most this many `feature` series: with more features, the largest |effect| ones are kept."""
 
+METRICS_READER = "metrics"
+"""The StepTimer reader the scrape-time collector drains (the loop's own drains take nothing from it)."""
+
 INFO_KEYS: tuple[str, ...] = ("job_id", "pool", "plan", "model", "commit", "device")
 _COMPONENT = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -98,9 +101,7 @@ class GpuMemoryCollector(Collector):
 class TrainerMetrics:
     """The trainer's metric families in one registry, with one verb per thing the loop reports."""
 
-    def __init__(
-        self, registry: CollectorRegistry, *, plan: str, info: Mapping[str, str] | None = None
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry, *, plan: str, info: Mapping[str, str] | None = None) -> None:
         self.registry = registry
         self.plan = plan
         labels = dict(info) if info is not None else build_info(plan=plan)
@@ -170,9 +171,7 @@ class TrainerMetrics:
             ["group"],
             registry=registry,
         )
-        self.info = Info(
-            "foxhunt_train", "The run: job_id, pool, plan, model, commit, device.", registry=registry
-        )
+        self.info = Info("foxhunt_train", "The run: job_id, pool, plan, model, commit, device.", registry=registry)
         self.info.info(labels)
         # Known label values exist at zero from the start (rates and alerts see them before the first step).
         self.steps_total.labels(plan)
@@ -182,6 +181,7 @@ class TrainerMetrics:
 
     def attach_timer(self, timer: StepTimer) -> None:
         """Read `timer` at scrape time (non-blocking), so step times reach Prometheus without a sync."""
+        timer.add_reader(METRICS_READER)
         self._timer = timer
 
     def observe_step_times(self, drained: Mapping[str, list[float]]) -> None:
@@ -246,9 +246,7 @@ class TrainerMetrics:
         """Current learning rate per optimiser group (main, aux)."""
         for group, value in rates.items():
             if group not in LR_GROUPS:
-                raise ValueError(
-                    f"unknown learning-rate group {group!r}; expected one of {', '.join(LR_GROUPS)}"
-                )
+                raise ValueError(f"unknown learning-rate group {group!r}; expected one of {', '.join(LR_GROUPS)}")
             self.learning_rate.labels(group).set(float(value))
 
     @property
@@ -268,7 +266,7 @@ class _StepSeconds(Collector):
     def collect(self) -> Iterator[Metric]:
         timer = self.metrics._timer
         if timer is not None:
-            self.metrics.observe_step_times(timer.drain())
+            self.metrics.observe_step_times(timer.drain(reader=METRICS_READER))
         yield from self.metrics.step_seconds.collect()
 
 
@@ -311,9 +309,7 @@ def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> Expo
     return Exporter(server=server, port=server.server_port)
 
 
-def push(
-    registry: CollectorRegistry, url: str, job_id: str, job: str = PUSH_JOB, timeout: float = 10.0
-) -> None:
+def push(registry: CollectorRegistry, url: str, job_id: str, job: str = PUSH_JOB, timeout: float = 10.0) -> None:
     """Replace the Pushgateway group of `job_id` with a snapshot of `registry`.
 
     The group key is `instance=<job_id>`, so pushed series carry the same `(job, instance)` pair as

@@ -25,6 +25,9 @@ import torch
 STEP = "step"
 """The whole-step span recorded by `end_step`, from `begin_step` (or the first section) to its end."""
 
+DEFAULT_READER = "loop"
+"""The reader `drain()` serves unless told otherwise."""
+
 EAGER_COMPONENTS: tuple[str, ...] = (
     "sample",
     "spectral",
@@ -88,7 +91,8 @@ class StepTimer:
         self._current: _Step | None = None
         self._pending: deque[_Step] = deque()
         self._ring: deque[dict[str, float]] = deque(maxlen=capacity)
-        self._undrained: deque[dict[str, float]] = deque(maxlen=capacity)
+        # One queue per reader (the loop's log line, the metrics exporter): each sees every step.
+        self._undrained: dict[str, deque[dict[str, float]]] = {DEFAULT_READER: deque(maxlen=capacity)}
         self.steps_timed = 0
 
     # ---- marks -------------------------------------------------------------------------------
@@ -198,22 +202,32 @@ class StepTimer:
             while self._pending and self._ready(self._pending[0]):
                 times = self._read(self._pending.popleft())
                 self._ring.append(times)
-                self._undrained.append(times)
+                for queue in self._undrained.values():
+                    queue.append(times)
                 self.steps_timed += 1
 
-    def drain(self, block: bool = False) -> dict[str, list[float]]:
-        """Seconds per component for each step read back since the last drain (oldest first).
+    def add_reader(self, reader: str) -> None:
+        """Give `reader` its own drain queue, so that draining elsewhere takes nothing from it."""
+        with self._lock:
+            self._undrained.setdefault(reader, deque(maxlen=self.capacity))
+
+    def drain(self, block: bool = False, reader: str = DEFAULT_READER) -> dict[str, list[float]]:
+        """Seconds per component for each step read back since `reader`'s last drain (oldest first).
 
         Non-blocking by default: steps the GPU has not finished stay pending for a later call.
-        `block=True` synchronises the device once, so every closed step is returned.
+        `block=True` synchronises the device once, so every closed step is returned. Each reader
+        (see `add_reader`) gets every step once, whoever else drains.
         """
         if not self.enabled:
             return {}
+        if reader not in self._undrained:
+            raise ValueError(f"unknown reader {reader!r}; call add_reader({reader!r}) first")
         self._collect(block=block)
         out: dict[str, list[float]] = {}
         with self._lock:
-            while self._undrained:
-                for name, seconds in self._undrained.popleft().items():
+            queue = self._undrained[reader]
+            while queue:
+                for name, seconds in queue.popleft().items():
                     out.setdefault(name, []).append(seconds)
         return out
 

@@ -166,8 +166,7 @@ def fill_replay(run: Run) -> None:
 
 
 def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> dict[str, Any]:
-    drained = run.timer.drain()
-    means = {name: 1000.0 * float(np.mean(values)) for name, values in drained.items() if values}
+    means = run.timer.means_ms(window=run.config.run.log_every)
     step_ms = means.pop("step", sum(means.values()))
     out(format_breakdown(run.plan.name, means))
     progress = {

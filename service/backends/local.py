@@ -279,6 +279,9 @@ class LocalBackend:
             pid: int | None = int((job_dir / f"pid-{attempt}").read_text())
         except (FileNotFoundError, ValueError):
             pid = None
+        child = self._children.get(pid) if pid is not None else None
+        if child is not None and child.poll() is None:
+            return pid  # launched by this process and not exited (its /proc cmdline may still be mid-exec)
         candidates = [pid] if pid is not None else [int(p) for p in os.listdir("/proc") if p.isdigit()]
         for candidate in candidates:
             try:
@@ -291,8 +294,10 @@ class LocalBackend:
         return None
 
     def _signal(self, pid: int, sig: signal.Signals) -> None:
+        """Signal the job's process group: only one the supervisor leads, never the controller's own."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
+            if os.getpgid(pid) == pid != os.getpgid(0):
+                os.killpg(pid, sig)
 
     def _kill_if_alive(self, job_dir: Path, attempt: int) -> None:
         pid = self._live_pid(job_dir, attempt)

@@ -22,6 +22,7 @@ from tests.k8s.conftest import (
     BENCH_JOB_ID,
     PUSHED_JOBS,
     PUSHED_POOL,
+    PUSHED_STEPS,
     SCRAPED_JOBS,
     SCRAPED_POOL,
     PromStack,
@@ -88,7 +89,7 @@ def test_every_dashboard_query_returns_data_from_pushed_snapshots(prom_stack: Pr
         check_dashboard(prom_stack, dashboard, variables)
     pushed = prom_stack.query('foxhunt_train_steps_total{job="foxhunt-trainer"}')["result"]
     by_instance = {s["metric"]["instance"]: float(s["value"][1]) for s in pushed}
-    assert by_instance[PUSHED_JOBS["eager"]] == by_instance[PUSHED_JOBS["graph"]] == 120.0
+    assert by_instance[PUSHED_JOBS["eager"]] == by_instance[PUSHED_JOBS["graph"]] == PUSHED_STEPS
 
 
 def test_speed_up_over_eager_is_computed_from_the_bench_push(prom_stack: PromStack) -> None:

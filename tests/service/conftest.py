@@ -55,11 +55,13 @@ class Controller:
             time.sleep(0.1)
 
     def close(self) -> None:
-        """Stop the app (idempotent) and kill any job process it left running."""
-        if self.client is None:
-            return
-        self.client.__exit__(None, None, None)
-        self.client = None  # type: ignore[assignment]
+        """Stop the app (idempotent); job processes live on, as after a controller crash."""
+        if self.client is not None:
+            self.client.__exit__(None, None, None)
+            self.client = None  # type: ignore[assignment]
+
+    def kill_jobs(self) -> None:
+        """Kill every job process this controller's local backend still runs."""
         backend = self.services.backend
         if isinstance(backend, LocalBackend):
             for status in backend.list_statuses():
@@ -80,6 +82,7 @@ def controller_factory() -> Iterator[Callable[[Settings], Controller]]:
     yield start
     for controller in started:
         controller.close()
+        controller.kill_jobs()
 
 
 @pytest.fixture

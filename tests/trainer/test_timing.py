@@ -67,6 +67,20 @@ def test_drain_returns_each_step_once_and_means_are_independent_of_drain() -> No
     assert timer.steps_timed == 3
 
 
+def test_each_reader_drains_every_step_once() -> None:
+    timer = StepTimer("cpu")
+    timer.add_reader("metrics")
+    for _ in range(2):
+        with timer.section("iqn"):
+            pass
+        timer.end_step()
+    assert len(timer.drain()["iqn"]) == 2
+    assert len(timer.drain(reader="metrics")["iqn"]) == 2
+    assert timer.drain(reader="metrics") == {}
+    with pytest.raises(ValueError, match="unknown reader"):
+        timer.drain(reader="dashboard")
+
+
 def test_means_average_a_periodic_component_over_all_steps() -> None:
     timer = StepTimer("cpu")
     for step in range(4):

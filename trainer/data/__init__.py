@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from trainer.config import ConfigError, TrainConfig
-from trainer.data.spec import EnvSpec, GoalSpec, Transitions
+from trainer.data.spec import DatasetError, EnvSpec, GoalSpec, Transitions
 
 if TYPE_CHECKING:
     from trainer.data.gym_source import GreedyFn
 
-__all__ = ["EnvSpec", "GoalSpec", "OnlineSource", "Source", "Transitions", "make_source"]
+__all__ = ["DatasetError", "EnvSpec", "GoalSpec", "OnlineSource", "Source", "Transitions", "make_source"]
 
 
 class Source(Protocol):

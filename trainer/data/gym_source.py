@@ -36,9 +36,7 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
     return start + (end - start) * min(max(step, 0) / decay_steps, 1.0)
 
 
-def epsilon_greedy(
-    greedy: Tensor, epsilon: float | Tensor, actions: int, generator: torch.Generator
-) -> Tensor:
+def epsilon_greedy(greedy: Tensor, epsilon: float | Tensor, actions: int, generator: torch.Generator) -> Tensor:
     """Per env, with probability epsilon a uniform random action vector, else the greedy one ([N, K])."""
     n, k = greedy.shape
     explore = torch.rand(n, 1, device=greedy.device, generator=generator) < epsilon  # [N, 1]

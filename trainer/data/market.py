@@ -103,14 +103,16 @@ class MarketEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _observe(self) -> np.ndarray:
         rng = self.np_random
-        core = np.concatenate([
-            self.position,
-            self.goal,
-            [(self.horizon - self.t) / self.horizon],
-            [self.regime + rng.normal(0.0, 0.6)],
-            self.alpha + rng.normal(0.0, 0.5, ASSETS),
-            self.last_return / self.sigma,
-        ])
+        core = np.concatenate(
+            [
+                self.position,
+                self.goal,
+                [(self.horizon - self.t) / self.horizon],
+                [self.regime + rng.normal(0.0, 0.6)],
+                self.alpha + rng.normal(0.0, 0.5, ASSETS),
+                self.last_return / self.sigma,
+            ]
+        )
         cycle = [
             lambda: self.alpha + rng.normal(0.0, 1.0, ASSETS),
             lambda: self.trailing / self.sigma,

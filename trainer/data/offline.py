@@ -20,16 +20,14 @@ import pyarrow.parquet as pq
 import torch
 
 from trainer.data.gym_source import GreedyFn, GymSource
-from trainer.data.spec import EnvSpec, Transitions, goal_columns
+from trainer.data.spec import DatasetError, EnvSpec, Transitions, goal_columns
+
+__all__ = ["DatasetError", "OfflineSource", "collect_dataset", "load_dataset", "write_dataset"]
 
 REQUIRED = ("obs", "action", "reward", "next_obs", "done")
 OPTIONAL = ("episode_step", "achieved_goal", "base_reward")
 METADATA_KEY = "foxhunt"
 """Parquet schema-metadata key / .npz array name of the JSON metadata {num_actions, env_id, env_kwargs}."""
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be used; the message is one line naming the file and the problem."""
 
 
 @dataclass
@@ -72,9 +70,7 @@ def _parquet_column(path: str, table: pa.Table, name: str) -> np.ndarray:
     column = table.column(name).combine_chunks()
     if column.null_count:
         raise _fail(path, f"column {name!r} has {column.null_count} null values")
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(
-        column.type
-    ):
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type):
         lengths = pa.compute.list_value_length(column).to_numpy(zero_copy_only=False)
         if lengths.size and (lengths != lengths[0]).any():
             raise _fail(path, f"column {name!r} has rows of different lengths ({lengths.min()}..{lengths.max()})")
@@ -134,8 +130,15 @@ def validate(path: str, arrays: Mapping[str, np.ndarray], num_actions: int) -> d
     n = out["obs"].shape[0] if out["obs"].ndim else 0
     if n == 0:
         raise _fail(path, "has no rows")
-    want_dims = {"obs": 2, "next_obs": 2, "reward": 1, "done": 1, "episode_step": 1, "base_reward": 1,
-                 "achieved_goal": 2}
+    want_dims = {
+        "obs": 2,
+        "next_obs": 2,
+        "reward": 1,
+        "done": 1,
+        "episode_step": 1,
+        "base_reward": 1,
+        "achieved_goal": 2,
+    }
     if out["action"].ndim == 1:
         out["action"] = out["action"][:, None]
     want_dims["action"] = 2

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used; the message is one line naming the file and the problem."""
+
+
 GoalReward = Callable[[Tensor, Tensor], Tensor]
 """Vectorised goal reward: (achieved [..., G], desired [..., G]) -> [...], pure tensor ops."""
 

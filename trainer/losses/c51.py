@@ -42,10 +42,12 @@ def categorical_projection(next_pmf: Tensor, reward: Tensor, done: Tensor, gamma
     mass_lower = next_pmf * lower_weight[:, None, :]  # [B, K, N]
     mass_upper = next_pmf * upper_weight[:, None, :]  # [B, K, N]
 
-    # flat index of atom j in row (b, k) is (b K + k) N + j: two index_adds project the whole batch
+    # flat index of atom j in row (b, k) is (b K + k) N + j: two index_adds project the whole batch.
+    # A NaN b indexes atom 0: its mass is NaN, so a poisoned sample reaches the guard as a NaN loss
+    # instead of an out-of-range index (a device-side assert on CUDA).
     offset = (torch.arange(B * K, device=next_pmf.device) * N).view(B, K, 1)  # [B, K, 1]
-    lower_index = (lower.long()[:, None, :] + offset).reshape(-1)  # [B*K*N]
-    upper_index = (upper.long()[:, None, :] + offset).reshape(-1)  # [B*K*N]
+    lower_index = (lower.nan_to_num(0.0).long()[:, None, :] + offset).reshape(-1)  # [B*K*N]
+    upper_index = (upper.nan_to_num(0.0).long()[:, None, :] + offset).reshape(-1)  # [B*K*N]
     target_pmf = torch.zeros(B * K * N, dtype=next_pmf.dtype, device=next_pmf.device)  # [B*K*N]
     target_pmf = target_pmf.index_add(0, lower_index, mass_lower.reshape(-1))
     target_pmf = target_pmf.index_add(0, upper_index, mass_upper.reshape(-1))

@@ -15,6 +15,7 @@ error of `TF32_RTOL` after 50 steps, and loss curves agreeing over 2000 steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -61,8 +62,10 @@ def _exit(manager: contextlib.AbstractContextManager[None]) -> None:
     manager.__exit__(None, None, None)
 
 
+@functools.cache
 def compile_step(mode: str | None = COMPILE_MODE) -> Callable[..., StepOutput]:
-    """`train_step` through Inductor (a fresh compiled wrapper; Dynamo caches per code object)."""
+    """`train_step` through Inductor, one wrapper per mode: Dynamo's cache (per code object and
+    wrapper) then serves every plan instance and variant compiled before, instead of recompiling."""
     options: dict[str, Any] = {"mode": mode} if mode else {}
     return torch.compile(train_step, dynamic=False, **options)  # type: ignore[return-value]
 
@@ -83,8 +86,13 @@ class FusedPlan(DualStreamPlan):
         generator: torch.Generator,
     ) -> None:
         self.step_fn = compile_step(self.compile_mode) if self.compiled else train_step
+        self.sections: _EagerSections | None = None
         super().__init__(state, replay, config, timer, generator)
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
-        sections = _EagerSections(timer) if isinstance(timer, StreamRouter) else timer
-        return self.step_fn(self.state, self.batch, self.draws, self.hp, flags, sections, self.batched_grads)
+        if isinstance(timer, StreamRouter):
+            # One wrapper for every call: Dynamo guards on the objects it is given.
+            if self.sections is None or self.sections.router is not timer:
+                self.sections = _EagerSections(timer)
+            timer = self.sections
+        return self.step_fn(self.state, self.batch, self.draws, self.hp, flags, timer, self.batched_grads)

@@ -66,6 +66,8 @@ class ReplayBuffer:
 
     def sample_into(self, batch: Batch, step: int | Tensor) -> Batch:
         """Fill the static `batch` in place: no allocation visible to the caller, no host sync."""
+        if len(self) == 0:
+            raise ValueError("cannot sample from an empty replay buffer: add transitions first")
         index, weight = self.sampler.sample(batch.size, step, self.generator)  # [B], [B]
         store = self.storage
         batch.index.copy_(index)
@@ -78,9 +80,7 @@ class ReplayBuffer:
         window, valid = store.window(index, batch.window.shape[1])  # [B, W, F], [B, W]
         batch.window.copy_(window)
         if self.her is not None:
-            self.her.relabel(
-                store, index, batch.obs, batch.next_obs, batch.reward, batch.window, valid, self.generator
-            )
+            self.her.relabel(store, index, batch.obs, batch.next_obs, batch.reward, batch.window, valid, self.generator)
         return batch
 
     def update_priorities(self, index: Tensor, loss: Tensor) -> None:

@@ -88,12 +88,15 @@ class PrioritizedSampler:
         return self.tree[self.leaves : self.leaves + self.capacity]
 
     def _set_leaves(self, slots: Tensor, value: Tensor) -> None:
-        """Write leaves, then recompute each ancestor level from its children (duplicates are safe)."""
-        node = slots + self.leaves  # [M]
-        self.tree.index_put_((node,), value)
-        for _ in range(self.depth):
-            node = node // 2
-            self.tree.index_put_((node,), self.tree[2 * node] + self.tree[2 * node + 1])
+        """Write leaves, then recompute every parent level from its children (duplicates are safe).
+
+        Level d holds nodes [2^d, 2^(d+1)); its children are the next level read as pairs. Summing
+        whole levels is one kernel per level: fewer launches than walking the changed paths.
+        """
+        self.tree.index_put_((slots + self.leaves,), value)
+        for depth in range(self.depth - 1, -1, -1):
+            children = self.tree[2 << depth : 4 << depth].view(-1, 2)  # [2^d, 2]
+            torch.sum(children, dim=1, out=self.tree[1 << depth : 2 << depth])
 
     def on_write(self, slots: Tensor, size: int) -> None:
         """New rows at `slots` get p = max priority so far; `size` rows are now stored."""
@@ -115,16 +118,17 @@ class PrioritizedSampler:
         u right (subtracting the left mass) when u >= left and the right child has mass.
         """
         total = self.tree[1]
-        u = (torch.arange(batch_size, device=self.device, dtype=torch.float64)
-             + torch.rand(batch_size, device=self.device, dtype=torch.float64, generator=generator))
+        u = torch.arange(batch_size, device=self.device, dtype=torch.float64) + torch.rand(
+            batch_size, device=self.device, dtype=torch.float64, generator=generator
+        )
         u = u * (total / batch_size)  # [B]
         node = torch.ones(batch_size, dtype=torch.int64, device=self.device)  # [B]
+        pairs = self.tree.view(-1, 2)  # row n holds the children (2n, 2n+1) of node n
         for _ in range(self.depth):
-            left = self.tree[2 * node]  # [B]
-            right = self.tree[2 * node + 1]  # [B]
-            go_right = (u >= left) & (right > 0)  # [B]
-            u = torch.where(go_right, u - left, u)
-            node = 2 * node + go_right.long()
+            pair = pairs[node]  # [B, 2]
+            go_right = (u >= pair[:, 0]) & (pair[:, 1] > 0)  # [B]
+            u = torch.where(go_right, u - pair[:, 0], u)
+            node = 2 * node + go_right
         index = node - self.leaves  # [B]
         # w_i = (N * P(i))^-beta, normalised by the batch maximum
         prob = self.tree[node] / total  # [B]

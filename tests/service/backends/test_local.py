@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -200,7 +202,8 @@ def test_a_process_that_vanished_without_exit_code_is_an_error(tmp_path: Path) -
     backend.submit(spec())
     wait_state(backend, "job-1", {JobState.RUNNING})
     pid = int((tmp_path / "job-1" / "pid-0").read_text())
-    subprocess.run(["kill", "-KILL", f"-{pid}"], check=True)  # the whole group, as an OOM kill or reboot would
+    assert os.getpgid(pid) == pid != os.getpgid(0)  # the job's own process group, never ours
+    os.killpg(pid, signal.SIGKILL)  # the whole group dies, as in an OOM kill or a reboot
     status = wait_state(backend, "job-1", TERMINAL)
     assert (status.state, status.reason) == (JobState.ERROR, "ProcessLost")
 

@@ -36,11 +36,13 @@ class GoalToy(gym.Env[dict, int]):
 
     def __init__(self) -> None:
         box = gym.spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32)
-        self.observation_space = gym.spaces.Dict({
-            "observation": gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32),
-            "achieved_goal": box,
-            "desired_goal": box,
-        })
+        self.observation_space = gym.spaces.Dict(
+            {
+                "observation": gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32),
+                "achieved_goal": box,
+                "desired_goal": box,
+            }
+        )
         self.action_space = gym.spaces.Discrete(3)
         self.position = 0.0
         self.goal = 0.0

@@ -110,8 +110,9 @@ def test_goal_dict_env_spec_collection_and_her() -> None:
     assert torch.equal(rows.base_reward, torch.zeros(2))  # all reward is goal reward here
     from trainer.config import build_config
 
-    config = build_config({"replay": {"capacity": 64, "her_ratio": 1.0}, "data": {"num_envs": 2},
-                           "run": {"batch_size": 8}})
+    config = build_config(
+        {"replay": {"capacity": 64, "her_ratio": 1.0}, "data": {"num_envs": 2}, "run": {"batch_size": 8}}
+    )
     buffer = ReplayBuffer(config, spec, "cpu", gen)
     buffer.add(rows)
     for _ in range(6):

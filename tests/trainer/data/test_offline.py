@@ -135,13 +135,15 @@ def test_unreadable_files(tmp_path: Path) -> None:
     (tmp_path / "bare.npz").write_bytes(buffer.getvalue())
     with pytest.raises(DatasetError, match="must give num_actions or env_id"):
         load_dataset(str(tmp_path / "bare.npz"))
-    ragged = pa.table({
-        "obs": pa.array([[1.0, 2.0], [1.0]]),
-        "action": pa.array([0, 1]),
-        "reward": pa.array([0.0, 0.0]),
-        "next_obs": pa.array([[1.0, 2.0], [1.0, 2.0]]),
-        "done": pa.array([False, True]),
-    }).replace_schema_metadata({"foxhunt": '{"num_actions": 2}'})
+    ragged = pa.table(
+        {
+            "obs": pa.array([[1.0, 2.0], [1.0]]),
+            "action": pa.array([0, 1]),
+            "reward": pa.array([0.0, 0.0]),
+            "next_obs": pa.array([[1.0, 2.0], [1.0, 2.0]]),
+            "done": pa.array([False, True]),
+        }
+    ).replace_schema_metadata({"foxhunt": '{"num_actions": 2}'})
     pq.write_table(ragged, tmp_path / "ragged.parquet")
     with pytest.raises(DatasetError, match="column 'obs' has rows of different lengths"):
         load_dataset(str(tmp_path / "ragged.parquet"))

@@ -114,6 +114,21 @@ def test_projection_clamps_at_both_ends(
     torch.testing.assert_close(target_pmf, expected, atol=1e-6, rtol=0)
 
 
+def test_projection_of_a_poisoned_sample_is_nan_and_leaves_the_others_alone(gen: torch.Generator) -> None:
+    # the guard must see a NaN loss, not an out-of-range index (a device-side assert on CUDA)
+    support = torch.linspace(-10, 10, 51)
+    next_pmf = random_pmf(gen, 3, 2, 51)
+    reward = torch.tensor([0.5, float("nan"), float("inf")])
+    done = torch.zeros(3)
+    target_pmf = categorical_projection(next_pmf, reward, done, 0.99, support)
+    assert target_pmf[1].isnan().any()
+    clean = categorical_projection(next_pmf[[0]], reward[[0]], done[[0]], 0.99, support)
+    torch.testing.assert_close(target_pmf[0], clean[0])
+    expected_inf = torch.zeros(2, 51)
+    expected_inf[:, 50] = 1.0  # an infinite reward clamps to v_max
+    torch.testing.assert_close(target_pmf[2], expected_inf)
+
+
 def reference_expected_q(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
     B, K, A, _ = logits.shape
     q = torch.zeros(B, K, A, dtype=torch.float64)
@@ -180,7 +195,7 @@ def test_cross_entropy_gradcheck_and_target_gets_no_gradient(gen: torch.Generato
     logits = torch.randn(3, 2, 4, 7, generator=gen, dtype=torch.float64, requires_grad=True)
     action = torch.randint(0, 4, (3, 2), generator=gen)
     target_pmf = random_pmf(gen, 3, 2, 7).double().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: c51_cross_entropy(x, action, target_pmf), (logits,))
+    assert torch.autograd.gradcheck(lambda x: c51_cross_entropy(x, action, target_pmf), (logits,), fast_mode=True)
     c51_cross_entropy(logits, action, target_pmf).sum().backward()
     assert target_pmf.grad is None
     # only the data action's logits receive gradient

@@ -28,12 +28,14 @@ def goal_spec() -> EnvSpec:
 @pytest.fixture
 def make_config() -> Callable[..., TrainConfig]:
     def make(capacity: int = 64, num_envs: int = 1, window: int = 4, **replay: Any) -> TrainConfig:
-        return build_config({
-            "replay": {"capacity": capacity, **replay},
-            "data": {"num_envs": num_envs},
-            "model": {"attn_window": window, "attn_heads": 1, "attn_dim": 8},
-            "run": {"batch_size": min(16, capacity), "steps": 100},
-        })
+        return build_config(
+            {
+                "replay": {"capacity": capacity, **replay},
+                "data": {"num_envs": num_envs},
+                "model": {"attn_window": window, "attn_heads": 1, "attn_dim": 8},
+                "run": {"batch_size": min(16, capacity), "steps": 100},
+            }
+        )
 
     return make
 

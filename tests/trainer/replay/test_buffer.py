@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 
 from trainer.config import TrainConfig
@@ -36,9 +37,13 @@ def test_sample_gives_the_architecture_batch_layout(
     assert torch.equal(batch.done, (step == 9).float())
 
 
-def test_sample_into_fills_static_buffers_in_place(
-    make_config: Callable[..., TrainConfig], goal_spec: EnvSpec
-) -> None:
+def test_sampling_an_empty_buffer_is_an_error(make_config: Callable[..., TrainConfig], goal_spec: EnvSpec) -> None:
+    buffer = ReplayBuffer(make_config(), goal_spec, "cpu", torch.Generator())
+    with pytest.raises(ValueError, match="empty replay buffer"):
+        buffer.sample(4, 0)
+
+
+def test_sample_into_fills_static_buffers_in_place(make_config: Callable[..., TrainConfig], goal_spec: EnvSpec) -> None:
     buffer = ReplayBuffer(make_config(her=False), goal_spec, "cpu", torch.Generator().manual_seed(0))
     buffer.extend(episode_rows(1, range(10), length=10))
     static = buffer.empty_batch(16)

@@ -44,11 +44,13 @@ def test_add_back_fills_episode_length_when_it_ends(goal_spec: EnvSpec) -> None:
 
 def test_extend_finds_episodes_from_done_and_episode_step(goal_spec: EnvSpec) -> None:
     storage, _, writer = build(goal_spec, 32)
-    block = stack_rows([
-        episode_rows(1, range(3), length=3),  # ends with done
-        episode_rows(2, range(4)),  # truncated: no done, the next row restarts at step 0
-        episode_rows(3, range(5, 7)),  # starts mid-episode: the writer counts from 0
-    ])
+    block = stack_rows(
+        [
+            episode_rows(1, range(3), length=3),  # ends with done
+            episode_rows(2, range(4)),  # truncated: no done, the next row restarts at step 0
+            episode_rows(3, range(5, 7)),  # starts mid-episode: the writer counts from 0
+        ]
+    )
     writer.extend(block)
     assert storage.episode_step[:9].tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1]
     assert storage.episode_len[:9].tolist() == [3, 3, 3, 4, 4, 4, 4, 2, 2]

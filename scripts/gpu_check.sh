@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The one script sent to the H200: GPU tests, then the benchmark; logs, JSON and PNG under $OUT.
+# Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of tests,curves,bench or all
+# Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
+set -uo pipefail
+stage="${1:-all}"; shift || true
+[ "$stage" = all ] && stage=tests,curves,bench
+has() { [[ ",$stage," == *",$1,"* ]]; }
+OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}" || { echo "wheel install failed"; exit 3; }
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' \
+  | tee -a "$OUT/device.txt"
+
+if has tests; then
+  timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m "gpu and not slow" -p no:cacheprovider -q -s -x --timeout 300 \
+    tests/trainer/plans/test_equivalence.py 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|relative|Error" | tail -40
+fi
+if has curves; then
+  FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "${CURVES_TIMEOUT:-240}" python3 -m pytest -m "gpu and slow" \
+    -p no:cacheprovider -q -s --timeout 230 tests/trainer/plans/test_equivalence.py 2>&1 | tee "$OUT/gpu_curves.log" | tail -12
+fi
+if has bench; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m trainer bench --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -30
+fi

@@ -1,0 +1,60 @@
+"""Builders of real objects shared by the test suites."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.batch import Batch
+from trainer.config import TrainConfig, build_config
+from trainer.model import ModelDims
+from trainer.state import TrainState
+
+TINY_MODEL = {
+    "hidden": 32,
+    "head_hidden": 16,
+    "atoms": 11,
+    "iqn_embed": 8,
+    "iqn_hidden": 16,
+    "iqn_taus": 4,
+    "iqn_target_taus": 5,
+    "iql_hidden": 8,
+    "attn_window": 4,
+    "attn_dim": 16,
+    "attn_heads": 4,
+    "attn_ffn": 24,
+}
+
+
+def tiny_config(overrides: list[str] | None = None, **sections: dict[str, Any]) -> TrainConfig:
+    """A config with every component on and tiny widths, for fast CPU tests."""
+    data: dict[str, Any] = {
+        "model": {**TINY_MODEL, "ensemble_heads": 2},
+        "loss": {"vaccine": True, "causal": True},
+        "replay": {"capacity": 256},
+        "run": {"batch_size": 16, "device": "cpu", "steps": 20, "log_every": 10, "checkpoint_every": 10},
+        "data": {"learning_starts": 32, "market_features": 16, "market_horizon": 16, "num_envs": 2},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return build_config(data, overrides)
+
+
+def tiny_state(config: TrainConfig, obs_dim: int = 12, branches: int = 3, actions: int = 4) -> TrainState:
+    dims = ModelDims.build(config.model, obs_dim, branches, actions)
+    return TrainState.create(config, dims, torch.device("cpu"))
+
+
+def random_batch(state: TrainState, batch_size: int, seed: int = 0) -> Batch:
+    d = state.dims
+    generator = torch.Generator().manual_seed(seed)
+    batch = Batch.empty(batch_size, d.obs_dim, d.branches, d.attn_window, "cpu")
+    batch.obs.normal_(generator=generator)
+    batch.next_obs.normal_(generator=generator)
+    batch.window.normal_(generator=generator)
+    batch.reward.normal_(generator=generator)
+    batch.action.random_(0, d.actions, generator=generator)
+    batch.done.copy_((torch.rand(batch_size, generator=generator) < 0.2).float())
+    batch.weight.uniform_(0.5, 1.0, generator=generator)
+    return batch

@@ -1,0 +1,63 @@
+"""Tokens: random, shown once, stored as sha256, bound to a tenant."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from service.auth import Principal, authenticate, create_token, hash_token
+from service.errors import Unauthorized
+from service.store import Store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    store = Store(f"sqlite:///{tmp_path / 'auth.db'}")
+    store.migrate()
+    return store
+
+
+def test_tokens_authenticate_as_their_tenant_and_only_the_hash_is_stored(store: Store) -> None:
+    secret, info = create_token(store, name="ci", tenant="team-a", admin=True)
+    assert secret.startswith("fxh_") and len(secret) > 40
+    assert authenticate(store, f"Bearer {secret}") == Principal(tenant="team-a", name="ci", admin=True)
+    with store.engine.connect() as connection:
+        stored = connection.exec_driver_sql("SELECT token_hash FROM tokens").scalar()
+    assert stored == hashlib.sha256(secret.encode()).hexdigest() == hash_token(secret)
+    assert secret not in str(info.model_dump())
+    other, _ = create_token(store, name="ci", tenant="team-a")
+    assert other != secret
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (None, "missing bearer token"),
+        ("", "missing bearer token"),
+        ("Token abc", "malformed Authorization header"),
+        ("Bearer ", "malformed Authorization header"),
+        ("Bearer fxh_unknown", "unknown or revoked token"),
+    ],
+)
+def test_bad_headers_are_unauthorized(store: Store, header: str | None, message: str) -> None:
+    with pytest.raises(Unauthorized, match=message):
+        authenticate(store, header)
+
+
+def test_revoked_tokens_stop_working(store: Store) -> None:
+    secret, info = create_token(store, name="ci", tenant="team-a")
+    store.revoke_token(info.id)
+    with pytest.raises(Unauthorized, match="unknown or revoked"):
+        authenticate(store, f"Bearer {secret}")
+
+
+def test_empty_names_are_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        create_token(store, name=" ", tenant="team-a")
+
+
+def test_admin_sees_every_tenant() -> None:
+    assert Principal(tenant="ops", name="root", admin=True).visible_tenant is None
+    assert Principal(tenant="team-a", name="alice").visible_tenant == "team-a"

@@ -1,0 +1,184 @@
+"""Reconciliation: restarts lose and duplicate nothing; an unreachable backend fails no job."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from service.app import create_app
+from service.backends.base import BackendUnavailable
+from service.backends.local import LocalBackend
+from service.domain import BackendStatus, JobSpec
+from service.settings import Settings
+from tests.service.conftest import Controller
+from tests.service.factories import make_settings, stand_in_command
+
+
+class Unreachable:
+    """A real LocalBackend behind a switch that makes every call fail as a network outage would."""
+
+    def __init__(self, inner: LocalBackend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.gpus = inner.gpus
+        self.down = True
+
+    def _check(self) -> None:
+        if self.down:
+            raise BackendUnavailable("connection refused")
+
+    def submit(self, spec: JobSpec) -> BackendStatus:
+        self._check()
+        return self.inner.submit(spec)
+
+    def status(self, job_id: str) -> BackendStatus:
+        self._check()
+        return self.inner.status(job_id)
+
+    def list_statuses(self) -> list[BackendStatus]:
+        self._check()
+        return self.inner.list_statuses()
+
+    def cancel(self, job_id: str, *, force: bool = False) -> None:
+        self._check()
+        self.inner.cancel(job_id, force=force)
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+        self._check()
+        return self.inner.logs(job_id, follow=follow)
+
+    def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:
+        self._check()
+        return self.inner.watch(timeout_seconds=timeout_seconds)
+
+    def ping(self) -> None:
+        self._check()
+
+
+def _submit(c: Controller, key: str) -> str:
+    body = {"config": {"run": {"steps": 2}}, "pool": "cpu"}
+    response = c.request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
+    assert response.status_code in (200, 201), response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+def _starts(settings: Settings, job_id: str) -> int:
+    return (settings.jobs_dir / job_id / "log.txt").read_text().count("starting")
+
+
+def test_jobs_queued_by_a_dead_controller_run_once_after_restart(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    settings = make_settings(tmp_path, run_reconciler=False)
+    first = controller_factory(settings)
+    queued = _submit(first, "queued")
+    handed_over = _submit(first, "handed-over")
+    # the first controller died right after the backend accepted this job, before the store heard back
+    from service.reconciler import spec_for
+
+    first.services.backend.submit(spec_for(first.services.store.get_job(handed_over), first.services.pools))
+    first.close()
+    second = controller_factory(settings.model_copy(update={"run_reconciler": True}))
+    for job_id in (queued, handed_over):
+        assert second.wait_for(job_id)["state"] == "SUCCEEDED"
+        assert _starts(settings, job_id) == 1
+    assert _submit(second, "queued") == queued  # the key still names the same job
+    assert len(second.services.store.list_jobs(limit=100)[0]) == 2
+
+
+def test_a_job_running_across_a_restart_is_followed_to_its_end(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "2"))
+    first = controller_factory(settings)
+    job_id = _submit(first, "k")
+    first.wait_for(job_id, {"RUNNING"})
+    first.close()  # the job's process lives on
+    second = controller_factory(settings)
+    assert second.request("GET", f"/v1/jobs/{job_id}").json()["state"] == "RUNNING"
+    job = second.wait_for(job_id)
+    assert job["state"] == "SUCCEEDED" and _starts(settings, job_id) == 1
+    assert [h["state"] for h in job["history"]] == ["QUEUED", "RUNNING", "SUCCEEDED"]
+
+
+def test_an_unreachable_backend_never_fails_a_job(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    backend = Unreachable(LocalBackend.from_settings(settings))
+    registry = CollectorRegistry()
+    c = Controller(create_app(settings, backend=backend, registry=registry))
+    try:
+        job_id = _submit(c, "k")
+        time.sleep(1.0)  # several passes and watch restarts against a dead backend
+        job = c.request("GET", f"/v1/jobs/{job_id}").json()
+        assert job["state"] == "QUEUED" and job["reason"] is None
+        assert c.request("GET", "/readyz").status_code == 503
+        errors = registry.get_sample_value(
+            "foxhunt_backend_errors_total", {"operation": "submit", "cause": "unavailable"}
+        )
+        assert errors is not None and errors >= 2
+        assert registry.get_sample_value("foxhunt_reconcile_recoveries_total", {"cause": "watch_restarted"})
+        backend.down = False
+        assert c.wait_for(job_id)["state"] == "SUCCEEDED"
+        assert c.request("GET", "/readyz").status_code == 200
+    finally:
+        c.close()
+        c.kill_jobs()
+
+
+def test_a_job_the_backend_lost_is_an_error_not_a_failure(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    import shutil
+
+    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "30"), run_reconciler=False)
+    c = controller_factory(settings)
+    job_id = _submit(c, "k")
+    reconciler = c.services.reconciler
+    reconciler.reconcile_once()
+    backend = c.services.backend
+    assert isinstance(backend, LocalBackend)
+    backend.cancel(job_id, force=True)
+    time.sleep(0.3)
+    shutil.rmtree(settings.jobs_dir / job_id)  # e.g. the jobs dir was wiped
+    assert reconciler.reconcile_once()
+    job = c.request("GET", f"/v1/jobs/{job_id}").json()
+    assert (job["state"], job["reason"]) == ("ERROR", "Lost")
+
+
+def test_cancel_escalates_to_a_forced_stop_after_the_grace_period(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    command = stand_in_command("--sleep", "60", "--ignore-term")
+    c = controller_factory(make_settings(tmp_path, local_command=command, cancel_grace_seconds=0.5))
+    c.services.backend.grace_seconds = 60  # type: ignore[attr-defined]  # only the reconciler may force it
+    job_id = _submit(c, "k")
+    deadline = time.monotonic() + 30
+    while "stand-in:" not in "".join(c.services.backend.logs(job_id)):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    c.request("DELETE", f"/v1/jobs/{job_id}")
+    job = c.wait_for(job_id, timeout=30)
+    assert (job["state"], job["reason"]) == ("CANCELLED", "Killed")
+    assert c.services.store.get_job(job_id).cancel_forced
+    assert (
+        c.services.metrics.registry.get_sample_value("foxhunt_reconcile_recoveries_total", {"cause": "cancel_forced"})
+        == 1
+    )
+
+
+def test_a_passed_deadline_cancels_the_job(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    c = controller_factory(make_settings(tmp_path, local_command=stand_in_command("--sleep", "30")))
+    deadline = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
+    body = {"config": {"run": {"steps": 2}}, "pool": "cpu", "deadline": deadline}
+    job_id = c.request("POST", "/v1/jobs", json=body).json()["id"]
+    job = c.wait_for(job_id, timeout=30)
+    assert job["state"] == "CANCELLED"
+    assert any(h["reason"] == "DeadlineExceeded" for h in job["history"]) or job["reason"] in {"Cancelled", "Killed"}
+    assert c.services.store.get_job(job_id).cancel_requested_at is not None

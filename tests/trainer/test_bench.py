@@ -1,0 +1,120 @@
+"""The benchmark harness on CPU at a tiny size: configs, replay fill, timing loop, table and files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from trainer.bench import (
+    CONFIGS,
+    BenchOptions,
+    bench_config,
+    bench_spec,
+    check_options,
+    fill_replay,
+    format_table,
+    run_bench,
+    write_outputs,
+)
+from trainer.cli import app
+from trainer.plans import PlanFallbackWarning
+from trainer.replay.buffer import ReplayBuffer
+
+TINY = ["model.hidden=16", "model.head_hidden=8", "model.attn_ffn=8", "model.attn_dim=8", "model.iqn_taus=2",
+        "model.iqn_target_taus=2", "model.attn_window=2", "model.atoms=5"]
+
+
+def tiny_options(**changes: object) -> BenchOptions:
+    options = BenchOptions(batch_size=4, capacity=256, obs_dim=16, steps=2, repeats=2, warmup=1,
+                           steps_per_replay=1, overrides=TINY)
+    for key, value in changes.items():
+        setattr(options, key, value)
+    return options
+
+
+def test_core_and_full_switch_the_optional_parts() -> None:
+    core, full = bench_config("core", tiny_options()), bench_config("full", tiny_options())
+    assert (core.model.ensemble_heads, core.loss.vaccine, core.loss.causal, core.replay.her) == (0, False, False, False)
+    assert full.model.ensemble_heads > 0 and full.loss.vaccine and full.loss.causal and full.replay.her
+    assert bench_spec(core).goal is None and bench_spec(full).goal is not None
+
+
+def test_pinned_defaults_are_the_issue_model() -> None:
+    config = bench_config("core", BenchOptions())
+    assert (config.run.batch_size, config.replay.capacity, config.data.market_features) == (1024, 1_000_000, 64)
+    assert (config.model.atoms, bench_spec(config).branches, bench_spec(config).actions) == (51, 3, 5)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"configs": ["huge"]}, "unknown bench names huge"),
+        ({"methods": ["warp"]}, "unknown bench names warp"),
+        ({"steps": 0}, "must be positive"),
+        ({"steps": 5, "steps_per_replay": 2}, "multiple of steps_per_replay"),
+    ],
+)
+def test_bad_options_are_one_line_errors(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_options(tiny_options(**changes))
+
+
+def test_fill_replay_writes_distinct_whole_episodes() -> None:
+    config = bench_config("full", tiny_options())
+    replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(0))
+    fill_replay(replay, 256, seed=0, chunk=100)
+    assert len(replay) == 256
+    assert replay.storage.obs.std() > 0.5  # random rows, not zeros
+    assert torch.unique(replay.storage.obs[:, 0]).numel() == 256
+    assert int(replay.storage.episode_len.max()) == 200 and int(replay.storage.episode_step.max()) == 199
+
+
+def test_run_bench_times_methods_and_timer_overhead(tmp_path: Path) -> None:
+    options = tiny_options(methods=["eager", "graph"])
+    with pytest.warns(PlanFallbackWarning, match="plan 'graph' needs a CUDA GPU"):
+        document = run_bench(options, torch.device("cpu"), log=lambda line: None)
+    results = document["results"]
+    assert [(r["config"], r["method"]) for r in results] == [(c, m) for c in CONFIGS for m in ("eager", "graph")]
+    for result in results:
+        assert result["error"] is None
+        assert len(result["windows_ms"]) == 2 and result["ms_min"] <= result["ms_median"] <= result["ms_max"]
+        assert result["epoch_s"] == pytest.approx(result["ms_median"] * 2.0)
+        assert all(value == value for value in result["losses"].values())  # finite losses were read back
+    assert results[0]["speedup"] == pytest.approx(1.0)
+    assert [row["method"] for row in document["timer_overhead"]] == ["eager", "eager"]
+
+    table = format_table(document)
+    assert "eager" in table and "timer overhead [core eager]" in table
+    paths = write_outputs(document, tmp_path, "python -m trainer bench --device cpu")
+    assert json.loads(paths[0].read_text())["command"] == "python -m trainer bench --device cpu"
+    assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "python -m trainer bench --device cpu" in paths[2].read_text()
+
+
+def test_a_method_that_fails_is_reported_not_hidden() -> None:
+    options = tiny_options(configs=["core"], methods=["eager"], timer_overhead=False,
+                           overrides=[*TINY, "run.batch_size=300"])  # larger than the 256 rows: config error
+    with pytest.raises(Exception, match="exceeds replay.capacity"):
+        run_bench(options, torch.device("cpu"), log=lambda line: None)
+
+
+def test_cli_bench_rejects_unknown_names_with_exit_2() -> None:
+    result = CliRunner().invoke(app, ["bench", "--configs", "huge", "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "error: unknown bench names huge" in result.output
+
+
+def test_cli_bench_runs_and_writes_files(tmp_path: Path) -> None:
+    args = ["bench", "--device", "cpu", "--configs", "core", "--methods", "eager", "--batch-size", "4",
+            "--capacity", "64", "--obs-dim", "16", "--steps", "2", "--repeats", "1", "--warmup", "0",
+            "--steps-per-replay", "1", "--no-timer-overhead", "--out", str(tmp_path)]
+    for override in TINY:
+        args += ["-o", override]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "eager" in result.output.splitlines()[-1]
+    assert {path.name for path in tmp_path.iterdir()} == {"bench.json", "bench.png", "bench.md"}

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from tests.factories import tiny_config, tiny_state
+from trainer.budgets import (
+    AdamMoments,
+    adam_update,
+    clip_to_budget,
+    combine_budgeted,
+    ema,
+    pruning_mask,
+    spectral_project,
+    spectral_u_init,
+)
+
+
+def test_clip_holds_each_norm_at_its_budget() -> None:
+    generator = torch.Generator().manual_seed(0)
+    grads = {name: torch.randn(500, generator=generator) * 10 for name in ("c51", "cql", "iqn", "ensemble")}
+    budgets = {"c51": 6.0, "cql": 2.5, "iqn": 1.0, "ensemble": 0.5}
+    for name, grad in grads.items():
+        clipped = clip_to_budget(grad, budgets[name])
+        assert clipped.norm() == pytest.approx(budgets[name], rel=1e-5)
+        # direction is kept
+        assert torch.allclose(clipped / clipped.norm(), grad / grad.norm(), atol=1e-6)
+    total = combine_budgeted(grads, budgets)
+    expected = sum(clip_to_budget(grads[n], budgets[n]) for n in budgets)
+    assert torch.allclose(total, expected)
+    assert total.norm() <= sum(budgets.values()) + 1e-5
+
+
+def test_clip_leaves_small_gradients_alone() -> None:
+    grad = torch.full((10,), 0.01)
+    assert torch.equal(clip_to_budget(grad, 1.0), grad * 1.0)
+
+
+def test_adam_matches_torch_optim_adam() -> None:
+    generator = torch.Generator().manual_seed(1)
+    params = torch.randn(50, generator=generator)
+    reference = params.clone().requires_grad_(True)
+    optimiser = torch.optim.Adam([reference], lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
+    moments = AdamMoments.zeros(50, torch.device("cpu"))
+    for t in range(1, 6):
+        grad = torch.randn(50, generator=generator)
+        params, moments.m, moments.v = adam_update(params, grad, moments, torch.tensor(float(t)), 1e-2, 0.9, 0.99, 1e-8)
+        reference.grad = grad.clone()
+        optimiser.step()
+    assert torch.allclose(params, reference.detach(), atol=1e-6)
+
+
+def test_spectral_projection_bounds_sigma() -> None:
+    config = tiny_config()
+    state = tiny_state(config)
+    with torch.no_grad():
+        params = state.online.detach() * 20.0  # blow every matrix far past sigma_max
+    u = state.spectral_u.clone()
+    sigma_max = 1.5
+    for _ in range(30):  # power iteration converges over steps, as in training
+        params, u = spectral_project(params, u, state.main, sigma_max)
+    views = state.main.views(params)
+    for spec in state.main.matrices():
+        sigma = torch.linalg.matrix_norm(views[spec.name], ord=2)
+        assert sigma <= sigma_max * 1.01, spec.name
+
+
+def test_spectral_projection_leaves_small_matrices() -> None:
+    config = tiny_config()
+    state = tiny_state(config)
+    params = state.online.detach() * 1e-3
+    new, _ = spectral_project(params, state.spectral_u, state.main, 5.0)
+    assert torch.equal(new, params)
+
+
+def test_pruning_mask_has_the_requested_sparsity_on_matrices_only() -> None:
+    config = tiny_config()
+    state = tiny_state(config)
+    mask = pruning_mask(state.main, 0.5, torch.Generator().manual_seed(0), torch.device("cpu"))
+    views = state.main.views(mask)
+    for spec in state.main.specs:
+        fraction_kept = views[spec.name].mean().item()
+        if spec.matrix:
+            assert 0.3 < fraction_kept < 0.7, spec.name
+        else:
+            assert fraction_kept == 1.0, spec.name
+
+
+def test_ema_moves_target_by_tau() -> None:
+    target, online = torch.zeros(4), torch.ones(4)
+    assert torch.allclose(ema(target, online, 0.25), torch.full((4,), 0.25))
+
+
+def test_spectral_u_is_unit_norm() -> None:
+    state = tiny_state(tiny_config())
+    u = spectral_u_init(state.main, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert u.norm() == pytest.approx(1.0, rel=1e-5)

@@ -1,0 +1,114 @@
+import pytest
+import torch
+
+from tests.factories import random_batch, tiny_config, tiny_state
+from trainer.step import Draws, Hyper, StepFlags, per_loss_gradients, train_step
+
+
+def _draws(state, batch_size: int, seed: int = 0) -> Draws:
+    return Draws.empty(state.dims, batch_size, torch.device("cpu")).fill_(torch.Generator().manual_seed(seed))
+
+
+def _snapshot(state) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in state.tensors().items()}
+
+
+def test_a_step_updates_every_network_and_reports_every_loss() -> None:
+    config = tiny_config()
+    state = tiny_state(config)
+    before = _snapshot(state)
+    batch = random_batch(state, 16)
+    output = train_step(state, batch, _draws(state, 16), Hyper.from_config(config), StepFlags(vaccine=True, causal=True))
+    assert bool(output.ok)
+    assert set(output.losses) == {"c51", "cql", "iqn", "ensemble", "vaccine", "iql", "attention"}
+    assert all(torch.isfinite(value) for value in output.losses.values())
+    for name in ("online", "target", "iql", "attn", "adam_main.m", "adam_iql.m", "adam_attn.m", "causal_effects"):
+        assert not torch.equal(before[name], state.tensors()[name]), name
+    assert state.updates.item() == 1 and state.guard_skips.item() == 0
+    assert output.priority.shape == (16,) and torch.all(output.priority >= 0)
+
+
+def test_guard_skips_a_poisoned_batch_and_leaves_every_parameter_unchanged() -> None:
+    config = tiny_config()
+    state = tiny_state(config)
+    hp = Hyper.from_config(config)
+    train_step(state, random_batch(state, 16, seed=1), _draws(state, 16), hp)  # moments non-zero
+    before = _snapshot(state)
+    batch = random_batch(state, 16, seed=2)
+    batch.reward[3] = float("nan")
+    output = train_step(state, batch, _draws(state, 16), hp, StepFlags(vaccine=True))
+    assert not bool(output.ok)
+    after = state.tensors()
+    for name, tensor in before.items():
+        if name != "guard_skips":
+            assert torch.equal(tensor, after[name]), name
+    assert after["guard_skips"].item() == 1
+    assert torch.isfinite(output.priority).all()
+    # and the next clean step trains again
+    assert bool(train_step(state, random_batch(state, 16, seed=3), _draws(state, 16), hp).ok)
+
+
+def test_pruned_weights_stay_zero_through_training() -> None:
+    config = tiny_config(optim={"prune_sparsity": 0.5})
+    state = tiny_state(config)
+    pruned = state.prune_mask == 0
+    assert pruned.any()
+    hp = Hyper.from_config(config)
+    for seed in range(5):
+        train_step(state, random_batch(state, 16, seed), _draws(state, 16, seed), hp, StepFlags(vaccine=True))
+    assert torch.all(state.online.detach()[pruned] == 0)
+    assert torch.all(state.target[pruned] == 0)
+
+
+def test_spectral_norm_bounds_every_matrix_after_steps() -> None:
+    config = tiny_config(optim={"sigma_max": 0.8, "lr": 0.05})
+    state = tiny_state(config)
+    hp = Hyper.from_config(config)
+    for seed in range(40):
+        train_step(state, random_batch(state, 16, seed), _draws(state, 16, seed), hp)
+    views = state.main.views(state.online.detach())
+    for spec in state.main.matrices():
+        assert torch.linalg.matrix_norm(views[spec.name], ord=2) <= 0.8 * 1.05, spec.name
+
+
+def test_batched_and_separate_per_loss_gradients_agree() -> None:
+    config = tiny_config()
+    state = tiny_state(config)
+    params = state.online
+    x = torch.randn(7, 12)
+    views = state.main.views(params)
+    hidden = torch.relu(x @ views["trunk1_w"].t())
+    losses = {"a": hidden.pow(2).mean(), "b": hidden.sin().sum()}
+    separate = per_loss_gradients(losses, params)
+    batched = per_loss_gradients(losses, params, batched=True)
+    for name in losses:
+        assert torch.allclose(separate[name], batched[name], atol=1e-6)
+
+
+def test_target_network_gets_no_gradient_and_only_moves_by_ema() -> None:
+    config = tiny_config(optim={"target_tau": 0.5})
+    state = tiny_state(config)
+    target_before = state.target.clone()
+    train_step(state, random_batch(state, 16), _draws(state, 16), Hyper.from_config(config))
+    expected = torch.lerp(target_before, state.online.detach(), 0.5)
+    assert torch.allclose(state.target, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("step, vaccine, causal", [(0, True, True), (10, True, False), (7, False, False)])
+def test_periodic_flags(step: int, vaccine: bool, causal: bool) -> None:
+    config = tiny_config()
+    assert StepFlags.for_step(step, config) == StepFlags(vaccine=vaccine, causal=causal)
+    off = tiny_config(loss={"vaccine": False, "causal": False})
+    assert StepFlags.for_step(step, off) == StepFlags()
+
+
+def test_disabled_components_produce_no_loss() -> None:
+    config = tiny_config(
+        loss={"cql": False, "iqn": False, "iql": False, "attention": False, "vaccine": False, "causal": False},
+        model={"ensemble_heads": 0},
+    )
+    state = tiny_state(config)
+    attn_before = state.attn_params.detach().clone()
+    output = train_step(state, random_batch(state, 16), _draws(state, 16), Hyper.from_config(config))
+    assert set(output.losses) == {"c51"}
+    assert torch.equal(attn_before, state.attn_params.detach())
