@@ -60,8 +60,11 @@ class BenchOptions:
     warmup: int = 20
     steps_per_replay: int = 10
     timer_overhead: bool = True
+    """Also time eager and zerocopy with StepTimer disabled (in the first configuration)."""
     seed: int = 0
     overrides: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+    """"config:method" pairs not to run (e.g. "full:compile" where its compile time does not fit)."""
 
 
 @dataclass
@@ -111,6 +114,7 @@ def bench_spec(config: TrainConfig) -> EnvSpec:
 def fill_replay(replay: ReplayBuffer, rows: int, seed: int, chunk: int = 1 << 17) -> None:
     """Write `rows` random transitions in whole episodes of EPISODE steps (random, so batches differ)."""
     spec, device = replay.spec, replay.device
+    chunk = max(EPISODE, chunk // EPISODE * EPISODE)  # `extend` starts an episode at each block's start
     generator = torch.Generator(device).manual_seed(seed)
     written = 0
     while written < rows:
@@ -162,6 +166,7 @@ class CompiledEagerPlan:
         static = [*state.tensors().values(), *vars(self.batch).values(), *vars(self.draws).values(), state.atoms]
         for tensor in static:
             torch._dynamo.mark_static_address(tensor)
+        torch._functorch.config.donated_buffer = False  # one backward per budgeted loss: retain_graph
         self.step_fn = torch.compile(train_step, mode=mode)
 
     def run(self, step: int) -> StepOutput:
@@ -312,6 +317,9 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
         priorities = {key: tensor.clone() for key, tensor in replay.sampler.state_dict().items()}
         eager_ms: float | None = None
         for method in options.methods:
+            if f"{name}:{method}" in options.skip:
+                results.append(Result(config=name, method=method, error="skipped (--skip)"))
+                continue
             result = time_method(name, method, config, replay, priorities, options)
             if method == "eager":
                 eager_ms = result.ms_median
@@ -320,7 +328,7 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
             results.append(result)
             timing = f"{result.ms_median:.3f} ms/step (setup {result.setup_s:.1f}s)" if result.ms_median else ""
             log(f"[{name}] {method}: {result.error or timing}")
-        if options.timer_overhead:
+        if options.timer_overhead and name == options.configs[0]:
             for method in [m for m in ("eager", "zerocopy") if m in options.methods]:
                 on = next(r for r in results if r.config == name and r.method == method)
                 off = time_method(name, method, config, replay, priorities, options, timer_enabled=False)

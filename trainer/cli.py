@@ -70,9 +70,12 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Timed windows per method (the median is reported).")] = 5,
     warmup: Annotated[int, typer.Option(help="Untimed steps first (capture, compilation).")] = 20,
     steps_per_replay: Annotated[int, typer.Option(help="K steps per graph replay (zerocopy).")] = 10,
-    timer_overhead: Annotated[bool, typer.Option(help="Also time eager and zerocopy with StepTimer off.")] = True,
+    timer_overhead: Annotated[
+        bool, typer.Option(help="Also time eager and zerocopy with StepTimer off (first config).")
+    ] = True,
     device: Annotated[str, typer.Option(help="cuda, cpu or auto.")] = "auto",
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png, bench.md.")] = Path("bench-out"),
+    skip: Annotated[list[str] | None, typer.Option(help="config:method not to run, e.g. full:compile.")] = None,
     override: OverrideOption = None,
 ) -> None:
     """Time every plan beside eager and torch.compile on the pinned model; print the table, write JSON/PNG/MD."""
@@ -94,6 +97,7 @@ def bench(
         steps_per_replay=steps_per_replay,
         timer_overhead=timer_overhead,
         overrides=override or [],
+        skip=skip or [],
     )
     if device not in ("auto", "cpu", "cuda"):
         raise fail(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -191,18 +195,17 @@ def hyperopt_trial(
     storage: StorageOption,
     study: StudyOption,
     config: ConfigOption = None,
-    run_dir: Annotated[Path | None, typer.Option(help="Output folder of this trial (default runs/<time>).")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Output folder (default runs/<study>-trial-<n>).")] = None,
     trial_steps: Annotated[int | None, typer.Option(min=1, help="run.steps of the trial (default: config's).")] = None,
 ) -> None:
     """Train one trial with its stored parameters and tell the study its objective (or FAIL)."""
     from trainer.hyperopt import open_study, run_trial
-    from trainer.train import default_run_dir
 
     def body() -> None:
         base = load_config(config)
         opened = open_study(storage, study, create=False)
         extra = [f"run.steps={trial_steps}"] if trial_steps is not None else []
-        run_trial(opened, trial, base, run_dir or default_run_dir(), typer.echo, extra)
+        run_trial(opened, trial, base, run_dir or Path("runs") / f"{study}-trial-{trial}", typer.echo, extra)
 
     _hyperopt_call(body)
 

@@ -203,8 +203,19 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. optim.lr=3e-4")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        _set_dotted(tree, key.strip(), _scalar(raw))
     return tree
+
+
+def _scalar(raw: str) -> Any:
+    """A YAML scalar, except that YAML 1.1's strings like `3e-4` are read as the numbers users mean."""
+    value = yaml.safe_load(raw)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -183,8 +183,7 @@ def suggest(study: optuna.Study, space: dict[str, BaseDistribution], trials: int
     while len(study.get_trials(deepcopy=False)) < trials:
         trial = study.ask(space)
         log(f"trial {trial.number}: {_describe(trial.params)}")
-    unfinished = (TrialState.RUNNING, TrialState.WAITING)
-    return [t.number for t in study.get_trials(deepcopy=False, states=unfinished)][:trials]
+    return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))][:trials]
 
 
 def _describe(params: dict[str, Any]) -> str:

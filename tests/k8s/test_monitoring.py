@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -29,7 +30,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "namespace": "foxhunt-test",
-                "components": [str(COMPONENT)],
+                "components": [os.path.relpath(COMPONENT, root)],  # Kustomize refuses absolute paths
             }
         )
     )

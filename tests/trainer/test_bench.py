@@ -85,7 +85,7 @@ def test_run_bench_times_methods_and_timer_overhead(tmp_path: Path) -> None:
         assert result["epoch_s"] == pytest.approx(result["ms_median"] * 2.0)
         assert all(value == value for value in result["losses"].values())  # finite losses were read back
     assert results[0]["speedup"] == pytest.approx(1.0)
-    assert [row["method"] for row in document["timer_overhead"]] == ["eager", "eager"]
+    assert [(row["config"], row["method"]) for row in document["timer_overhead"]] == [("core", "eager")]
 
     table = format_table(document)
     assert "eager" in table and "timer overhead [core eager]" in table

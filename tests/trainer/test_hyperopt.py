@@ -68,6 +68,7 @@ def states(storage: str, name: str) -> dict[int, TrialState]:
     return {t.number: t.state for t in optuna.load_study(study_name=name, storage=storage).get_trials()}
 
 
+@pytest.mark.filterwarnings("ignore:Fixed parameter optim.lr:UserWarning")
 def test_run_searches_then_trains_the_best_config_in_full(config_file: Path, storage: str, tmp_path: Path) -> None:
     out = tmp_path / "search"
     optuna.create_study(study_name="local", storage=storage, direction="maximize").enqueue_trial({"optim.lr": 2.0})
@@ -102,13 +103,15 @@ def test_suggest_trial_best_with_a_crashing_trial(config_file: Path, storage: st
     # Trial 1 trains on a config whose dataset is missing: the trainer raises, the study records FAIL.
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump({**TINY, "data": {"source": "offline", "dataset": str(tmp_path / "no.npz")}}))
-    code, _, stderr = invoke("trial", "--trial", "1", "--config", str(broken), *study, "--run-dir", str(tmp_path / "t1"))
+    code, _, stderr = invoke(
+        "trial", "--trial", "1", "--config", str(broken), *study, "--run-dir", str(tmp_path / "t1")
+    )
     assert code == 1
     assert stderr.startswith("error: trial 1 failed: DatasetError") and stderr.count("\n") == 1
     for number in (0, 2):
         run_dir = tmp_path / f"t{number}"
         code, stdout, stderr = invoke("trial", "--trial", str(number), "--config", str(config_file), *study,
-                                      "--run-dir", str(run_dir))  # fmt: skip
+                                      "--run-dir", str(run_dir), "--trial-steps", "5")  # fmt: skip
         assert code == 0, stderr
         assert f"trial {number}: eval_return_mean=" in stdout
     assert states(storage, "fan") == {0: TrialState.COMPLETE, 1: TrialState.FAIL, 2: TrialState.COMPLETE}
@@ -143,7 +146,9 @@ def test_unknown_study_exits_2(command: str, config_file: Path, storage: str) ->
 
 def test_unknown_trial_and_unreachable_storage_exit_2(config_file: Path, storage: str, tmp_path: Path) -> None:
     open_study(storage, "s", create=True)
-    code, _, stderr = invoke("trial", "--trial", "7", "--storage", storage, "--study", "s", "--config", str(config_file))
+    code, _, stderr = invoke(
+        "trial", "--trial", "7", "--storage", storage, "--study", "s", "--config", str(config_file)
+    )
     assert code == 2 and "has no trial 7" in stderr
     nowhere = f"sqlite:///{tmp_path / 'no' / 'dir' / 'o.db'}"
     code, _, stderr = invoke("suggest", "--trials", "1", "--storage", nowhere, "--study", "s")
@@ -189,7 +194,7 @@ def test_bad_space_file_exits_2_before_any_trial(config_file: Path, storage: str
     ],
 )
 def test_parse_space_rejects_malformed_specs(spec: object, message: str) -> None:
-    with pytest.raises(HyperoptError, match="^[^\n]*$") as caught:
+    with pytest.raises(HyperoptError, match=r"^[^\n]*$") as caught:
         parse_space(spec)
     assert message in str(caught.value)
 
@@ -197,11 +202,11 @@ def test_parse_space_rejects_malformed_specs(spec: object, message: str) -> None
 def test_check_space_validates_every_bound_and_choice_through_the_config() -> None:
     base = build_config(TINY)
     check_space(parse_space(DEFAULT_SPACE), base)
-    with pytest.raises(HyperoptError, match="space optim.nope: 0.1 does not make a valid config"):
+    with pytest.raises(HyperoptError, match=r"space optim\.nope: 0\.1 does not make a valid config"):
         check_space(parse_space({"optim.nope": {"type": "float", "low": 0.1, "high": 0.2}}), base)
-    with pytest.raises(HyperoptError, match="space run.plan: 'turbo'"):
+    with pytest.raises(HyperoptError, match=r"space run\.plan: 'turbo'"):
         check_space(parse_space({"run.plan": {"type": "categorical", "choices": ["graph", "turbo"]}}), base)
-    with pytest.raises(HyperoptError, match="run.eval_episodes is 0"):
+    with pytest.raises(HyperoptError, match=r"run\.eval_episodes is 0"):
         check_space(parse_space(DEFAULT_SPACE), build_config(TINY, ["run.eval_episodes=0"]))
 
 

@@ -18,7 +18,8 @@ def test_a_step_updates_every_network_and_reports_every_loss() -> None:
     state = tiny_state(config)
     before = _snapshot(state)
     batch = random_batch(state, 16)
-    output = train_step(state, batch, _draws(state, 16), Hyper.from_config(config), StepFlags(vaccine=True, causal=True))
+    flags = StepFlags(vaccine=True, causal=True)
+    output = train_step(state, batch, _draws(state, 16), Hyper.from_config(config), flags)
     assert bool(output.ok)
     assert set(output.losses) == {"c51", "cql", "iqn", "ensemble", "vaccine", "iql", "attention"}
     assert all(torch.isfinite(value) for value in output.losses.values())

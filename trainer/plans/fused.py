@@ -67,6 +67,8 @@ def compile_step(mode: str | None = COMPILE_MODE) -> Callable[..., StepOutput]:
     """`train_step` through Inductor, one wrapper per mode: Dynamo's cache (per code object and
     wrapper) then serves every plan instance and variant compiled before, instead of recompiling."""
     options: dict[str, Any] = {"mode": mode} if mode else {}
+    # train_step backpropagates through the same forward once per budgeted loss (retain_graph).
+    torch._functorch.config.donated_buffer = False
     return torch.compile(train_step, dynamic=False, **options)  # type: ignore[return-value]
 
 

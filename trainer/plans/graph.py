@@ -54,6 +54,10 @@ class GraphPlan:
         self.hp = Hyper.from_config(config)
         self.batch = replay.empty_batch(config.run.batch_size)
         self.draws = Draws.empty(state.dims, config.run.batch_size, self.device)
+        # Valid values for the warm-up before the first real fill (empty memory may hold any index).
+        self.draws.tau.fill_(0.5)
+        self.draws.tau_target.fill_(0.5)
+        self.draws.perm.copy_(torch.arange(config.run.batch_size, device=self.device))
         self.router = StreamRouter(self.device) if self.streams else None
         self.pool = torch.cuda.graph_pool_handle()
         self.capture_stream = torch.cuda.Stream(self.device)

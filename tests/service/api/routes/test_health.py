@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from service.app import create_app
 from tests.service.conftest import Controller
+from tests.service.factories import free_port, make_settings
 
 
 def test_healthz_and_readyz_need_no_token(controller: Controller) -> None:
@@ -10,12 +16,13 @@ def test_healthz_and_readyz_need_no_token(controller: Controller) -> None:
     assert controller.request("GET", "/readyz", as_="nobody").json() == {"status": "ready"}
 
 
-def test_readyz_is_503_when_the_store_is_gone(controller: Controller) -> None:
-    controller.services.store.engine.dispose()
-    controller.services.store.engine.url = controller.services.store.engine.url.set(database="/nonexistent/dir/x.db")
-    broken = controller.request("GET", "/readyz", as_="nobody")
+def test_readyz_is_503_when_the_store_is_unreachable(tmp_path: Path) -> None:
+    url = f"postgresql://nobody@127.0.0.1:{free_port()}/foxhunt"  # nothing listens there
+    settings = make_settings(tmp_path, database_url=url, migrate_on_start=False, run_reconciler=False)
+    with TestClient(create_app(settings)) as client:
+        broken = client.get("/readyz")
     assert broken.status_code == 503 and broken.headers["content-type"] == "application/problem+json"
-    assert broken.json()["detail"].startswith("store unreachable")
+    assert broken.json()["detail"] == "store unreachable: OperationalError"
 
 
 def test_metrics_expose_requests_jobs_by_state_and_submissions(controller: Controller) -> None:

@@ -1,0 +1,44 @@
+"""Schemathesis against the app's own OpenAPI document: no 5xx, every response matches its schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from service.app import create_app
+from service.auth import create_token
+from tests.service.factories import make_settings
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The app without the reconciler (generated jobs are stored, never run) and a token for it."""
+    config = make_settings(tmp_path_factory.mktemp("openapi"), run_reconciler=False)
+    app = create_app(config)
+    secret, _ = create_token(app.state.services.store, name="fuzz", tenant="team-a")
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema.config.headers = {"Authorization": f"Bearer {secret}"}
+    return schema
+
+
+schema = schemathesis.pytest.from_fixture("api")
+
+
+@schema.parametrize()
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+def test_api_conforms_to_its_openapi_document(case: schemathesis.Case) -> None:
+    case.call_and_validate()
+
+
+def test_every_error_is_documented_as_problem_json(api: Any) -> None:
+    document = api.raw_schema
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for code, response in operation["responses"].items():
+                if code[0] in "45":
+                    assert list(response["content"]) == ["application/problem+json"], (method, path, code)
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    assert document["paths"]["/v1/jobs"]["post"]["operationId"] == "jobs-submit_job"

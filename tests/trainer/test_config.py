@@ -1,0 +1,65 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.config import ConfigError, TrainConfig, build_config, load_config, parse_overrides
+
+
+def test_defaults_are_the_pinned_model() -> None:
+    config = TrainConfig()
+    assert (config.model.hidden, config.model.atoms, config.run.batch_size) == (256, 51, 1024)
+    assert (config.model.v_min, config.model.v_max, config.loss.gamma) == (-10.0, 10.0, 0.99)
+    assert config.replay.capacity == 1_000_000
+
+
+def test_yaml_and_json_load_with_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 0.001\nrun:\n  steps: 10\n")
+    config = load_config(path, ["run.steps=20", "loss.cql=false"])
+    assert config.optim.lr == 0.001 and config.run.steps == 20 and config.loss.cql is False
+    json_path = tmp_path / "c.json"
+    json_path.write_text(json.dumps(config.model_dump(mode="json")))
+    assert load_config(json_path) == config
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.lr=-1"], "optim.lr: Input should be greater than 0 (got -1)"),
+        (["model.hidden=big"], "model.hidden: Input should be a valid integer"),
+        (["run.plan=turbo"], "run.plan: Input should be"),
+        (["model.nope=1"], "model.nope: Extra inputs are not permitted"),
+        (["model.v_min=5", "model.v_max=1"], "v_max (1.0) must be greater than v_min (5.0)"),
+        (["optim.budget_c51=0.9"], "gradient budgets sum to 1.300"),
+        (["run.batch_size=100", "replay.capacity=50"], "run.batch_size (100) exceeds replay.capacity (50)"),
+        (["data.source=offline"], "data.dataset is required"),
+        (["lr"], "expected key=value"),
+    ],
+)
+def test_validation_errors_name_the_field_and_value(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config({}, overrides)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML/JSON"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(scalar)
+
+
+def test_override_values_parse_as_yaml_scalars() -> None:
+    assert parse_overrides(["a.b=3", "a.c=true", "d=1e-3", "e=text"]) == {
+        "a": {"b": 3, "c": True},
+        "d": 1e-3,
+        "e": "text",
+    }
