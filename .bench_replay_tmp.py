@@ -35,6 +35,9 @@ full = lambda: (rb.sample_into(b, step), rb.update_priorities(b.index, b.reward)
 tree_sample = lambda: rb.sampler.sample(1024, step, g)
 upd = lambda: rb.sampler.update(b.index, b.reward)
 win = lambda: rb.storage.window(b.index, 16)
+rb.sampler.search = "cdf"
+eager_ms(full, "cdf sample_into+update"); graph_ms(full, "cdf sample_into+update")
+raise SystemExit
 for fn, label in [(full, "sample_into+update"), (tree_sample, "tree sample"), (upd, "tree update"), (win, "window")]:
     eager_ms(fn, label); graph_ms(fn, label)
 # alternative: inverse CDF over the leaves (cumsum + searchsorted)

@@ -16,6 +16,7 @@ retried pod resumes it from its checkpoint and then tells the study.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -120,14 +121,23 @@ def load_space(path: Path | None) -> dict[str, BaseDistribution]:
     return parse_space(data)
 
 
-def param_overrides(params: dict[str, Any]) -> list[str]:
-    """Trial parameters as dotted overrides; JSON values are YAML, so strings stay strings."""
-    return [f"{name}={json.dumps(value)}" for name, value in sorted(params.items())]
+def with_params(document: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a config document with each dotted parameter set to its exact sampled value."""
+    tree = copy.deepcopy(document)
+    for name, value in params.items():
+        *sections, field = name.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {section} is not a section")
+        node[field] = value
+    return tree
 
 
 def trial_config(base: TrainConfig, params: dict[str, Any], extra: list[str] | None = None) -> TrainConfig:
     """Base config plus the trial's parameters (and `extra` overrides), validated; ConfigError if not."""
-    return build_config(base.model_dump(mode="json"), param_overrides(params) + (extra or []))
+    return build_config(with_params(base.model_dump(mode="json"), params), extra)
 
 
 def _corners(distribution: BaseDistribution) -> list[Any]:

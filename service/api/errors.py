@@ -44,7 +44,15 @@ class ProblemResponse(JSONResponse):
     media_type = PROBLEM_MEDIA_TYPE
 
 
-def problem(status: int, slug: str, title: str, detail: str, request: Request, **extra: Any) -> ProblemResponse:
+def problem(
+    status: int,
+    slug: str,
+    title: str,
+    detail: str,
+    request: Request,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> ProblemResponse:
     body = Problem(
         type=f"urn:foxhunt:problem:{slug}",
         title=title,
@@ -53,7 +61,7 @@ def problem(status: int, slug: str, title: str, detail: str, request: Request, *
         instance=request.url.path,
         **extra,
     )
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {**(headers or {}), **({"WWW-Authenticate": "Bearer"} if status == 401 else {})}
     return ProblemResponse(body.model_dump(mode="json", exclude_none=True), status_code=status, headers=headers)
 
 
@@ -79,7 +87,7 @@ def _validation(request: Request, error: Exception) -> ProblemResponse:
 def _http(request: Request, error: Exception) -> ProblemResponse:
     assert isinstance(error, StarletteHTTPException)
     title = _TITLES.get(error.status_code, "Error")
-    return problem(error.status_code, "http", title, str(error.detail), request)
+    return problem(error.status_code, "http", title, str(error.detail), request, headers=dict(error.headers or {}))
 
 
 def install(app: FastAPI) -> None:

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from trainer.cli import app
-from trainer.config import TrainConfig, build_config, load_config
+from trainer.config import ConfigError, TrainConfig, build_config, load_config
 from trainer.hyperopt import (
     DEFAULT_SPACE,
     HyperoptError,
@@ -23,7 +23,6 @@ from trainer.hyperopt import (
     check_space,
     objective_of,
     open_study,
-    param_overrides,
     parse_space,
     trial_config,
 )
@@ -210,12 +209,13 @@ def test_check_space_validates_every_bound_and_choice_through_the_config() -> No
         check_space(parse_space(DEFAULT_SPACE), build_config(TINY, ["run.eval_episodes=0"]))
 
 
-def test_parameters_apply_as_exact_dotted_overrides() -> None:
+def test_parameters_apply_with_their_exact_values() -> None:
     params = {"optim.lr": 1e-05, "run.plan": "graph", "loss.cql": False, "model.hidden": 32, "data.dataset": "1.5"}
-    assert param_overrides({"optim.lr": 1e-05}) == ["optim.lr=1e-05"]
-    config = trial_config(build_config(TINY), params)
+    config = trial_config(build_config(TINY), params, ["run.steps=5"])
     assert config.optim.lr == 1e-05 and config.run.plan == "graph" and config.loss.cql is False
-    assert config.model.hidden == 32 and config.data.dataset == "1.5"
+    assert config.model.hidden == 32 and config.data.dataset == "1.5" and config.run.steps == 5
+    with pytest.raises(ConfigError, match=r"^run\.steps\.x: steps is not a section$"):
+        trial_config(build_config(TINY), {"run.steps.x": 1})
 
 
 @pytest.mark.parametrize(

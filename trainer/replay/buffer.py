@@ -7,6 +7,8 @@ losses back by slot. Only `add`/`extend` run host code (the host produces the ro
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -20,10 +22,19 @@ from trainer.replay.writer import RingWriter
 
 
 class ReplayBuffer:
-    """GPU-resident prioritised replay for one run (`config.replay`, window `config.model.attn_window`)."""
+    """GPU-resident prioritised replay for one run (`config.replay`, window `config.model.attn_window`).
+
+    `search` picks how the sampler finds slots ("tree" descent or "cdf" search; same draws).
+    """
 
     def __init__(
-        self, config: TrainConfig, spec: EnvSpec, device: torch.device | str, generator: torch.Generator
+        self,
+        config: TrainConfig,
+        spec: EnvSpec,
+        device: torch.device | str,
+        generator: torch.Generator,
+        *,
+        search: Literal["tree", "cdf"] = "tree",
     ) -> None:
         replay = config.replay
         self.spec = spec
@@ -39,6 +50,7 @@ class ReplayBuffer:
             beta_end=replay.beta_end,
             total_steps=config.run.steps,
             eps=replay.priority_eps,
+            search=search,
         )
         self.writer = RingWriter(self.storage, self.sampler, config.data.num_envs)
         self.her: HindsightRelabeler | None = None

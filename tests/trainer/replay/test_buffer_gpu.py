@@ -16,15 +16,19 @@ from .conftest import episode_rows, stack_rows
 pytestmark = pytest.mark.gpu
 
 
-def filled(config: TrainConfig, spec: EnvSpec) -> ReplayBuffer:
-    buffer = ReplayBuffer(config, spec, "cuda", torch.Generator("cuda").manual_seed(0))
+def filled(config: TrainConfig, spec: EnvSpec, search: str = "tree") -> ReplayBuffer:
+    generator = torch.Generator("cuda").manual_seed(0)
+    buffer = ReplayBuffer(config, spec, "cuda", generator, search=search)  # type: ignore[arg-type]
     for step in range(40):
         buffer.add(stack_rows([episode_rows(e, range(step % 9, step % 9 + 1), e, length=9) for e in (1, 2)]))
     return buffer
 
 
-def test_sample_and_update_do_not_sync(make_config: Callable[..., TrainConfig], goal_spec: EnvSpec) -> None:
-    buffer = filled(make_config(capacity=64, num_envs=2, storage_dtype="bfloat16"), goal_spec)
+@pytest.mark.parametrize("search", ["tree", "cdf"])
+def test_sample_and_update_do_not_sync(
+    make_config: Callable[..., TrainConfig], goal_spec: EnvSpec, search: str
+) -> None:
+    buffer = filled(make_config(capacity=64, num_envs=2, storage_dtype="bfloat16"), goal_spec, search)
     batch = buffer.empty_batch(32)
     step = torch.zeros((), dtype=torch.int64, device="cuda")
     torch.cuda.synchronize()
@@ -39,9 +43,12 @@ def test_sample_and_update_do_not_sync(make_config: Callable[..., TrainConfig], 
     assert batch.obs.is_cuda and (batch.weight <= 1).all()
 
 
-def test_sample_into_replays_in_a_cuda_graph(make_config: Callable[..., TrainConfig], goal_spec: EnvSpec) -> None:
+@pytest.mark.parametrize("search", ["tree", "cdf"])
+def test_sample_into_replays_in_a_cuda_graph(
+    make_config: Callable[..., TrainConfig], goal_spec: EnvSpec, search: str
+) -> None:
     config = make_config(capacity=64, num_envs=2)
-    graphed, eager = filled(config, goal_spec), filled(config, goal_spec)
+    graphed, eager = filled(config, goal_spec, search), filled(config, goal_spec, search)
     static = graphed.empty_batch(32)
     step = torch.zeros((), dtype=torch.int64, device="cuda")
     stream = torch.cuda.Stream()

@@ -10,13 +10,13 @@ import torch
 from trainer.replay.sampler import PrioritizedSampler
 
 
-def make(capacity: int = 64, alpha: float = 0.6, **kwargs: float) -> PrioritizedSampler:
+def make(capacity: int = 64, alpha: float = 0.6, **kwargs: float | str) -> PrioritizedSampler:
     args = {"beta_start": 0.4, "beta_end": 1.0, "total_steps": 100, **kwargs}
     return PrioritizedSampler(capacity, "cpu", alpha=alpha, **args)  # type: ignore[arg-type]
 
 
-def filled(capacity: int, priorities: torch.Tensor, alpha: float = 0.6) -> PrioritizedSampler:
-    sampler = make(capacity, alpha)
+def filled(capacity: int, priorities: torch.Tensor, alpha: float = 0.6, search: str = "tree") -> PrioritizedSampler:
+    sampler = make(capacity, alpha, search=search)
     slots = torch.arange(priorities.numel())
     sampler.on_write(slots, priorities.numel())
     sampler.update(slots, priorities - sampler.eps)  # p_i = |loss| + eps = priorities
@@ -28,12 +28,12 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_sampling_frequencies_follow_priorities(alpha: float) -> None:
+@pytest.mark.parametrize(("alpha", "search"), [(0.0, "tree"), (0.6, "tree"), (1.0, "tree"), (0.6, "cdf")])
+def test_sampling_frequencies_follow_priorities(alpha: float, search: str) -> None:
     n = 50  # capacity 64: 14 empty leaves must never be drawn
     gen = torch.Generator().manual_seed(1)
     priorities = torch.rand(n, generator=gen, dtype=torch.float64) * 4 + 0.1
-    sampler = filled(64, priorities, alpha)
+    sampler = filled(64, priorities, alpha, search)
     counts = torch.zeros(64, dtype=torch.float64)
     draws = 0
     for _ in range(100):
@@ -48,6 +48,17 @@ def test_sampling_frequencies_follow_priorities(alpha: float) -> None:
     if alpha > 0:
         uniform = torch.full((n,), draws / n, dtype=torch.float64)
         assert float(((counts[:n] - uniform) ** 2 / uniform).sum()) > chi2_critical(n - 1)
+
+
+def test_tree_descent_and_cdf_search_draw_the_same_slots() -> None:
+    gen = torch.Generator().manual_seed(4)
+    priorities = torch.rand(90, generator=gen, dtype=torch.float64) * torch.randint(0, 2, (90,), generator=gen)
+    tree, cdf = filled(100, priorities + 1e-3, 0.7, "tree"), filled(100, priorities + 1e-3, 0.7, "cdf")
+    for step in range(5):
+        state = gen.get_state()
+        want = tree.sample(512, step, gen)
+        gen.set_state(state)
+        torch.testing.assert_close(cdf.sample(512, step, gen), want)
 
 
 def test_importance_weights_match_formula() -> None:
@@ -114,9 +125,10 @@ def test_new_rows_get_max_priority_and_nan_loss_is_ignored() -> None:
         ({"beta_end": 2.0}, r"replay.beta_end must be in \[0, 1\]"),
         ({"total_steps": 0}, "total_steps"),
         ({"eps": 0.0}, "priority eps"),
+        ({"search": "linear"}, "search must be 'tree' or 'cdf'"),
     ],
 )
-def test_bad_parameters_raise_clear_errors(kwargs: dict[str, float], message: str) -> None:
+def test_bad_parameters_raise_clear_errors(kwargs: dict[str, float | str], message: str) -> None:
     args = {"alpha": 0.6, "beta_start": 0.4, "beta_end": 1.0, "total_steps": 10, **kwargs}
     with pytest.raises(ValueError, match=message):
         PrioritizedSampler(16, "cpu", **args)  # type: ignore[arg-type]
