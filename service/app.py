@@ -134,7 +134,7 @@ def create_app(
             from fastapi.openapi.utils import get_openapi
 
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
-            app.openapi_schema = errors.problem_openapi(schema)
+            app.openapi_schema = errors.problem_openapi(schema, [pool.name for pool in pools_config])
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

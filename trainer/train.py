@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry
 from tqdm import tqdm
 
 from trainer.checkpoint import Checkpoint, Checkpointer, decode_generator, encode_generator
 from trainer.config import STEPS_PER_EPOCH, TrainConfig, dump_config
 from trainer.data import make_source
 from trainer.data.gym_source import linear_epsilon
+from trainer.metrics import Exporter, TrainerMetrics, build_info, push, resolve_metrics_port, serve
 from trainer.model import ModelDims, greedy_action
 from trainer.plans import make_plan
 from trainer.replay.buffer import ReplayBuffer
@@ -35,6 +37,7 @@ from trainer.state import TrainState
 from trainer.timing import StepTimer, format_breakdown
 
 EXIT_TERMINATED = 143
+MODEL_NAME = "c51-branching"
 
 
 def default_run_dir() -> Path:
@@ -84,6 +87,7 @@ class Run:
     generator: torch.Generator
     explore_generator: torch.Generator
     checkpointer: Checkpointer
+    metrics: TrainerMetrics
     step: int = 0
     wall_seconds: float = 0.0
     last_report: dict[str, Any] = field(default_factory=dict)
@@ -117,9 +121,15 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
     plan = make_plan(config.run.plan, state, replay, config, timer, generator)
     checkpoint_url = os.environ.get("FOXHUNT_CHECKPOINT_URL") or str(run_dir / "checkpoints")
     explore_generator = torch.Generator(device=device).manual_seed(config.run.seed + 1)
+    metrics = TrainerMetrics(
+        CollectorRegistry(), plan=plan.name, info=build_info(plan=plan.name, model=MODEL_NAME, device=str(device))
+    )
+    metrics.attach_timer(timer)
+    metrics.gpu_memory(device)
+    metrics.learning_rates({"main": config.optim.lr, "aux": config.optim.aux_lr})
     return Run(
         config, run_dir, device, state, replay, source, timer, plan, generator, explore_generator,
-        Checkpointer(checkpoint_url),
+        Checkpointer(checkpoint_url), metrics,
     )
 
 
@@ -181,6 +191,14 @@ def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> di
         "replay_size": len(run.replay),
         "wall_seconds": run.wall_seconds,
     }
+    metrics = run.metrics
+    metrics.set_losses(losses)
+    metrics.guard_skips(progress["guard_skips"])
+    priorities = run.replay.sampler.priorities()[: len(run.replay)]
+    if len(priorities):
+        metrics.replay(len(run.replay), *(float(p) for p in (priorities.min(), priorities.mean(), priorities.max())))
+    if run.config.loss.causal:
+        metrics.causal(run.state.causal_effects.tolist())
     finished = getattr(run.source, "finished_returns", None)
     if finished:
         progress["train_return_mean"] = float(np.mean(finished[-20:]))
@@ -205,12 +223,17 @@ def run_training(
     fill_replay(run)
     termination = _Termination()
     termination.install()
+    port = resolve_metrics_port(config.run.metrics_port)
+    exporter: Exporter | None = serve(run.metrics.registry, port) if port is not None else None
+    if exporter is not None:
+        out(f"serving metrics on :{exporter.port}/metrics")
 
     online = config.data.source != "offline"
     bar = tqdm(total=config.run.steps, initial=run.step, disable=not show_progress, unit="step", file=sys.stderr)
     say = tqdm.write if show_progress else out
     losses: dict[str, float] = {}
     started = time.perf_counter() - run.wall_seconds
+    epoch_started = time.perf_counter()
     while run.step < config.run.steps:
         if termination.requested:
             run.wall_seconds = time.perf_counter() - started
@@ -228,7 +251,11 @@ def run_training(
         output = run.plan.run(run.step)
         run.timer.end_step()
         run.step += run.plan.steps_per_call
+        run.metrics.steps_done(run.plan.steps_per_call)
         bar.update(run.plan.steps_per_call)
+        if run.step % STEPS_PER_EPOCH == 0:
+            run.metrics.epoch_done(time.perf_counter() - epoch_started)
+            epoch_started = time.perf_counter()
         if run.step % config.run.log_every == 0 or run.step >= config.run.steps:
             run.wall_seconds = time.perf_counter() - started
             losses = {name: float(value) for name, value in output.losses.items()}
@@ -252,6 +279,11 @@ def run_training(
         "parameters": run.state.parameter_count(),
     }
     write_json_atomic(run_dir / "summary.json", summary)
+    pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
+    if pushgateway:
+        push(run.metrics.registry, pushgateway, run.metrics.info_labels()["job_id"])
+    if exporter is not None:
+        exporter.close()
     if returns:
         out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
     return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -84,10 +85,25 @@ def _validation(request: Request, error: Exception) -> ProblemResponse:
     return problem(422, "validation", "Invalid request", detail, request, errors=errors)
 
 
+def _allowed_methods(request: Request) -> str | None:
+    """Every method the OpenAPI document lists for this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = "^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, request.url.path):
+            methods.update(m.upper() for m in operations)
+    return ", ".join(sorted(methods)) or None
+
+
 def _http(request: Request, error: Exception) -> ProblemResponse:
     assert isinstance(error, StarletteHTTPException)
     title = _TITLES.get(error.status_code, "Error")
-    return problem(error.status_code, "http", title, str(error.detail), request, headers=dict(error.headers or {}))
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        allowed = _allowed_methods(request)
+        if allowed:
+            headers["Allow"] = allowed
+    return problem(error.status_code, "http", title, str(error.detail), request, headers=headers)
 
 
 def install(app: FastAPI) -> None:
@@ -102,14 +118,21 @@ def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": Problem, "description": _TITLES.get(code, "Problem details")} for code in codes}
 
 
-def problem_openapi(schema: dict[str, Any]) -> dict[str, Any]:
-    """Every 4xx/5xx response in the document is problem+json with the Problem schema."""
+def problem_openapi(schema: dict[str, Any], pools: list[str]) -> dict[str, Any]:
+    """Every 4xx/5xx response is problem+json with the Problem schema; `pool` lists the configured pools."""
     ref = {"$ref": "#/components/schemas/Problem"}
     for path in schema.get("paths", {}).values():
         for operation in path.values():
             for code, response in operation.get("responses", {}).items():
                 if code[0] in "45":
                     response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": ref}}
+    job_create = schema.get("components", {}).get("schemas", {}).get("JobCreate")
+    if job_create is not None:
+        job_create["properties"]["pool"] = {
+            "anyOf": [{"type": "string", "enum": pools}, {"type": "null"}],
+            "title": "Pool",
+            "description": "GPU pool (one of the configured pools); the first pool if omitted.",
+        }
     for name in ("HTTPValidationError", "ValidationError"):
         schema.get("components", {}).get("schemas", {}).pop(name, None)
     return schema

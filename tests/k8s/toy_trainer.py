@@ -75,6 +75,7 @@ class ToyTrainer:
         """One timed step; every component name is a real section of the plan."""
         t = self.timer
         self.step_index += 1
+        self.losses = {}  # the guard judges this step's losses only
         self.size = min(CAPACITY, self.size + BATCH)
         with t.section("sample"):
             probs = self.priority[: self.size] / self.priority[: self.size].sum()

@@ -16,6 +16,8 @@ from service.backends.base import BackendError, BackendNotFound
 from service.domain import JobState
 from service.store import JobRecord, parse_label_selector
 
+LABEL_SELECTOR = r"^[^,=\s]+=[^,=\s]*(,[^,=\s]+=[^,=\s]*)*$"
+
 router = APIRouter(prefix=f"{V1}/jobs", tags=["jobs"], responses=problems(401, 422))
 
 
@@ -55,7 +57,9 @@ def list_jobs(
     store: StoreDep,
     state: JobState | None = None,
     pool: Annotated[str | None, Query(max_length=63)] = None,
-    label_selector: Annotated[str | None, Query(max_length=1024, description="key=value[,key=value]")] = None,
+    label_selector: Annotated[
+        str | None, Query(max_length=1024, pattern=LABEL_SELECTOR, description="key=value[,key=value]")
+    ] = None,
     submitter: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=1024)] = None,
