@@ -113,6 +113,9 @@ class ReplayConfig(_Section):
     storage_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of stored states.")
     her: bool = Field(True, description="HER relabelling of goal-conditioned transitions (if the env has goals).")
     her_ratio: float = Field(0.5, ge=0.0, le=1.0, description="Fraction of sampled transitions relabelled.")
+    search: Literal["tree", "cdf"] = Field(
+        "tree", description="Sampling search: sum-tree descent, or a cumulative sum + binary search (fewer kernels)."
+    )
 
 
 class DataConfig(_Section):
@@ -127,7 +130,7 @@ class DataConfig(_Section):
     epsilon_start: float = Field(1.0, ge=0.0, le=1.0, description="Initial epsilon of epsilon-greedy.")
     epsilon_end: float = Field(0.05, ge=0.0, le=1.0, description="Final epsilon of epsilon-greedy.")
     epsilon_decay_steps: int = Field(10_000, ge=1, description="Update steps to anneal epsilon over.")
-    market_features: int = Field(64, ge=8, le=4096, description="Observation features of the market env.")
+    market_features: int = Field(64, ge=14, le=4096, description="Observation features of the market env.")
     market_horizon: int = Field(200, ge=8, description="Steps per market episode.")
 
     @model_validator(mode="after")

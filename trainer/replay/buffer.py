@@ -34,9 +34,10 @@ class ReplayBuffer:
         device: torch.device | str,
         generator: torch.Generator,
         *,
-        search: Literal["tree", "cdf"] = "tree",
+        search: Literal["tree", "cdf"] | None = None,
     ) -> None:
         replay = config.replay
+        search = search or replay.search
         self.spec = spec
         self.device = torch.device(device)
         self.generator = generator

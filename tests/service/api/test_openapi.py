@@ -30,6 +30,10 @@ schema = schemathesis.pytest.from_fixture("api")
 @schema.parametrize()
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_conforms_to_its_openapi_document(case: schemathesis.Case) -> None:
+    if case.query and "cursor" in case.query:
+        # a cursor is opaque: only values the API handed out are valid, which no schema can say;
+        # bad cursors (400) are tested in tests/service/api/routes/test_jobs.py
+        del case.query["cursor"]
     case.call_and_validate()
 
 

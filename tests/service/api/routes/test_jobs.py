@@ -124,7 +124,10 @@ def test_tenants_see_and_cancel_only_their_own_jobs_and_admin_sees_all(controlle
 
 
 def test_list_filters_and_cursor_pages_are_stable(controller: Controller) -> None:
-    ids = [_submit(controller, key=f"j{i}", labels={"exp": "x" if i % 2 else "y", "n": str(i)}).json()["id"] for i in range(5)]
+    ids = [
+        _submit(controller, key=f"j{i}", labels={"exp": "x" if i % 2 else "y", "n": str(i)}).json()["id"]
+        for i in range(5)
+    ]
     seen: list[str] = []
     cursor = None
     while True:
@@ -160,7 +163,9 @@ def test_quota_per_tenant_per_pool_is_429(controller: Controller) -> None:
     assert pools["h200"]["used_gpus"] == 8 and pools["h200"]["quota_gpus"] == 8
 
 
-def test_cancel_a_running_job_then_retry_resumes_it(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+def test_cancel_a_running_job_then_retry_resumes_it(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
     c = controller_factory(make_settings(tmp_path, local_command=stand_in_command("--sleep", "30")))
     job_id = _submit(c, key="long").json()["id"]
     _wait_for_log(c, job_id, "stand-in: steps=2 resume=False")
@@ -179,7 +184,9 @@ def test_cancel_a_running_job_then_retry_resumes_it(tmp_path: Path, controller_f
     c.request("DELETE", f"/v1/jobs/{job_id}")
 
 
-def test_cancelling_a_queued_job_cancels_it_before_it_starts(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+def test_cancelling_a_queued_job_cancels_it_before_it_starts(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
     c = controller_factory(make_settings(tmp_path, run_reconciler=False))
     job_id = _submit(c, key="q").json()["id"]
     job = c.request("DELETE", f"/v1/jobs/{job_id}").json()
@@ -195,7 +202,9 @@ def test_failed_job_reports_exit_reason(tmp_path: Path, controller_factory: Call
     assert job["message"] == "error: bad input for the stand-in"
 
 
-def test_logs_follow_streams_until_the_job_ends(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+def test_logs_follow_streams_until_the_job_ends(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
     c = controller_factory(make_settings(tmp_path, local_command=stand_in_command("--sleep", "1")))
     job_id = _submit(c).json()["id"]
     with c.client.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": True}, headers=c.headers["alice"]) as r:
@@ -205,7 +214,9 @@ def test_logs_follow_streams_until_the_job_ends(tmp_path: Path, controller_facto
     assert c.wait_for(job_id, timeout=10)["state"] == "SUCCEEDED"
 
 
-def test_fifty_concurrent_identical_submissions_make_exactly_one_job(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+def test_fifty_concurrent_identical_submissions_make_exactly_one_job(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
     c = controller_factory(make_settings(tmp_path, run_reconciler=False))
     barrier = threading.Barrier(50)
     results: list[tuple[int, str]] = []
@@ -214,7 +225,9 @@ def test_fifty_concurrent_identical_submissions_make_exactly_one_job(tmp_path: P
     def submit(url: str) -> None:
         with httpx.Client(base_url=url, headers=c.headers["alice"], timeout=60) as client:
             barrier.wait()
-            response = client.post("/v1/jobs", json={"config": {"run": {"steps": 2}}}, headers={"Idempotency-Key": "same"})
+            response = client.post(
+                "/v1/jobs", json={"config": {"run": {"steps": 2}}}, headers={"Idempotency-Key": "same"}
+            )
         with lock:
             results.append((response.status_code, response.json()["id"]))
 
@@ -230,9 +243,13 @@ def test_fifty_concurrent_identical_submissions_make_exactly_one_job(tmp_path: P
     assert len(c.services.store.list_jobs(limit=500)[0]) == 1
 
 
-def test_a_real_training_job_runs_end_to_end_on_cpu(tmp_path: Path, controller_factory: Callable[[Settings], Controller]) -> None:
+def test_a_real_training_job_runs_end_to_end_on_cpu(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
     """The default command: `python -m trainer train` with a tiny market config on the CPU."""
-    c = controller_factory(make_settings(tmp_path, local_command=Settings.model_fields["local_command"].default_factory()))  # type: ignore[misc]
+    c = controller_factory(
+        make_settings(tmp_path, local_command=Settings.model_fields["local_command"].default_factory())
+    )  # type: ignore[misc]
     created = c.request("POST", "/v1/jobs", json={"config": tiny_train_config(steps=4), "pool": "cpu"})
     assert created.status_code == 201
     job = c.wait_for(created.json()["id"], timeout=240)
