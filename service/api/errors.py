@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api.schemas import Problem
+from service.api.schemas import JobCreate, Problem
 from service.backends.base import BackendUnavailable
 from service.errors import (
     DomainError,
@@ -126,8 +126,11 @@ def problem_openapi(schema: dict[str, Any], pools: list[str]) -> dict[str, Any]:
             for code, response in operation.get("responses", {}).items():
                 if code[0] in "45":
                     response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": ref}}
-    job_create = schema.get("components", {}).get("schemas", {}).get("JobCreate")
-    if job_create is not None:
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    body = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(body.pop("$defs", {}))
+    components["JobCreate"] = job_create = body
+    if pools:
         job_create["properties"]["pool"] = {
             "anyOf": [{"type": "string", "enum": pools}, {"type": "null"}],
             "title": "Pool",

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from service.api.deps import BackendDep, JobsDep, StoreDep, TenantDep
 from service.api.errors import problems
@@ -32,13 +34,28 @@ def _detail(job: JobRecord) -> JobDetail:
     return JobDetail(**_public(job).model_dump(), config=job.config, history=history)
 
 
+async def _strict_body(request: Request) -> JobCreate:
+    """Strict JSON: `"5"` is not an integer and `0` is not a date, exactly as the schema says."""
+    raw = await request.body()
+    try:
+        return JobCreate.model_validate_json(raw, strict=True)
+    except ValidationError as error:
+        raise RequestValidationError(error.errors(include_url=False, include_context=False), body=raw) from None
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobCreate"}}},
+        }
+    },
     responses={200: {"model": JobDetail, "description": "The job this key already created"}, **problems(400, 409, 429)},
 )
 def submit_job(
-    body: JobCreate,
+    body: Annotated[JobCreate, Depends(_strict_body)],
     principal: TenantDep,
     jobs: JobsDep,
     response: Response,
