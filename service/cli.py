@@ -58,7 +58,7 @@ def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     table = Table(*columns)
     for row in rows:
         table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # pipes get whole ids
 
 
 def _print_job(job: dict[str, Any], as_json: bool) -> None:

@@ -184,8 +184,9 @@ def check_options(options: BenchOptions) -> None:
     """One-line errors for unknown configurations or methods and sizes that cannot run."""
     unknown = [c for c in options.configs if c not in CONFIGS] + [m for m in options.methods if m not in METHODS]
     if unknown:
-        raise ValueError(f"unknown bench names {', '.join(unknown)} (configs: {', '.join(CONFIGS)}; methods: "
-                         f"{', '.join(METHODS)})")
+        raise ValueError(
+            f"unknown bench names {', '.join(unknown)} (configs: {', '.join(CONFIGS)}; methods: {', '.join(METHODS)})"
+        )
     if min(options.steps, options.repeats, options.batch_size, options.capacity) < 1 or options.warmup < 0:
         raise ValueError("bench sizes must be positive (steps, repeats, batch size, capacity) and warmup >= 0")
     if options.steps % options.steps_per_replay:
@@ -193,7 +194,11 @@ def check_options(options: BenchOptions) -> None:
 
 
 def build_method(
-    method: str, state: TrainState, replay: ReplayBuffer, config: TrainConfig, timer: SectionTimer,
+    method: str,
+    state: TrainState,
+    replay: ReplayBuffer,
+    config: TrainConfig,
+    timer: SectionTimer,
     generator: torch.Generator,
 ) -> Plan:
     if method == "compile":
@@ -235,8 +240,13 @@ def run_steps(plan: Plan, timer: StepTimer, start: int, steps: int) -> tuple[int
 
 
 def time_method(
-    name: str, method: str, config: TrainConfig, replay: ReplayBuffer, priorities: dict[str, torch.Tensor],
-    options: BenchOptions, timer_enabled: bool = True,
+    name: str,
+    method: str,
+    config: TrainConfig,
+    replay: ReplayBuffer,
+    priorities: dict[str, torch.Tensor],
+    options: BenchOptions,
+    timer_enabled: bool = True,
 ) -> Result:
     """Fresh state and seeds, warm-up, then `repeats` timed windows of `steps` steps."""
     result = Result(config=name, method=method)
@@ -333,10 +343,15 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
                 on = next(r for r in results if r.config == name and r.method == method)
                 off = time_method(name, method, config, replay, priorities, options, timer_enabled=False)
                 if on.ms_median and off.ms_median:
-                    overhead.append({
-                        "config": name, "method": method, "ms_timer_on": on.ms_median, "ms_timer_off": off.ms_median,
-                        "overhead_pct": 100 * (on.ms_median - off.ms_median) / off.ms_median,
-                    })
+                    overhead.append(
+                        {
+                            "config": name,
+                            "method": method,
+                            "ms_timer_on": on.ms_median,
+                            "ms_timer_off": off.ms_median,
+                            "overhead_pct": 100 * (on.ms_median - off.ms_median) / off.ms_median,
+                        }
+                    )
         del replay
     return {
         "environment": environment(device),
@@ -399,8 +414,10 @@ def plot(document: dict[str, Any], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_ylabel("ms per training step (median, log scale)")
     env = document["environment"]
-    ax.set_title(f"foxhunt step time: {env.get('gpu', env['device'])}, torch {env['torch']}, batch "
-                 f"{document['options']['batch_size']}")
+    ax.set_title(
+        f"foxhunt step time: {env.get('gpu', env['device'])}, torch {env['torch']}, batch "
+        f"{document['options']['batch_size']}"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -24,13 +24,22 @@ from trainer.cli import app
 from trainer.plans import PlanFallbackWarning
 from trainer.replay.buffer import ReplayBuffer
 
-TINY = ["model.hidden=16", "model.head_hidden=8", "model.attn_ffn=8", "model.attn_dim=8", "model.iqn_taus=2",
-        "model.iqn_target_taus=2", "model.attn_window=2", "model.atoms=5"]
+TINY = [
+    "model.hidden=16",
+    "model.head_hidden=8",
+    "model.attn_ffn=8",
+    "model.attn_dim=8",
+    "model.iqn_taus=2",
+    "model.iqn_target_taus=2",
+    "model.attn_window=2",
+    "model.atoms=5",
+]
 
 
 def tiny_options(**changes: object) -> BenchOptions:
-    options = BenchOptions(batch_size=4, capacity=256, obs_dim=16, steps=2, repeats=2, warmup=1,
-                           steps_per_replay=1, overrides=TINY)
+    options = BenchOptions(
+        batch_size=4, capacity=256, obs_dim=16, steps=2, repeats=2, warmup=1, steps_per_replay=1, overrides=TINY
+    )
     for key, value in changes.items():
         setattr(options, key, value)
     return options
@@ -96,8 +105,9 @@ def test_run_bench_times_methods_and_timer_overhead(tmp_path: Path) -> None:
 
 
 def test_a_method_that_fails_is_reported_not_hidden() -> None:
-    options = tiny_options(configs=["core"], methods=["eager"], timer_overhead=False,
-                           overrides=[*TINY, "run.batch_size=300"])  # larger than the 256 rows: config error
+    options = tiny_options(
+        configs=["core"], methods=["eager"], timer_overhead=False, overrides=[*TINY, "run.batch_size=300"]
+    )  # larger than the 256 rows: config error
     with pytest.raises(Exception, match="exceeds replay.capacity"):
         run_bench(options, torch.device("cpu"), log=lambda line: None)
 
@@ -109,9 +119,32 @@ def test_cli_bench_rejects_unknown_names_with_exit_2() -> None:
 
 
 def test_cli_bench_runs_and_writes_files(tmp_path: Path) -> None:
-    args = ["bench", "--device", "cpu", "--configs", "core", "--methods", "eager", "--batch-size", "4",
-            "--capacity", "64", "--obs-dim", "16", "--steps", "2", "--repeats", "1", "--warmup", "0",
-            "--steps-per-replay", "1", "--no-timer-overhead", "--out", str(tmp_path)]
+    args = [
+        "bench",
+        "--device",
+        "cpu",
+        "--configs",
+        "core",
+        "--methods",
+        "eager",
+        "--batch-size",
+        "4",
+        "--capacity",
+        "64",
+        "--obs-dim",
+        "16",
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--steps-per-replay",
+        "1",
+        "--no-timer-overhead",
+        "--out",
+        str(tmp_path),
+    ]
     for override in TINY:
         args += ["-o", override]
     result = CliRunner().invoke(app, args)

@@ -9,7 +9,7 @@ touched, so capturing leaves the training state exactly as it found it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import product
 from typing import ClassVar, TypeVar
 
@@ -86,7 +86,7 @@ def capture(
     body: Callable[[], T],
     pool: tuple[int, int],
     stream: torch.cuda.Stream,
-    generators: list[torch.Generator] = (),  # type: ignore[assignment]
+    generators: Sequence[torch.Generator] = (),
     warmup: int = WARMUP_STEPS,
 ) -> tuple[torch.cuda.CUDAGraph, T]:
     """Warm `body` up on `stream`, then capture one call of it into a graph sharing memory `pool`.

@@ -107,9 +107,7 @@ class GraphPlan:
         snapshot = Snapshot(self.state, self.replay, unique_generators(self.generator, *generators))
         with matmul_precision(self.tf32):
             for key in keys:
-                self.graphs[key] = capture(
-                    lambda key=key: self.body(key), self.pool, self.capture_stream, generators
-                )
+                self.graphs[key] = capture(lambda key=key: self.body(key), self.pool, self.capture_stream, generators)
         snapshot.restore()
         torch.cuda.synchronize(self.device)
 

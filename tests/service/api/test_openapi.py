@@ -20,12 +20,23 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
     config = make_settings(tmp_path_factory.mktemp("openapi"), run_reconciler=False)
     app = create_app(config)
     secret, _ = create_token(app.state.services.store, name="fuzz", tenant="team-a")
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    schema.config.headers = {"Authorization": f"Bearer {secret}"}
-    return schema
+    _token["secret"] = secret
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
+_token: dict[str, str] = {}
 schema = schemathesis.pytest.from_fixture("api")
+
+
+@schema.auth()
+class BearerToken:
+    """Lets schemathesis send the valid token, and also try invalid ones (which must get 401)."""
+
+    def get(self, case: schemathesis.Case, context: schemathesis.AuthContext) -> str:
+        return _token["secret"]
+
+    def set(self, case: schemathesis.Case, data: str, context: schemathesis.AuthContext) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
 
 
 @schema.parametrize()

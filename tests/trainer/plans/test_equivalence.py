@@ -1,10 +1,19 @@
-"""Each GPU plan against eager on one seed and one batch sequence (STYLE rule 5). Needs a CUDA GPU.
+"""Each GPU plan against eager on one seed and one input sequence (STYLE rule 5). Needs a CUDA GPU.
 
-Tolerances: float32 plans ‖plan − eager‖ ≤ 1e-4 ‖eager‖ for every tensor of `state.tensors()` after
-50 steps; TF32 plans `TF32_RTOL` (trainer/plans/fused.py), plus windowed loss means over 2000 steps
-within 5% (`test_tf32_loss_curves_agree`, which also writes the curves when FOXHUNT_CURVES_OUT is set).
-The model is the pinned one (B = 1024, F = 64, 3 × 5 actions × 51 atoms) in the `full` configuration
-(ensemble, vaccine every 10th step, causal every 100th, HER), on a smaller replay.
+Model: the pinned one (B = 1024, F = 64, 3 × 5 actions × 51 atoms) on a smaller replay, in the
+`core` configuration and in `full` (ensemble, vaccine every 10th step, causal every 100th, HER).
+Error: ‖plan − eager‖ / ‖eager‖ per tensor of `state.tensors()` after 50 steps. Tolerances:
+
+- float32 plans, `core`: 1e-4 for every tensor.
+- float32 plans, `full`: parameters (online, target, iql, attn) 5e-4, every other tensor 1e-2. Eager
+  float32 is not bit-reproducible on the GPU (the C51 projection's `index_add` sums with atomics),
+  and the vaccine's FGSM step takes sign(∇_s L), which turns last-bit differences into different
+  adversarial states; Adam's moments carry that on. Measured on the H200 (docs/benchmarks/
+  gpu_tests.txt): parameters ≤ 1.5e-4, moments ≤ 2.2e-3, the attention network (which reads no
+  C51 output) bit-identical.
+- TF32 plans: `TF32_RTOL` (2e-2) for every tensor (measured ≤ 4.6e-3), and windowed loss means over
+  2000 steps within 5% (`test_tf32_loss_curves_agree_over_2000_steps`, which writes the curves when
+  FOXHUNT_CURVES_OUT is set).
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ pytestmark = [
 
 STEPS = 50
 FP32_RTOL = 1e-4
+PERIODIC_PARAM_RTOL = 5e-4
+PERIODIC_RTOL = 1e-2
+PARAMETERS = ("online", "target", "iql", "attn")
 CAPACITY = 1 << 15
 
 
@@ -53,8 +65,8 @@ class ZeroCopyFp32(ZeroCopyPlan):
     compiled = False
 
 
-def config_for(k: int = 5) -> TrainConfig:
-    return bench_config("full", BenchOptions(capacity=CAPACITY, steps_per_replay=k))
+def config_for(name: str = "full", k: int = 5) -> TrainConfig:
+    return bench_config(name, BenchOptions(capacity=CAPACITY, steps_per_replay=k))
 
 
 def new_state(config: TrainConfig, replay: ReplayBuffer) -> TrainState:
@@ -88,13 +100,24 @@ def fed_inputs(config: TrainConfig, replay: ReplayBuffer, steps: int) -> list[tu
     return inputs
 
 
+def assert_within(errors: dict[str, float], config_name: str, tf32: bool) -> None:
+    """TF32: every tensor within TF32_RTOL. float32: 1e-4 per tensor in `core`; in `full`, the
+    parameters within PERIODIC_PARAM_RTOL and the rest within PERIODIC_RTOL (see the module docstring)."""
+    if tf32:
+        limits = dict.fromkeys(errors, TF32_RTOL)
+    elif config_name == "core":
+        limits = dict.fromkeys(errors, FP32_RTOL)
+    else:
+        limits = {name: PERIODIC_PARAM_RTOL if name in PARAMETERS else PERIODIC_RTOL for name in errors}
+    assert {name: e for name, e in errors.items() if not e <= limits[name]} == {}
+
+
+@pytest.mark.parametrize("config_name", ["core", "full"])
 @pytest.mark.parametrize(
-    ("plan_class", "rtol"),
-    [(GraphPlan, FP32_RTOL), (DualStreamPlan, FP32_RTOL), (FusedFp32, FP32_RTOL), (FusedPlan, TF32_RTOL)],
-    ids=["graph", "dual", "fused-fp32", "fused-tf32"],
+    "plan_class", [GraphPlan, DualStreamPlan, FusedFp32, FusedPlan], ids=["graph", "dual", "fused-fp32", "fused-tf32"]
 )
-def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], rtol: float) -> None:
-    config = config_for()
+def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], config_name: str) -> None:
+    config = config_for(config_name)
     replay = new_replay(config)
     inputs = fed_inputs(config, replay, STEPS)
     hp = Hyper.from_config(config)
@@ -108,24 +131,28 @@ def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], rtol
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    print(f"{plan_class.name} ({plan_class.__name__}) max relative error per tensor: {json.dumps(errors)}")
+    print(f"{config_name} {plan_class.name} ({plan_class.__name__}) relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
-    assert {name: e for name, e in errors.items() if not e <= rtol} == {}
+    assert_within(errors, config_name, plan_class.tf32)
 
 
-@pytest.mark.parametrize(
-    ("plan_class", "rtol"), [(ZeroCopyFp32, FP32_RTOL), (ZeroCopyPlan, TF32_RTOL)], ids=["fp32", "tf32"]
-)
-def test_zerocopy_matches_eager_sampling_in_graph(plan_class: type[ZeroCopyPlan], rtol: float) -> None:
-    """Same replay contents and generator seeds: in-graph PER + HER + draws reproduce eager's stream."""
-    config = config_for(k=5)
+@pytest.mark.parametrize("config_name", ["core", "full"])
+def test_zerocopy_matches_eager_sampling_in_graph(config_name: str) -> None:
+    """Same replay contents and generator seeds: in-graph PER (+ HER) + draws reproduce eager's stream.
+
+    Float32 and uncompiled (`ZeroCopyFp32`): this checks the zerocopy machinery; the TF32 compiled
+    maths it runs by default is `fused-tf32`'s, checked above. (TF32 zerocopy against eager is not a
+    like-for-like check: TF32 losses move the priorities, so the plans sample different batches;
+    measured on the H200: parameters 1.3e-2 apart after 50 steps, priorities 1.2e-2.)
+    """
+    config = config_for(config_name, k=5)
     eager_replay, plan_replay = new_replay(config), new_replay(config)
     eager_state, plan_state = new_state(config, eager_replay), new_state(config, plan_replay)
     eager = EagerPlan(eager_state, eager_replay, config, NO_TIMER, torch.Generator("cuda").manual_seed(2))
     with matmul_precision(False):
         for step in range(STEPS):
             eager.run(step)
-    plan = plan_class(plan_state, plan_replay, config, NO_TIMER, torch.Generator("cuda").manual_seed(2))
+    plan = ZeroCopyFp32(plan_state, plan_replay, config, NO_TIMER, torch.Generator("cuda").manual_seed(2))
     assert plan.steps_per_call == 5
     for step in range(0, STEPS, plan.steps_per_call):
         plan.run(step)
@@ -133,8 +160,8 @@ def test_zerocopy_matches_eager_sampling_in_graph(plan_class: type[ZeroCopyPlan]
     errors = relative_errors(plan_state, eager_state)
     tree = plan_replay.sampler.tree
     errors["replay.priorities"] = float((tree - eager_replay.sampler.tree).norm() / eager_replay.sampler.tree.norm())
-    print(f"zerocopy ({plan_class.__name__}) relative error per tensor: {json.dumps(errors)}")
-    assert {name: e for name, e in errors.items() if not e <= rtol} == {}
+    print(f"{config_name} zerocopy (ZeroCopyFp32) relative error per tensor: {json.dumps(errors)}")
+    assert_within(errors, config_name, tf32=False)
 
 
 @pytest.mark.parametrize("plan_class", [GraphPlan, DualStreamPlan, FusedPlan], ids=["graph", "dual", "fused"])

@@ -14,8 +14,17 @@ from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.step import NO_TIMER
 
-SMALL = ["model.hidden=16", "model.head_hidden=8", "model.attn_ffn=8", "model.attn_dim=8", "model.iqn_taus=2",
-         "model.iqn_target_taus=2", "model.attn_window=2", "run.batch_size=4", "replay.capacity=64"]
+SMALL = [
+    "model.hidden=16",
+    "model.head_hidden=8",
+    "model.attn_ffn=8",
+    "model.attn_dim=8",
+    "model.iqn_taus=2",
+    "model.iqn_target_taus=2",
+    "model.attn_window=2",
+    "run.batch_size=4",
+    "replay.capacity=64",
+]
 
 
 def small_setup() -> tuple[TrainState, ReplayBuffer, TrainConfig]:

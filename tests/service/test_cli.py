@@ -1,0 +1,111 @@
+"""The `foxhunt` CLI against a live controller (HTTP) and its database (tokens)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+from service.settings import Settings
+from tests.service.conftest import Controller
+from tests.service.factories import live_server, make_settings, stand_in_command
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def served(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Controller, str]]:
+    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "0.5"))
+    monkeypatch.setenv("FOXHUNT_DATABASE_URL", settings.database_url)
+    controller = controller_factory(settings)
+    with live_server(controller.app) as url:
+        monkeypatch.setenv("FOXHUNT_API_URL", url)
+        yield controller, url
+
+
+def invoke(*args: str) -> str:
+    result = runner.invoke(app, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_tokens_are_created_listed_and_revoked_in_the_database(served: tuple[Controller, str]) -> None:
+    created = json.loads(invoke("token", "create", "--tenant", "team-z", "--name", "ci", "--json"))
+    assert created["token"].startswith("fxh_") and created["tenant"] == "team-z"
+    listed = json.loads(invoke("token", "list", "--json"))
+    assert [t["name"] for t in listed][-1] == "ci" and "token" not in listed[-1]
+    assert "team-z" in invoke("token", "list")
+    invoke("jobs", "list", "--token", created["token"])  # the new token works against the API
+    assert invoke("token", "revoke", str(created["id"])).strip() == f"revoked {created['id']}"
+    again = runner.invoke(app, ["token", "revoke", str(created["id"])])
+    assert again.exit_code == 1 and f"no live token with id {created['id']}" in again.output
+    rejected = runner.invoke(app, ["jobs", "list", "--token", created["token"]])
+    assert rejected.exit_code == 1 and "401: unknown or revoked token" in rejected.output
+
+
+def test_submit_follow_list_show_cancel_retry(served: tuple[Controller, str], tmp_path: Path) -> None:
+    controller, _ = served
+    token = controller.headers["alice"]["Authorization"].split()[1]
+    config = tmp_path / "job.yaml"
+    config.write_text("run: {steps: 2}\n")
+    out = invoke(
+        "submit", "-c", str(config), "--pool", "cpu", "--name", "cli-job", "-l", "exp=cli", "--follow", "--token", token
+    )
+    job_id, state = out.splitlines()[0].split()
+    assert job_id.startswith("job-") and state == "QUEUED" and "stand-in: done, exit 0" in out
+    again = json.loads(
+        invoke(
+            "submit",
+            "-c",
+            str(config),
+            "--pool",
+            "cpu",
+            "--name",
+            "cli-job",
+            "-l",
+            "exp=cli",
+            "--json",
+            "--token",
+            token,
+        )
+    )
+    assert again["id"] == job_id
+    deadline = time.monotonic() + 30
+    while json.loads(invoke("jobs", "show", job_id, "--json", "--token", token))["state"] != "SUCCEEDED":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    shown = invoke("jobs", "show", job_id, "--token", token)
+    assert "SUCCEEDED" in shown and "breakdown: sample=0.250ms fused=1.000ms guard=0.250ms" in shown
+    listed = json.loads(invoke("jobs", "list", "-l", "exp=cli", "--all", "--limit", "1", "--json", "--token", token))
+    assert [j["id"] for j in listed] == [job_id]
+    assert job_id in invoke("jobs", "list", "--token", token)
+    assert "stand-in: steps=2" in invoke("jobs", "logs", job_id, "--token", token)
+    refused = runner.invoke(app, ["jobs", "cancel", job_id, "--token", token])
+    assert refused.exit_code == 1 and "409: job" in refused.output and "already SUCCEEDED" in refused.output
+    retry = runner.invoke(app, ["jobs", "retry", job_id, "--token", token])
+    assert retry.exit_code == 1 and "only FAILED, CANCELLED or ERROR" in retry.output
+
+
+def test_bad_input_and_unreachable_api_fail_in_one_line(served: tuple[Controller, str], tmp_path: Path) -> None:
+    missing = runner.invoke(app, ["submit", "-c", str(tmp_path / "none.yaml")])
+    assert missing.exit_code == 2 and "config file not found" in missing.output
+    bad_label = runner.invoke(app, ["submit", "-l", "nolabel"])
+    assert bad_label.exit_code == 2 and "expected key=value" in bad_label.output
+    down = runner.invoke(app, ["jobs", "list", "--api-url", "http://127.0.0.1:9"])
+    assert down.exit_code == 1 and "cannot reach http://127.0.0.1:9" in down.output
+    unknown = runner.invoke(app, ["jobs", "show", "job-nope", "--token", "fxh_bad"])
+    assert unknown.exit_code == 1 and "401" in unknown.output
+
+
+def test_python_dash_m_service_is_the_cli() -> None:
+    result = subprocess.run([sys.executable, "-m", "service", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "serve" in result.stdout and "token" in result.stdout

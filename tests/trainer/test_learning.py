@@ -1,0 +1,60 @@
+"""Learning, not just running: the trainer solves CartPole, beats random on the market, and learns offline.
+
+These run real training on the CPU; the budgets and seeds are the ones in docs/results.md.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.config import load_config
+from trainer.data import make_source
+from trainer.data.gym_source import GymSource
+from trainer.data.offline import collect_dataset, write_dataset
+from trainer.train import run_training
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def random_policy_returns(source, episodes: int, seed: int) -> list[float]:
+    generator = torch.Generator().manual_seed(seed)
+    spec = source.spec
+
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        return torch.randint(0, spec.actions, (obs.shape[0], spec.branches), generator=generator)
+
+    return source.evaluate(act, episodes, seed)
+
+
+@pytest.mark.slow
+def test_cartpole_is_solved(tmp_path: Path) -> None:
+    """C51 + CQL + IQN reach a mean return >= 475 over 20 greedy episodes (budget: examples/cartpole.yaml)."""
+    config = load_config(EXAMPLES / "cartpole.yaml")
+    summary = run_training(config, tmp_path, show_progress=False, out=lambda line: None)
+    assert len(summary["eval_returns"]) == 20
+    assert summary["eval_return_mean"] >= 475, summary["eval_returns"]
+
+
+@pytest.mark.slow
+def test_market_beats_a_random_policy(tmp_path: Path) -> None:
+    config = load_config(EXAMPLES / "market.yaml")
+    summary = run_training(config, tmp_path, show_progress=False, out=lambda line: None)
+    source = make_source(config)
+    random_mean = float(np.mean(random_policy_returns(source, config.run.eval_episodes, config.run.seed + 10_000)))
+    assert summary["eval_return_mean"] >= random_mean + 3.0, (summary["eval_return_mean"], random_mean)
+
+
+@pytest.mark.slow
+def test_offline_training_beats_the_policy_that_collected_the_data(tmp_path: Path) -> None:
+    """A dataset from a uniformly random CartPole policy; C51 + CQL trained on it alone does better."""
+    source = GymSource("CartPole-v1", num_envs=4, seed=3, device="cpu")
+    rows = collect_dataset(source, steps=5000, greedy_fn=None, epsilon=1.0, generator=torch.Generator().manual_seed(3))
+    path = str(tmp_path / "random-cartpole.parquet")
+    write_dataset(path, rows, num_actions=2, env_id="CartPole-v1")
+    behaviour_mean = float(np.mean(random_policy_returns(source, 20, 20_000)))
+
+    config = load_config(EXAMPLES / "offline-cartpole.yaml", [f"data.dataset={path}"])
+    summary = run_training(config, tmp_path / "run", show_progress=False, out=lambda line: None)
+    assert summary["eval_return_mean"] >= 2 * behaviour_mean, (summary["eval_return_mean"], behaviour_mean)
