@@ -29,7 +29,7 @@ _JOB_COLUMNS = ("id", "name", "state", "reason", "pool", "plan", "attempt", "cre
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False)
+    typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
 
 
