@@ -33,25 +33,14 @@ def categorical_projection(next_pmf: Tensor, reward: Tensor, done: Tensor, gamma
     tz = reward[:, None] + discount[:, None] * support[None, :]  # [B, N]
     tz = torch.clamp(tz, v_min, v_max)
     # b = (tz - v_min) / dz; clamped so rounding cannot push it past the last atom
-    b = ((tz - v_min) / dz).clamp(0, N - 1)
-    lower = b.floor()
-    upper = b.ceil()
-    # m_lower = p (upper - b), m_upper = p (b - lower); when lower == upper (b integral) all mass to lower
-    lower_weight = (upper - b) + (lower == upper).to(b.dtype)  # [B, N]
-    upper_weight = b - lower  # [B, N]
-    mass_lower = next_pmf * lower_weight[:, None, :]  # [B, K, N]
-    mass_upper = next_pmf * upper_weight[:, None, :]  # [B, K, N]
-
-    # flat index of atom j in row (b, k) is (b K + k) N + j: two index_adds project the whole batch.
-    # A NaN b indexes atom 0: its mass is NaN, so a poisoned sample reaches the guard as a NaN loss
-    # instead of an out-of-range index (a device-side assert on CUDA).
-    offset = (torch.arange(B * K, device=next_pmf.device) * N).view(B, K, 1)  # [B, K, 1]
-    lower_index = (lower.nan_to_num(0.0).long()[:, None, :] + offset).reshape(-1)  # [B*K*N]
-    upper_index = (upper.nan_to_num(0.0).long()[:, None, :] + offset).reshape(-1)  # [B*K*N]
-    target_pmf = torch.zeros(B * K * N, dtype=next_pmf.dtype, device=next_pmf.device)  # [B*K*N]
-    target_pmf = target_pmf.index_add(0, lower_index, mass_lower.reshape(-1))
-    target_pmf = target_pmf.index_add(0, upper_index, mass_upper.reshape(-1))
-    return target_pmf.view(B, K, N)  # [B, K, N]
+    b = ((tz - v_min) / dz).clamp(0, N - 1)  # [B, N]
+    # The mass of source atom j lands on atoms lower = floor(b_j) and upper = ceil(b_j) with weights
+    # (upper - b_j) and (b_j - lower), all of it on b_j when b_j is integral: exactly the triangle
+    # w_ji = max(0, 1 - |b_j - i|). As one batched matrix product it has no atomics, so the target
+    # is bit-reproducible on the GPU (index_add is not), and a NaN b poisons only its own sample.
+    atom = torch.arange(N, device=next_pmf.device, dtype=b.dtype)  # [N]
+    weight = (1.0 - (b[:, :, None] - atom[None, None, :]).abs()).clamp(min=0.0)  # [B, N(j), N(i)]
+    return torch.bmm(next_pmf, weight.to(next_pmf.dtype))  # [B, K, N]
 
 
 def expected_q(logits: Tensor, support: Tensor) -> Tensor:
