@@ -4,13 +4,11 @@ Model: the pinned one (B = 1024, F = 64, 3 × 5 actions × 51 atoms) on a smalle
 `core` configuration and in `full` (ensemble, vaccine every 10th step, causal every 100th, HER).
 Error: ‖plan − eager‖ / ‖eager‖ per tensor of `state.tensors()` after 50 steps. Tolerances:
 
-- float32 plans, `core`: 1e-4 for every tensor.
-- float32 plans, `full`: parameters (online, target, iql, attn) 5e-4, every other tensor 1e-2. Eager
-  float32 is not bit-reproducible on the GPU (the C51 projection's `index_add` sums with atomics),
-  and the vaccine's FGSM step takes sign(∇_s L), which turns last-bit differences into different
-  adversarial states; Adam's moments carry that on. Measured on the H200 (docs/benchmarks/
-  gpu_tests.txt): parameters ≤ 1.5e-4, moments ≤ 2.2e-3, the attention network (which reads no
-  C51 output) bit-identical.
+- float32 plans running eager's kernels (graph, dual, zerocopy uncompiled): 1e-4 for every tensor,
+  in `core` and `full` alike. The C51 projection has no atomics, so eager is bit-reproducible and
+  these plans matched it exactly on the H200 (docs/benchmarks/README.md, run 3).
+- float32 through Inductor (`FusedFp32`, a diagnostic variant): `COMPILED_RTOL` (5e-3) for every
+  tensor: fused kernels reorder float32 sums; measured parameters ≤ 1.5e-4, Adam moments ≤ 2.2e-3.
 - TF32 plans: `TF32_RTOL` (2e-2) for every tensor (measured ≤ 4.6e-3), and windowed loss means over
   2000 steps within 5% (`test_tf32_loss_curves_agree_over_2000_steps`, which writes the curves when
   FOXHUNT_CURVES_OUT is set).
@@ -46,9 +44,7 @@ pytestmark = [
 
 STEPS = 50
 FP32_RTOL = 1e-4
-PERIODIC_PARAM_RTOL = 5e-4
-PERIODIC_RTOL = 1e-2
-PARAMETERS = ("online", "target", "iql", "attn")
+COMPILED_RTOL = 5e-3
 CAPACITY = 1 << 15
 
 
@@ -100,16 +96,15 @@ def fed_inputs(config: TrainConfig, replay: ReplayBuffer, steps: int) -> list[tu
     return inputs
 
 
-def assert_within(errors: dict[str, float], config_name: str, tf32: bool) -> None:
-    """TF32: every tensor within TF32_RTOL. float32: 1e-4 per tensor in `core`; in `full`, the
-    parameters within PERIODIC_PARAM_RTOL and the rest within PERIODIC_RTOL (see the module docstring)."""
-    if tf32:
-        limits = dict.fromkeys(errors, TF32_RTOL)
-    elif config_name == "core":
-        limits = dict.fromkeys(errors, FP32_RTOL)
+def assert_within(errors: dict[str, float], plan_class: type) -> None:
+    """Every tensor within the plan's tolerance (see the module docstring)."""
+    if plan_class.tf32:
+        limit = TF32_RTOL
+    elif getattr(plan_class, "compiled", False):
+        limit = COMPILED_RTOL
     else:
-        limits = {name: PERIODIC_PARAM_RTOL if name in PARAMETERS else PERIODIC_RTOL for name in errors}
-    assert {name: e for name, e in errors.items() if not e <= limits[name]} == {}
+        limit = FP32_RTOL
+    assert {name: e for name, e in errors.items() if not e <= limit} == {}
 
 
 @pytest.mark.parametrize("config_name", ["core", "full"])
@@ -133,7 +128,7 @@ def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], conf
     errors = relative_errors(state, eager)
     print(f"{config_name} {plan_class.name} ({plan_class.__name__}) relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
-    assert_within(errors, config_name, plan_class.tf32)
+    assert_within(errors, plan_class)
 
 
 @pytest.mark.parametrize("config_name", ["core", "full"])
@@ -161,7 +156,7 @@ def test_zerocopy_matches_eager_sampling_in_graph(config_name: str) -> None:
     tree = plan_replay.sampler.tree
     errors["replay.priorities"] = float((tree - eager_replay.sampler.tree).norm() / eager_replay.sampler.tree.norm())
     print(f"{config_name} zerocopy (ZeroCopyFp32) relative error per tensor: {json.dumps(errors)}")
-    assert_within(errors, config_name, tf32=False)
+    assert_within(errors, ZeroCopyFp32)
 
 
 @pytest.mark.parametrize("plan_class", [GraphPlan, DualStreamPlan, FusedPlan], ids=["graph", "dual", "fused"])
