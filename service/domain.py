@@ -40,6 +40,7 @@ class JobSpec(BaseModel):
     hyperopt_trials: int = 0
     config: dict[str, Any] = Field(description="The job's TrainConfig, as JSON-compatible data.")
     labels: dict[str, str] = Field(default_factory=dict)
+    priority: int = Field(0, description="Higher starts first among this backend's waiting jobs.")
     attempt: int = Field(0, description="Retry number; the checkpoint location does not depend on it.")
 
 

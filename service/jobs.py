@@ -36,11 +36,11 @@ class JobService:
         self.wake = wake
 
     def submit(self, principal: Principal, body: JobCreate, idempotency_key: str | None) -> tuple[JobRecord, bool]:
-        """(job, created). The same key and body return the stored job; another body is a conflict."""
+        """(job with history, created). The same key and body return the stored job; another body conflicts."""
         key = idempotency_key or (f"name:{body.name}" if body.name else f"uuid:{uuid.uuid4()}")
         job_id = job_id_for(principal.tenant, key)
         digest = request_hash(body)
-        existing = self.store.find_job(job_id)
+        existing = self.store.find_job(job_id, with_events=True)
         if existing is not None:
             if existing.request_hash != digest:
                 raise IdempotencyConflict(job_id)

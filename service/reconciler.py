@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 
 from service.backends.base import Backend, BackendError, BackendNotFound, BackendUnavailable
-from service.domain import BackendStatus, JobSpec, JobState
+from service.domain import JobSpec, JobState
 from service.metrics import ControllerMetrics
 from service.pools import Pools
 from service.store import JobRecord, Store
@@ -35,6 +35,7 @@ def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
         hyperopt_trials=job.hyperopt_trials,
         config=job.config,
         labels=job.labels,
+        priority=job.priority,
         attempt=job.attempt,
     )
 
@@ -133,10 +134,10 @@ class Reconciler:
         except BackendUnavailable as error:
             self._call_failed("list", error)
             raise
-        seen: dict[str, BackendStatus] = {}
-        for status in statuses:
-            seen[status.job_id] = status
-            self.store.apply_status(status)
+        seen = {status.job_id: status for status in statuses}
+        for job in self.store.active_jobs():  # a terminal job never changes: skip those statuses
+            if job.id in seen:
+                self.store.apply_status(seen[job.id])
         now = datetime.now(UTC)
         active = {job.id: job for job in self.store.active_jobs()}
         for status in statuses:

@@ -18,6 +18,7 @@ DEFAULT_LOCAL_COMMAND: tuple[str, ...] = (
     "{config}",
     "--run-dir",
     "{run_dir}",
+    "--no-progress",
     "{resume}",
 )
 

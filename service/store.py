@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -148,6 +150,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
+    # WAL + NORMAL: a killed controller loses no committed row; only an OS crash or power cut can
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
 
@@ -166,6 +170,8 @@ class Store:
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._sqlite = sqlite
+        self._write_lock = threading.Lock()
 
     def migrate(self) -> None:
         """`alembic upgrade head` on this database."""
@@ -186,16 +192,21 @@ class Store:
             connection.execute(text("SELECT 1"))
 
     @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
+    def _tx(self, *, write: bool = False) -> Iterator[Session]:
+        """One transaction. SQLite writes queue on an in-process lock rather than in SQLite's
+        sleeping busy handler, which gives long tail latencies under many concurrent writers."""
+        with (
+            self._write_lock if write and self._sqlite else contextlib.nullcontext(),
+            self._sessions.begin() as session,
+        ):
             yield session
 
     # ---- jobs -------------------------------------------------------------------------------------
 
-    def find_job(self, job_id: str) -> JobRecord | None:
+    def find_job(self, job_id: str, *, with_events: bool = False) -> JobRecord | None:
         with self._tx() as s:
             row = s.get(JobRow, job_id)
-            return _record(row) if row else None
+            return _record(row, with_events=with_events) if row else None
 
     def insert_job(self, job: NewJob) -> tuple[JobRecord, bool]:
         """Insert, or return the job already stored under this id: (record, created). Race-safe via the PK."""
@@ -210,19 +221,22 @@ class Store:
             updated_at=now,
         )
         try:
-            with self._tx() as s:
+            with self._tx(write=True) as s:
                 s.add(row)
                 s.flush()
                 s.add_all(JobLabelRow(job_id=job.id, key=k, value=v) for k, v in job.labels.items())
                 s.add(JobEventRow(job_id=job.id, state=JobState.QUEUED.value, attempt=0, at=now))
-            return self.get_job(job.id), True
+                s.flush()
+                s.refresh(row, ["events"])
+                record = _record(row, with_events=True)
+            return record, True
         except IntegrityError:
             existing = self.find_job(job.id)
             if existing is None:  # the other insert rolled back: ours may go now
                 return self.insert_job(job)
             if existing.request_hash != job.request_hash:
                 raise IdempotencyConflict(job.id) from None
-            return existing, False
+            return self.get_job(job.id), False
 
     def get_job(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
         """The job with its history; `tenant` restricts visibility (None: admin)."""
@@ -288,7 +302,7 @@ class Store:
         never changed here, and a status about an older attempt is ignored.
         """
         now = utcnow()
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = s.get(JobRow, status.job_id, with_for_update=True)
             if row is None or JobState(row.state).terminal:
                 return False
@@ -304,8 +318,9 @@ class Store:
                 row.step = status.step
             if not forward:
                 return False
+            deadline_hit = status.state is JobState.CANCELLED and row.reason == "DeadlineExceeded"
             row.state = status.state.value
-            row.reason = status.reason
+            row.reason = "DeadlineExceeded" if deadline_hit else status.reason  # why it was cancelled
             row.message = status.message
             row.phase = status.phase
             row.started_at = _naive(status.started_at) or row.started_at
@@ -320,7 +335,7 @@ class Store:
     def set_state(self, job_id: str, state: JobState, *, reason: str | None, message: str | None = None) -> None:
         """Controller-observed state (e.g. the backend lost the job); ignored once terminal."""
         now = utcnow()
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is None or JobState(row.state).terminal:
                 return
@@ -332,7 +347,7 @@ class Store:
     def request_cancel(self, job_id: str, *, tenant: str | None, reason: str = "CancelRequested") -> JobRecord:
         """Record a cancel; a job the backend never got is cancelled at once."""
         now = utcnow()
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is None or (tenant is not None and row.tenant != tenant):
                 raise JobNotFound(job_id)
@@ -351,7 +366,7 @@ class Store:
     def retry(self, job_id: str, *, tenant: str | None) -> JobRecord:
         """Queue a failed/cancelled/errored job again as the next attempt (same checkpoint location)."""
         now = utcnow()
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is None or (tenant is not None and row.tenant != tenant):
                 raise JobNotFound(job_id)
@@ -368,13 +383,13 @@ class Store:
         return self.get_job(job_id)
 
     def mark_submitted(self, job_id: str, attempt: int) -> None:
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is not None and row.attempt == attempt:
                 row.submitted_attempt = attempt
 
     def mark_cancel_forced(self, job_id: str) -> None:
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is not None:
                 row.cancel_forced = True
@@ -412,7 +427,7 @@ class Store:
     # ---- tokens -----------------------------------------------------------------------------------
 
     def add_token(self, *, token_hash: str, name: str, tenant: str, admin: bool) -> TokenInfo:
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = TokenRow(token_hash=token_hash, name=name, tenant=tenant, admin=admin, created_at=utcnow())
             s.add(row)
             s.flush()
@@ -431,7 +446,7 @@ class Store:
 
     def revoke_token(self, token_id: int) -> bool:
         """True if a live token was revoked."""
-        with self._tx() as s:
+        with self._tx(write=True) as s:
             row = s.get(TokenRow, token_id)
             if row is None or row.revoked_at is not None:
                 return False

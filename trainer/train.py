@@ -281,7 +281,7 @@ def run_training(
     write_json_atomic(run_dir / "summary.json", summary)
     pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
     if pushgateway:
-        push(run.metrics.registry, pushgateway, run.metrics.info_labels()["job_id"])
+        push(run.metrics.registry, pushgateway, run.metrics.info_labels["job_id"])
     if exporter is not None:
         exporter.close()
     if returns:

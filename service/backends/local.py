@@ -91,6 +91,7 @@ class LocalBackend:
         self.poll_seconds = poll_seconds
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._final: dict[str, tuple[int, BackendStatus]] = {}  # job id -> (job.json mtime, terminal status)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LocalBackend:
@@ -218,6 +219,8 @@ class LocalBackend:
         running: list[int | None] = []
         waiting: list[tuple[int, float, Path, dict[str, Any]]] = []
         for job_dir in self._job_dirs():
+            if self._cached(job_dir) is not None:
+                continue
             spec = _read_json(job_dir / "job.json")
             if spec is None:
                 continue
@@ -304,7 +307,26 @@ class LocalBackend:
         if pid is not None:
             self._signal(pid, signal.SIGKILL)
 
+    def _cached(self, job_dir: Path) -> BackendStatus | None:
+        """The terminal status of the current attempt, if known: it cannot change until a resubmit."""
+        final = self._final.get(job_dir.name)
+        try:
+            mtime = (job_dir / "job.json").stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+        return final[1].model_copy() if final is not None and final[0] == mtime else None
+
     def _status(self, job_dir: Path) -> BackendStatus:
+        cached = self._cached(job_dir)
+        if cached is not None:
+            return cached
+        mtime = (job_dir / "job.json").stat().st_mtime_ns
+        status = self._read_status(job_dir)
+        if status.state.terminal:
+            self._final[job_dir.name] = (mtime, status)
+        return status
+
+    def _read_status(self, job_dir: Path) -> BackendStatus:
         spec = _read_json(job_dir / "job.json") or {}
         attempt = int(spec.get("attempt", 0))
         run = _read_json(job_dir / f"run-{attempt}.json")

@@ -1,25 +1,35 @@
 """Fixtures for the monitoring tests: the component's files, and a real Prometheus + Pushgateway.
 
 Prometheus (Debian's `prometheus`) and the Pushgateway (`prometheus-pushgateway`) are installed if
-missing and started on free ports with temporary storage. Prometheus scrapes two toy trainers (one
-eager, one graph job of pool `test-pool`) and the Pushgateway, which holds the final snapshots of two
-more jobs (pool `push-pool`) and a benchmark's per-plan step times. Every wait polls an event with a
-deadline; nothing sleeps blindly.
+missing and started on free ports with temporary storage. Everything they hold comes from real
+`python -m trainer` processes on the CPU, tiny widths, market data:
+
+- two scraped trainers of pool `test-pool`, alive until the session ends (SIGTERM: they checkpoint
+  and exit 143): `job-full` (eager, every component on) and `job-epoch` (requests the `graph`
+  plan, which falls back to eager on a CPU; C51 and the causal probe only, so it completes an
+  epoch of 2000 steps within a minute);
+- one short job of pool `push-pool` that trains exactly one epoch and pushes its final snapshot
+  (FOXHUNT_PUSHGATEWAY_URL), as short jobs do;
+- one `python -m trainer bench` run whose per-plan step times go to the Pushgateway through
+  `trainer.metrics.export_bench` (only `eager` runs on a CPU: other plans would fall back to it).
+
+Trainers run with one intra-op thread: at these widths, two threads on a shared 2-core machine make
+each step 5x slower. Every wait polls an event with a deadline; nothing sleeps blindly.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import selectors
+import re
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -27,18 +37,32 @@ import yaml
 
 from tests.system_packages import ensure_debian_packages
 
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "k8s" / "components" / "monitoring"
 DASHBOARDS = sorted((COMPONENT / "dashboards").glob("*.json"))
 SCHEMAS = ROOT.parent / "shared" / "schemas"
-TOY_TRAINER = Path(__file__).with_name("toy_trainer.py")
 
 SCRAPED_POOL = "test-pool"
-SCRAPED_JOBS = {"eager": "job-eager", "graph": "job-graph"}
+FULL_JOB = "job-full"
+EPOCH_JOB = "job-epoch"
+SCRAPED_JOBS = (FULL_JOB, EPOCH_JOB)
 PUSHED_POOL = "push-pool"
-PUSHED_JOBS = {"eager": "push-eager", "graph": "push-graph"}
-PUSHED_STEPS = 60
-BENCH_JOB_ID = "bench-toy"
+PUSHED_JOB = "push-epoch"
+BENCH_JOB_ID = "bench-cpu"
+BENCH_PUSH_JOB = "foxhunt-bench"
+BENCH_CONFIGS = ("core", "full")
+
+UNTIL_TERMINATED = 1_000_000
+"""`run.steps` of the scraped trainers: far more than a test lasts; the session terminates them."""
+STARTUP_TIMEOUT = 180.0
+"""Seconds for a trainer to import torch, fill its replay and serve, on a loaded 2-core machine."""
+EPOCH_TIMEOUT = 300.0
+"""Seconds for a lean trainer to complete its 2000-step epoch (about 40 s on a loaded 2-core machine)."""
+
+SERVING = re.compile(r"serving metrics on :(\d+)/metrics")
 
 
 def free_port() -> int:
@@ -75,59 +99,124 @@ class Process:
     popen: subprocess.Popen[str]
     log: Path
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit status."""
         if self.popen.poll() is None:
             self.popen.terminate()
             try:
-                self.popen.wait(timeout=10)
+                self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+        return self.popen.returncode
+
+    def tail(self) -> str:
+        return self.log.read_text()[-2000:] if self.log.exists() else ""
 
     def check_alive(self) -> None:
         if self.popen.poll() is not None:
-            tail = self.log.read_text()[-2000:] if self.log.exists() else ""
-            pytest.fail(f"{self.name} exited with {self.popen.returncode}: {tail}")
+            pytest.fail(f"{self.name} exited with {self.popen.returncode}: {self.tail()}")
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status, once the process has ended by itself."""
+        wait_for(f"{self.name} to finish", lambda: self.popen.poll() is not None, timeout=timeout)
+        return self.popen.returncode
 
 
-def start(name: str, args: list[str], workdir: Path) -> Process:
+def start(name: str, args: list[str], workdir: Path, env: dict[str, str] | None = None) -> Process:
+    """Run `args` with its output in workdir/<name>.log; with `env`, a trainer, from the repository root."""
     log = workdir / f"{name}.log"
-    popen = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, cwd=workdir)
+    cwd = ROOT if env is not None else workdir
+    popen = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
     return Process(name, popen, log)
 
 
-def start_toy_trainer(plan: str, job_id: str, pool: str, workdir: Path) -> tuple[Process, int]:
-    """Start tests/k8s/toy_trainer.py and return it with the port it reports once it serves."""
-    log = workdir / f"{job_id}.log"
-    popen = subprocess.Popen(
-        [sys.executable, str(TOY_TRAINER), "--plan", plan, "--job-id", job_id, "--pool", pool, "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=log.open("w"),
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+def trainer_env(**foxhunt: str) -> dict[str, str]:
+    """The environment of a trainer process: the caller's FOXHUNT_* variables only, one torch thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOXHUNT_")}
+    return {**env, **foxhunt, "FOXHUNT_COMMIT": "test", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def full_config() -> TrainConfig:
+    """Every component on at tiny widths, so the breakdown, losses and causal panels get every series."""
+    from tests.factories import tiny_config
+
+    return tiny_config(
+        run={"steps": UNTIL_TERMINATED, "log_every": 20, "checkpoint_every": UNTIL_TERMINATED, "eval_episodes": 0}
     )
-    process = Process(job_id, popen, log)
-    selector = selectors.DefaultSelector()
-    assert popen.stdout is not None
-    selector.register(popen.stdout, selectors.EVENT_READ)
-    if not selector.select(timeout=90):
-        process.stop()
-        pytest.fail(f"{job_id}: toy trainer did not report its port within 90 s: {log.read_text()[-2000:]}")
-    line = popen.stdout.readline()
-    if not line.startswith("PORT "):
-        process.stop()
-        pytest.fail(f"{job_id}: unexpected first line {line!r}: {log.read_text()[-2000:]}")
-    return process, int(line.split()[1])
+
+
+def epoch_config(steps: int) -> TrainConfig:
+    """C51 and the causal probe only: 2000 steps (one epoch) fit in under a minute on a shared CPU."""
+    from tests.factories import tiny_config
+
+    return tiny_config(
+        model={"ensemble_heads": 0},
+        loss={"cql": False, "iqn": False, "iql": False, "attention": False, "vaccine": False},
+        optim={"spectral_norm": False},
+        replay={"her": False},
+        run={"steps": steps, "log_every": 100, "checkpoint_every": UNTIL_TERMINATED, "eval_episodes": 0},
+    )
+
+
+def start_trainer(
+    job_id: str, config: TrainConfig, workdir: Path, env: dict[str, str], overrides: tuple[str, ...] = ()
+) -> Process:
+    """`python -m trainer train` on `config` (written to a file, as a workflow passes it)."""
+    from trainer.config import dump_config
+
+    path = workdir / f"{job_id}.json"
+    dump_config(config, path)
+    args = [sys.executable, "-m", "trainer", "train", "--config", str(path), "--run-dir", str(workdir / job_id)]
+    args += ["--no-progress", *(arg for override in overrides for arg in ("-o", override))]
+    return start(job_id, args, workdir, env)
+
+
+def metrics_port(trainer: Process) -> int:
+    """The port a trainer reports once it serves /metrics (`serving metrics on :PORT/metrics`)."""
+
+    def served() -> re.Match[str] | None:
+        trainer.check_alive()
+        return SERVING.search(trainer.log.read_text())
+
+    return int(wait_for(f"{trainer.name} to serve /metrics", served, timeout=STARTUP_TIMEOUT)[1])
+
+
+def bench_args(out: Path) -> list[str]:
+    """A real benchmark at tiny widths on the CPU: eager in both configurations (the only plan a CPU runs)."""
+    from tests.factories import TINY_MODEL
+
+    sizes = ["--batch-size", "16", "--capacity", "400", "--obs-dim", "16", "--steps", "10", "--repeats", "3"]
+    args = [sys.executable, "-m", "trainer", "bench", "--device", "cpu", "--configs", ",".join(BENCH_CONFIGS)]
+    args += ["--methods", "eager", *sizes, "--warmup", "2", "--no-timer-overhead", "--out", str(out)]
+    return args + [arg for key, value in TINY_MODEL.items() for arg in ("-o", f"model.{key}={value}")]
+
+
+def push_bench(document: dict[str, Any], pushgateway_url: str) -> None:
+    """Export a benchmark's bench.json through `export_bench` and push it, as the bench workflow's job does."""
+    from prometheus_client import CollectorRegistry
+
+    from trainer.metrics import BenchResult, export_bench, push
+
+    results = [
+        BenchResult(plan=row["method"], config=row["config"], step_seconds=row["ms_median"] / 1e3)
+        for row in document["results"]
+        if row["error"] is None
+    ]
+    registry = CollectorRegistry()
+    export_bench(registry, results)
+    push(registry, pushgateway_url, BENCH_JOB_ID, job=BENCH_PUSH_JOB)
 
 
 @dataclass
 class PromStack:
-    """A running Prometheus, the Pushgateway it scrapes, and the toy trainers it scrapes."""
+    """A running Prometheus, the Pushgateway it scrapes, and the trainers behind both."""
 
     url: str
     pushgateway_url: str
     workdir: Path
+    trainers: dict[str, Process] = field(default_factory=dict)
+    bench: dict[str, Any] = field(default_factory=dict)
 
     def query(self, expr: str) -> dict[str, Any]:
         response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
@@ -152,27 +241,6 @@ class PromStack:
         return list(body["data"])
 
 
-def _push_snapshots(pushgateway_url: str) -> None:
-    """Final snapshots of two short jobs, and a benchmark's per-plan step times, like short jobs push them."""
-    import torch
-    from prometheus_client import CollectorRegistry
-
-    from tests.k8s.toy_trainer import build, run_steps
-    from trainer.metrics import BenchResult, export_bench, push
-
-    torch.set_num_threads(1)  # the toy's tiny matmuls only lose from threads on a shared CPU
-    bench: list[BenchResult] = []
-    for plan, job_id in PUSHED_JOBS.items():
-        registry, trainer = build(plan, job_id, PUSHED_POOL)
-        run_steps(trainer, PUSHED_STEPS, epoch_steps=20)
-        means = trainer.timer.means_ms()
-        bench.append(BenchResult(plan=plan, config="toy", step_seconds=means["step"] / 1e3))
-        push(registry, pushgateway_url, job_id)
-    bench_registry = CollectorRegistry()
-    export_bench(bench_registry, bench)
-    push(bench_registry, pushgateway_url, BENCH_JOB_ID, job="foxhunt-bench")
-
-
 @pytest.fixture(scope="session")
 def prometheus_binaries() -> dict[str, str]:
     return {
@@ -182,63 +250,90 @@ def prometheus_binaries() -> dict[str, str]:
     }
 
 
+def _prometheus_config(workdir: Path, targets: list[str], pushgateway: str) -> Path:
+    # The PrometheusRule's groups, evaluated every second here so the test need not wait 30 s.
+    groups = [{**group, "interval": "1s"} for group in prometheus_rule_groups()]
+    (workdir / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": ["rules.yaml"],
+        "scrape_configs": [
+            # The job name the PodMonitor gives trainer pods (jobLabel app.kubernetes.io/name).
+            {"job_name": "foxhunt-trainer", "static_configs": [{"targets": targets}]},
+            {"job_name": "pushgateway", "honor_labels": True, "static_configs": [{"targets": [pushgateway]}]},
+        ],
+    }
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 @pytest.fixture(scope="session")
 def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromStack]:
+    from trainer.config import STEPS_PER_EPOCH
+    from trainer.train import EXIT_TERMINATED  # what a trainer exits with after SIGTERM (it checkpoints first)
+
     workdir = tmp_path_factory.mktemp("prometheus")
     processes: list[Process] = []
+    stack: PromStack | None = None
     try:
-        targets = []
-        for plan, job_id in SCRAPED_JOBS.items():
-            process, port = start_toy_trainer(plan, job_id, SCRAPED_POOL, workdir)
-            processes.append(process)
-            targets.append(f"127.0.0.1:{port}")
-
         pgw_port = free_port()
         pushgateway = start(
             "pushgateway",
-            [prometheus_binaries["pushgateway"], f"--web.listen-address=127.0.0.1:{pgw_port}"],
+            [
+                prometheus_binaries["pushgateway"],
+                f"--web.listen-address=127.0.0.1:{pgw_port}",
+                # Debian's build persists to /var/lib/prometheus/pushgateway.data by default: every
+                # session would load the groups earlier sessions pushed. Keep this one in memory.
+                "--persistence.file=",
+            ],
             workdir,
         )
         processes.append(pushgateway)
         pushgateway_url = f"http://127.0.0.1:{pgw_port}"
-        wait_for("the Pushgateway to be ready", lambda: httpx.get(f"{pushgateway_url}/-/ready").is_success)
-        _push_snapshots(pushgateway_url)
 
-        # The PrometheusRule's groups, evaluated every second here so the test need not wait 30 s.
-        groups = [{**group, "interval": "1s"} for group in prometheus_rule_groups()]
-        (workdir / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-            "rule_files": ["rules.yaml"],
-            "scrape_configs": [
-                # The job name the PodMonitor gives trainer pods (jobLabel app.kubernetes.io/name).
-                {"job_name": "foxhunt-trainer", "static_configs": [{"targets": targets}]},
-                {
-                    "job_name": "pushgateway",
-                    "honor_labels": True,
-                    "static_configs": [{"targets": [f"127.0.0.1:{pgw_port}"]}],
-                },
-            ],
-        }
-        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        # The epoch-length runs are the slowest part: start them first.
+        pushed = start_trainer(
+            PUSHED_JOB, epoch_config(STEPS_PER_EPOCH), workdir,
+            trainer_env(FOXHUNT_JOB_ID=PUSHED_JOB, FOXHUNT_POOL=PUSHED_POOL, FOXHUNT_PUSHGATEWAY_URL=pushgateway_url),
+        )  # fmt: skip
+        serve = ("run.metrics_port=0",)
+        epoch = start_trainer(
+            EPOCH_JOB, epoch_config(UNTIL_TERMINATED), workdir,
+            trainer_env(FOXHUNT_JOB_ID=EPOCH_JOB, FOXHUNT_POOL=SCRAPED_POOL), (*serve, "run.plan=graph"),
+        )  # fmt: skip
+        full = start_trainer(
+            FULL_JOB, full_config(), workdir, trainer_env(FOXHUNT_JOB_ID=FULL_JOB, FOXHUNT_POOL=SCRAPED_POOL), serve
+        )
+        bench = start("bench", bench_args(workdir / "bench"), workdir, trainer_env())
+        processes += [pushed, epoch, full, bench]
+
+        targets = [f"127.0.0.1:{metrics_port(trainer)}" for trainer in (full, epoch)]
+        config = _prometheus_config(workdir, targets, f"127.0.0.1:{pgw_port}")
         prom_port = free_port()
         prometheus = start(
             "prometheus",
             [
                 prometheus_binaries["prometheus"],
-                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--config.file={config}",
                 f"--storage.tsdb.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
             ],
             workdir,
         )
         processes.append(prometheus)
-        stack = PromStack(f"http://127.0.0.1:{prom_port}", pushgateway_url, workdir)
+        trainers = {PUSHED_JOB: pushed, EPOCH_JOB: epoch, FULL_JOB: full}
+        stack = PromStack(f"http://127.0.0.1:{prom_port}", pushgateway_url, workdir, trainers)
+        wait_for("the Pushgateway to be ready", lambda: httpx.get(f"{pushgateway_url}/-/ready").is_success)
         wait_for("Prometheus to be ready", lambda: httpx.get(f"{stack.url}/-/ready").is_success)
 
+        assert bench.wait_exit(STARTUP_TIMEOUT) == 0, f"the benchmark failed: {bench.tail()}"
+        stack.bench = json.loads((workdir / "bench" / "bench.json").read_text())
+        push_bench(stack.bench, pushgateway_url)
+
         def scraped_enough() -> bool:
-            for process in processes:
-                process.check_alive()
+            full.check_alive()
+            epoch.check_alive()
             # rate() over the test's 20 s windows needs a few samples of every target.
             result = stack.query("min(count_over_time(up[1m])) >= 4 and min(up) == 1 and count(up) == 3")
             return bool(result["result"])
@@ -246,8 +341,10 @@ def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.Tem
         wait_for("every target to be up and scraped 4 times", scraped_enough)
         yield stack
     finally:
-        for process in reversed(processes):
-            process.stop()
+        statuses = {process.name: process.stop() for process in reversed(processes)}
+    crashed = {name: statuses[name] for name in (FULL_JOB, EPOCH_JOB) if statuses.get(name) != EXIT_TERMINATED}
+    if stack is not None and crashed:
+        pytest.fail(f"scraped trainers did not checkpoint and exit {EXIT_TERMINATED} on SIGTERM: {crashed}")
 
 
 def dashboards() -> dict[str, dict[str, Any]]:

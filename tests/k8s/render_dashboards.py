@@ -74,7 +74,8 @@ def render(
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(drawn) :]:
         ax.axis("off")
-    fig.suptitle("foxhunt dashboards: panel queries against a real Prometheus (toy trainers, CPU)", fontsize=11)
+    title = "foxhunt dashboards: panel queries against a real Prometheus scraping `python -m trainer` (tiny, CPU)"
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)

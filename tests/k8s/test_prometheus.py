@@ -1,4 +1,7 @@
-"""Every dashboard query against a real Prometheus scraping real exporters (and the Pushgateway).
+"""Every dashboard query against a real Prometheus scraping real trainers (and the Pushgateway).
+
+The data comes from `python -m trainer train` and `python -m trainer bench` processes on the CPU
+(see conftest.py): two scraped trainers, one job's pushed final snapshot, one benchmark's push.
 
 A panel whose query does not parse, or returns nothing, fails. The only queries allowed to be empty
 are those of CUDA-only metrics while every exporter runs on the CPU (GPU memory); they must still
@@ -19,10 +22,13 @@ from typing import Any
 import pytest
 
 from tests.k8s.conftest import (
+    BENCH_CONFIGS,
     BENCH_JOB_ID,
-    PUSHED_JOBS,
+    EPOCH_JOB,
+    EPOCH_TIMEOUT,
+    FULL_JOB,
+    PUSHED_JOB,
     PUSHED_POOL,
-    PUSHED_STEPS,
     SCRAPED_JOBS,
     SCRAPED_POOL,
     PromStack,
@@ -55,7 +61,10 @@ def variable_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def check_dashboard(stack: PromStack, dashboard: dict[str, Any], variables: dict[str, str]) -> None:
-    """Each template variable yields values and each panel query returns series, within a deadline."""
+    """Each template variable yields values and each panel query returns series, within a deadline.
+
+    The deadline is an epoch's: the epoch-time panel has data once a trainer completes 2000 steps.
+    """
     for name, query in variable_queries(dashboard):
         found = LABEL_VALUES.match(query)
         assert found, f"variable {name}: expected label_values(selector, label), got {query}"
@@ -67,8 +76,25 @@ def check_dashboard(stack: PromStack, dashboard: dict[str, Any], variables: dict
         if any(metric in query for metric in CUDA_ONLY_METRICS):
             assert stack.query(query)["result"] == [], f"{title}: CUDA metrics from a CPU exporter?"
             continue
-        result = wait_for(f"panel {title!r} of {dashboard['uid']}: {query}", lambda q=query: stack.query(q)["result"])
+        result = wait_for(
+            f"panel {title!r} of {dashboard['uid']}: {query}", lambda q=query: stack.query(q)["result"], EPOCH_TIMEOUT
+        )
         assert all(len(series["value"]) == 2 for series in result)
+
+
+def scraped_variables(job: str = "|".join(SCRAPED_JOBS), plan: str = ".*") -> dict[str, str]:
+    return {"pool": SCRAPED_POOL, "job": job, "plan": plan}
+
+
+def panel_expr(uid: str, title_start: str) -> str:
+    """The first query of the panel of dashboard `uid` whose title starts with `title_start`."""
+    (board,) = [d for d in dashboards().values() if d["uid"] == uid]
+    (expr, *_) = [p["targets"][0]["expr"] for p in board["panels"] if p["title"].startswith(title_start)]
+    return str(expr)
+
+
+def values(result: list[dict[str, Any]], label: str) -> dict[str, float]:
+    return {series["metric"][label]: float(series["value"][1]) for series in result}
 
 
 def test_the_exporters_are_cpu_ones(prom_stack: PromStack) -> None:
@@ -77,48 +103,85 @@ def test_the_exporters_are_cpu_ones(prom_stack: PromStack) -> None:
     assert devices == ["cpu"]
 
 
+def test_a_plan_this_machine_cannot_run_is_labelled_with_the_plan_that_ran(prom_stack: PromStack) -> None:
+    """job-epoch asked for `graph`; on a CPU it trains eager, and its series say so."""
+    assert "falling back to the eager plan" in prom_stack.trainers[EPOCH_JOB].log.read_text()
+    info = prom_stack.query(f'foxhunt_train_info{{job_id="{EPOCH_JOB}"}}')["result"]
+    assert [series["metric"]["plan"] for series in info] == ["eager"]
+    assert prom_stack.label_values("plan", "foxhunt_train_step_seconds_count") == ["eager"]
+
+
 def test_every_dashboard_query_returns_data_from_scraped_trainers(prom_stack: PromStack) -> None:
-    variables = {"pool": SCRAPED_POOL, "job": "|".join(SCRAPED_JOBS.values()), "plan": ".*"}
     for dashboard in dashboards().values():
-        check_dashboard(prom_stack, dashboard, variables)
+        check_dashboard(prom_stack, dashboard, scraped_variables())
+    epochs = prom_stack.query(
+        f"foxhunt_train_epochs_total * on (job, instance) group_left (job_id) "
+        f'foxhunt_train_info{{job_id="{EPOCH_JOB}"}}'
+    )["result"]
+    assert values(epochs, "job_id")[EPOCH_JOB] >= 1
 
 
 def test_every_dashboard_query_returns_data_from_pushed_snapshots(prom_stack: PromStack) -> None:
-    variables = {"pool": PUSHED_POOL, "job": "|".join(PUSHED_JOBS.values()), "plan": ".*"}
+    """The short job trains one epoch, pushes its final snapshot and exits 0; the dashboards show it."""
+    from trainer.config import STEPS_PER_EPOCH
+
+    pushed = prom_stack.trainers[PUSHED_JOB]
+    assert pushed.wait_exit(EPOCH_TIMEOUT) == 0, pushed.tail()
+    variables = {"pool": PUSHED_POOL, "job": PUSHED_JOB, "plan": ".*"}
     for dashboard in dashboards().values():
         check_dashboard(prom_stack, dashboard, variables)
-    pushed = prom_stack.query('foxhunt_train_steps_total{job="foxhunt-trainer"}')["result"]
-    by_instance = {s["metric"]["instance"]: float(s["value"][1]) for s in pushed}
-    assert by_instance[PUSHED_JOBS["eager"]] == by_instance[PUSHED_JOBS["graph"]] == PUSHED_STEPS
+    selector = f'{{job="foxhunt-trainer", instance="{PUSHED_JOB}"}}'
+    assert values(prom_stack.query(f"foxhunt_train_steps_total{selector}")["result"], "plan") == {
+        "eager": STEPS_PER_EPOCH
+    }
+    assert values(prom_stack.query(f"foxhunt_train_epochs_total{selector}")["result"], "plan") == {"eager": 1}
+    (epoch_seconds,) = values(prom_stack.query(f"foxhunt_train_epoch_seconds{selector}")["result"], "plan").values()
+    step_count = values(
+        prom_stack.query(f'foxhunt_train_step_seconds_count{{component="step", instance="{PUSHED_JOB}"}}')["result"],
+        "plan",
+    )
+    step_sum = values(
+        prom_stack.query(f'foxhunt_train_step_seconds_sum{{component="step", instance="{PUSHED_JOB}"}}')["result"],
+        "plan",
+    )
+    assert step_count == {"eager": STEPS_PER_EPOCH}  # every step's time reached the final push
+    assert step_sum["eager"] <= epoch_seconds  # the epoch's wall time holds its steps (and data collection)
 
 
 def test_speed_up_over_eager_is_computed_from_the_bench_push(prom_stack: PromStack) -> None:
-    (plans,) = [d for d in dashboards().values() if d["uid"] == "foxhunt-plans"]
-    (expr,) = [t["expr"] for p in plans["panels"] if "Benchmark: speed-up" in p["title"] for t in p["targets"]]
-    result = prom_stack.query(expr)["result"]
-    speedup = {s["metric"]["plan"]: float(s["value"][1]) for s in result}
-    times = {
-        s["metric"]["plan"]: float(s["value"][1])
-        for s in prom_stack.query(f'foxhunt_bench_step_seconds{{instance="{BENCH_JOB_ID}"}}')["result"]
+    """The benchmark panels show the real benchmark's numbers, and the speed-up is eager's time / a plan's."""
+    measured = {
+        (row["config"], row["method"]): row["ms_median"] / 1e3
+        for row in prom_stack.bench["results"]
+        if not row["error"]
     }
-    assert speedup["eager"] == pytest.approx(1.0)
-    assert speedup["graph"] == pytest.approx(times["eager"] / times["graph"])
+    assert {config for config, _ in measured} == set(BENCH_CONFIGS)
+    pushed = {
+        (s["metric"]["config"], s["metric"]["plan"]): float(s["value"][1])
+        for s in wait_for(
+            "the benchmark's push",
+            lambda: prom_stack.query(f'foxhunt_bench_step_seconds{{instance="{BENCH_JOB_ID}"}}')["result"],
+        )
+    }
+    assert pushed == pytest.approx(measured)
+    speedup = {
+        (s["metric"]["config"], s["metric"]["plan"]): float(s["value"][1])
+        for s in prom_stack.query(panel_expr("foxhunt-plans", "Benchmark: speed-up"))["result"]
+    }
+    expected = {(config, plan): pushed[(config, "eager")] / seconds for (config, plan), seconds in pushed.items()}
+    assert speedup == pytest.approx(expected)
+    assert all(speedup[(config, "eager")] == pytest.approx(1.0) for config in BENCH_CONFIGS)
 
 
 def test_live_breakdown_adds_up_to_the_step_time(prom_stack: PromStack) -> None:
-    """The stacked panel's components sum to the measured step time (timer gaps aside)."""
-    (training,) = [d for d in dashboards().values() if d["uid"] == "foxhunt-training"]
-    (breakdown,) = [p["targets"][0]["expr"] for p in training["panels"] if p["title"].startswith("Per-step")]
-    variables = {"pool": SCRAPED_POOL, "job": SCRAPED_JOBS["eager"], "plan": "eager"}
-    components = prom_stack.query(f"sum({substitute(breakdown, variables)})")["result"]
-    step = prom_stack.query(
-        substitute(
-            '1e3 * sum(rate(foxhunt_train_step_seconds_sum{component="step", plan="eager"}[$__rate_interval]))'
-            ' / sum(rate(foxhunt_train_step_seconds_count{component="step", plan="eager"}[$__rate_interval]))',
-            {},
-        )
-    )["result"]
-    total, whole = float(components[0]["value"][1]), float(step[0]["value"][1])
+    """The stacked panel's components sum to the measured step time of the same job (timer gaps aside)."""
+    variables = scraped_variables(FULL_JOB, "eager")
+    breakdown = substitute(panel_expr("foxhunt-training", "Per-step"), variables)
+    step = substitute(panel_expr("foxhunt-training", "Step time"), variables)
+    components = prom_stack.query(f"count({breakdown})")["result"]
+    assert float(components[0]["value"][1]) >= 10  # every component of the full config is on
+    total = float(prom_stack.query(f"sum({breakdown})")["result"][0]["value"][1])
+    whole = float(prom_stack.query(step)["result"][0]["value"][1])
     assert 0.7 * whole <= total <= whole * 1.01
 
 
@@ -130,7 +193,7 @@ def test_recording_rule_labels_each_job_with_its_pool(prom_stack: PromStack) -> 
             and r
         ),
     )
-    assert {s["metric"]["job_id"] for s in series} == set(SCRAPED_JOBS.values())
+    assert {s["metric"]["job_id"] for s in series} == set(SCRAPED_JOBS)
     rules = prom_stack.query("ALERTS")  # alerts evaluate without error on real data
     assert "result" in rules
 
@@ -142,5 +205,9 @@ def test_render_dashboards_png(prom_stack: PromStack) -> None:
     seconds = float(os.environ.get("FOXHUNT_RENDER_SECONDS", "60"))
     started = time.time()
     wait_for("data to accumulate", lambda: time.time() - started >= seconds, timeout=seconds + 30, every=1)
-    variables = {"pool": SCRAPED_POOL, "job": "|".join(SCRAPED_JOBS.values()), "plan": ".*"}
-    render(prom_stack, dashboards(), lambda e: substitute(e, variables), Path(os.environ["FOXHUNT_RENDER_DASHBOARDS"]))
+    render(
+        prom_stack,
+        dashboards(),
+        lambda e: substitute(e, scraped_variables()),
+        Path(os.environ["FOXHUNT_RENDER_DASHBOARDS"]),
+    )

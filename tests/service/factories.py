@@ -42,7 +42,7 @@ def tiny_train_config(steps: int = 3) -> dict[str, Any]:
             "attn_ffn": 16,
         },
         "replay": {"capacity": 256},
-        "data": {"source": "market", "learning_starts": 32, "market_features": 8, "market_horizon": 16},
+        "data": {"source": "market", "learning_starts": 32, "market_features": 16, "market_horizon": 16},
         "run": {
             "steps": steps,
             "batch_size": 16,

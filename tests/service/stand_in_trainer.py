@@ -34,8 +34,16 @@ def main() -> int:
     print(f"stand-in: steps={steps} resume={args.resume}", flush=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     (run_dir / "checkpoints" / "last.txt").write_text(str(steps))
-    progress = {"step": steps, "steps": steps, "plan": "eager", "step_ms": 1.5, "epoch_seconds": 3.0,
-                "breakdown_ms": {"sample": 0.25, "fused": 1.0, "guard": 0.25}, "losses": {"c51": 0.5}, "guard_skips": 0}
+    progress = {
+        "step": steps,
+        "steps": steps,
+        "plan": "eager",
+        "step_ms": 1.5,
+        "epoch_seconds": 3.0,
+        "breakdown_ms": {"sample": 0.25, "fused": 1.0, "guard": 0.25},
+        "losses": {"c51": 0.5},
+        "guard_skips": 0,
+    }
     (run_dir / "progress.json.tmp").write_text(json.dumps(progress))
     (run_dir / "progress.json.tmp").replace(run_dir / "progress.json")
     print("Training step breakdown: sample=0.250ms fused=1.000ms guard=0.250ms", flush=True)

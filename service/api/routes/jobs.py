@@ -65,7 +65,7 @@ def submit_job(
     job, created = jobs.submit(principal, body, idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
-    return _detail(jobs.store.get_job(job.id))
+    return _detail(job)
 
 
 @router.get("", responses=problems(400))

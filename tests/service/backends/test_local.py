@@ -28,7 +28,8 @@ def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0) -> JobSp
         model="c51-branching",
         commit_sha="HEAD",
         epochs=1,
-        config={"run": {"steps": 3}, "priority": priority},
+        config={"run": {"steps": 3}},
+        priority=priority,
         attempt=attempt,
     )
 
@@ -109,16 +110,16 @@ def test_only_one_cpu_job_runs_at_a_time_and_priority_orders_the_queue(
     backend.submit(spec("job-a"))
     wait_state(backend, "job-a", {JobState.RUNNING})
     backend.submit(spec("job-b"))
-    high = spec("job-c")
-    (tmp_path / "job-c").mkdir()
-    backend.submit(high.model_copy(update={"config": high.config}))
+    backend.submit(spec("job-c", priority=5))
     states = {s.job_id: s.state for s in backend.list_statuses()}
     assert states == {"job-a": JobState.RUNNING, "job-b": JobState.PENDING, "job-c": JobState.PENDING}
     assert backend.status("job-b").phase == "waiting for a slot"
     backend.cancel("job-a", force=True)
     wait_state(backend, "job-a", TERMINAL)
-    assert wait_state(backend, "job-b", {JobState.RUNNING}).state is JobState.RUNNING  # submitted first
-    assert backend.status("job-c").state is JobState.PENDING
+    assert wait_state(backend, "job-c", {JobState.RUNNING}).state is JobState.RUNNING  # higher priority first
+    assert backend.status("job-b").state is JobState.PENDING
+    backend.cancel("job-c", force=True)
+    assert wait_state(backend, "job-b", {JobState.RUNNING}).state is JobState.RUNNING
 
 
 def test_gpu_jobs_get_one_gpu_each(tmp_path: Path, backends: list[LocalBackend]) -> None:
