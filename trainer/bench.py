@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from trainer.config import STEPS_PER_EPOCH, TrainConfig, build_config
+from trainer.config import PLANS, STEPS_PER_EPOCH, TrainConfig, build_config
 from trainer.data.spec import EnvSpec, Transitions, goal_columns
 from trainer.model import ModelDims
-from trainer.plans import make_plan
+from trainer.plans import make_plan, unavailable_reason
 from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
@@ -329,6 +329,11 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
         for method in options.methods:
             if f"{name}:{method}" in options.skip:
                 results.append(Result(config=name, method=method, error="skipped (--skip)"))
+                continue
+            reason = unavailable_reason(method, device) if method in PLANS else None
+            if reason is not None:  # never time eager under a GPU plan's name
+                results.append(Result(config=name, method=method, error=f"not run: {reason}"))
+                log(f"[{name}] {method}: not run: {reason}")
                 continue
             result = time_method(name, method, config, replay, priorities, options)
             if method == "eager":

@@ -6,6 +6,7 @@ Bad input (config, dataset, missing file) prints one line `error: …` and exits
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -115,6 +116,11 @@ def bench(
     document = run_bench(options, target, log=lambda line: typer.echo(line, err=True))
     write_outputs(document, out, "python -m trainer bench " + shlex.join(sys.argv[2:]))
     typer.echo(format_table(document))
+    pushgateway = os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
+    if pushgateway:
+        from trainer.metrics import push_bench
+
+        push_bench(document, pushgateway, os.environ.get("FOXHUNT_JOB_ID") or "bench")
 
 
 hyperopt_app = typer.Typer(no_args_is_help=True, help="Optuna hyper-parameter search (docs/hyperopt.md).")

@@ -343,3 +343,20 @@ def export_bench(registry: CollectorRegistry, results: Iterable[BenchResult]) ->
             raise ValueError(f"bench step time of {result.plan}/{result.config} must be positive")
         gauge.labels(result.plan, result.config).set(result.step_seconds)
     return gauge
+
+
+BENCH_PUSH_JOB = "foxhunt-bench"
+
+
+def push_bench(document: Mapping[str, Any], url: str, job_id: str) -> None:
+    """Export a benchmark document's measured rows (`python -m trainer bench`) and push them."""
+    registry = CollectorRegistry()
+    export_bench(
+        registry,
+        [
+            BenchResult(plan=row["method"], config=row["config"], step_seconds=row["ms_median"] / 1e3)
+            for row in document["results"]
+            if row["error"] is None
+        ],
+    )
+    push(registry, url, job_id, job=BENCH_PUSH_JOB)

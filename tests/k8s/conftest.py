@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from tests.system_packages import ensure_debian_packages
+from trainer.metrics import push_bench
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -52,7 +53,6 @@ SCRAPED_JOBS = (FULL_JOB, EPOCH_JOB)
 PUSHED_POOL = "push-pool"
 PUSHED_JOB = "push-epoch"
 BENCH_JOB_ID = "bench-cpu"
-BENCH_PUSH_JOB = "foxhunt-bench"
 BENCH_CONFIGS = ("core", "full")
 
 UNTIL_TERMINATED = 1_000_000
@@ -192,22 +192,6 @@ def bench_args(out: Path) -> list[str]:
     return args + [arg for key, value in TINY_MODEL.items() for arg in ("-o", f"model.{key}={value}")]
 
 
-def push_bench(document: dict[str, Any], pushgateway_url: str) -> None:
-    """Export a benchmark's bench.json through `export_bench` and push it, as the bench workflow's job does."""
-    from prometheus_client import CollectorRegistry
-
-    from trainer.metrics import BenchResult, export_bench, push
-
-    results = [
-        BenchResult(plan=row["method"], config=row["config"], step_seconds=row["ms_median"] / 1e3)
-        for row in document["results"]
-        if row["error"] is None
-    ]
-    registry = CollectorRegistry()
-    export_bench(registry, results)
-    push(registry, pushgateway_url, BENCH_JOB_ID, job=BENCH_PUSH_JOB)
-
-
 @dataclass
 class PromStack:
     """A running Prometheus, the Pushgateway it scrapes, and the trainers behind both."""
@@ -329,7 +313,7 @@ def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.Tem
 
         assert bench.wait_exit(STARTUP_TIMEOUT) == 0, f"the benchmark failed: {bench.tail()}"
         stack.bench = json.loads((workdir / "bench" / "bench.json").read_text())
-        push_bench(stack.bench, pushgateway_url)
+        push_bench(stack.bench, pushgateway_url, BENCH_JOB_ID)
 
         def scraped_enough() -> bool:
             full.check_alive()

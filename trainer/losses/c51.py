@@ -24,7 +24,7 @@ def categorical_projection(next_pmf: Tensor, reward: Tensor, done: Tensor, gamma
     expect_shape("categorical_projection", "reward", reward, "B", sizes)
     expect_shape("categorical_projection", "done", done, "B", sizes)
     expect_shape("categorical_projection", "support", support, "N", sizes)
-    B, K, N = next_pmf.shape
+    N = next_pmf.shape[-1]
     v_min, v_max = support[0], support[-1]
     dz = (v_max - v_min) / (N - 1)
 

@@ -2,6 +2,9 @@
 
 Each head fits the same projected target; the diversity term rewards disagreement between heads on
 the data action's expected Q, so the ensemble keeps a spread that estimates epistemic uncertainty.
+The variance is measured in units of the support's half-width, so the term lies in [0, 1] and its
+weight means the same whatever v_min and v_max are: the reward for spreading is bounded and cannot
+outgrow the cross entropy that anchors every head to the target.
 Per sample ([B]); capture-safe.
 """
 
@@ -16,10 +19,10 @@ from trainer.losses.c51 import c51_cross_entropy, expected_q
 def ensemble_loss(
     head_logits: Tensor, action: Tensor, target_pmf: Tensor, support: Tensor, diversity_weight: float
 ) -> Tensor:
-    """Per-sample mean over heads of the C51 cross entropy minus diversity_weight * Var_heads Q(s, a_data).
+    """Per-sample mean over heads of the C51 cross entropy minus diversity_weight * Var_heads Q(s, a_data) / h².
 
     The variance is the population variance over the E heads (zero for one head), averaged over
-    branches.
+    branches; h = (v_max − v_min) / 2, the largest possible deviation from the mean, so the term is in [0, 1].
     """
     sizes: dict[str, int] = {}
     expect_shape("ensemble_loss", "head_logits", head_logits, "E B K A N", sizes)
@@ -32,8 +35,9 @@ def ensemble_loss(
     flat_action = action.repeat(E, 1)  # [E*B, K]
     flat_target = target_pmf.repeat(E, 1, 1)  # [E*B, K, N]
     cross_entropy = c51_cross_entropy(flat_logits, flat_action, flat_target).view(E, B)  # [E, B]
-    # diversity = Var_e Q_e(s, a_data), mean over K
+    # diversity = Var_e Q_e(s, a_data) / h², h = (v_max − v_min) / 2, mean over K
     q = expected_q(flat_logits, support)  # [E*B, K, A]
     data_q = q.gather(-1, flat_action[:, :, None]).view(E, B, K)  # [E, B, K]
-    diversity = data_q.var(dim=0, correction=0).mean(-1)  # [B]
+    half_width = (support[-1] - support[0]) / 2  # []
+    diversity = (data_q.var(dim=0, correction=0) / half_width**2).mean(-1)  # [B]
     return cross_entropy.mean(0) - diversity_weight * diversity  # [B]

@@ -28,7 +28,8 @@ def reference_ensemble(
                 qs.append(sum(math.exp(row[n] - log_total) * z[n] for n in range(N)))
             mean = sum(qs) / E
             variance += sum((q - mean) ** 2 for q in qs) / E / K
-        out[b] = cross_entropy - weight * variance
+        half_width = (z[-1] - z[0]) / 2
+        out[b] = cross_entropy - weight * variance / half_width**2
     return out
 
 
@@ -62,6 +63,17 @@ def test_diversity_lowers_the_loss_only_when_heads_differ(gen: torch.Generator) 
     torch.testing.assert_close(
         ensemble_loss(same, action, target_pmf, support, 0.5), ensemble_loss(same, action, target_pmf, support, 0.0)
     )
+
+
+def test_diversity_term_is_bounded_by_one(gen: torch.Generator) -> None:
+    """Two heads at opposite ends of the support: the largest spread there is gives a term of exactly 1."""
+    _, action, target_pmf, support = make_inputs(gen, (2, 5, 3, 4, 11))
+    head_logits = torch.full((2, 5, 3, 4, 11), -1e4)
+    head_logits[0, ..., 0] = 0.0  # all mass on v_min
+    head_logits[1, ..., -1] = 0.0  # all mass on v_max
+    plain = ensemble_loss(head_logits, action, target_pmf, support, 0.0)
+    diverse = ensemble_loss(head_logits, action, target_pmf, support, 1.0)
+    torch.testing.assert_close(plain - diverse, torch.ones(5))
 
 
 def test_one_head_has_no_diversity(gen: torch.Generator) -> None:
