@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 # The main job on the embedded default: a short training run, printing its step breakdown.
 run: setup
-	$(PY) -m trainer train --config examples/quickstart.yaml --run-dir runs/quickstart --no-progress
+	$(PY) -m service quickstart --config examples/quickstart.yaml --workdir runs/quickstart
 
 lint: setup
 	$(PY) -m ruff check .

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from service.domain import JobState
 from service.settings import Settings
 
 app = typer.Typer(help="foxhunt training-job controller.", no_args_is_help=True, add_completion=False)
@@ -86,6 +88,63 @@ def serve(
 
     settings = Settings()
     uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+
+
+@app.command()
+def quickstart(
+    config: Annotated[Path, typer.Option("--config", "-c", help="TrainConfig of the job.")] = Path(
+        "examples/quickstart.yaml"
+    ),
+    workdir: Annotated[Path, typer.Option(help="SQLite database and job folders go here.")] = Path(
+        "runs/quickstart"
+    ),
+) -> None:
+    """The embedded default end to end: start the controller (local backend, SQLite, no tokens) in this
+    process, submit a short job through the API, follow its log to the end and print its breakdown."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from service.app import create_app
+
+    if not config.is_file():
+        raise _fail(f"config file not found: {config}", 2)
+    workdir.mkdir(parents=True, exist_ok=True)
+    settings = Settings(
+        database_url=f"sqlite:///{workdir.resolve() / 'foxhunt.db'}",
+        jobs_dir=workdir / "jobs",
+        auth_disabled=True,
+        reconcile_interval_seconds=0.5,
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="controller", daemon=True)
+    thread.start()
+    api_url = f"http://127.0.0.1:{port}"
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise _fail("the controller did not start")
+            thread.join(0.05)
+        typer.echo(f"controller listening on {api_url} (local backend, {settings.database_url})")
+        body = {"config": yaml.safe_load(config.read_text()) or {}, "name": f"quickstart-{int(time.time())}"}
+        job = _call(api_url, None, "POST", "/v1/jobs", json=body)
+        typer.echo(f"submitted {job['id']} ({job['state']}); following its log")
+        _stream_logs(api_url, None, job["id"])
+        job = _call(api_url, None, "GET", f"/v1/jobs/{job['id']}")
+        while not JobState(job["state"]).terminal:  # the log ends with the process; the state follows it
+            time.sleep(0.2)
+            job = _call(api_url, None, "GET", f"/v1/jobs/{job['id']}")
+        typer.echo("")
+        _print_job(job, as_json=False)
+        if job["state"] != "SUCCEEDED":
+            raise typer.Exit(1)
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 @app.command()
