@@ -148,6 +148,9 @@ class RunConfig(_Section):
     batch_size: int = Field(1024, ge=1, le=1 << 20, description="Transitions per update (B).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' takes a GPU when present.")
     plan: PlanName = Field("eager", description="Execution plan; an unrunnable plan falls back to eager.")
+    cpu_threads: int | None = Field(
+        None, ge=1, le=1024, description="torch CPU threads (None: torch's default); small CPU models run best on 1."
+    )
     steps_per_replay: int = Field(1, ge=1, le=1000, description="Steps per graph replay (zerocopy plan).")
     log_every: int = Field(500, ge=1, description="Steps between breakdown lines.")
     checkpoint_every: int = Field(1000, ge=1, description="Steps between checkpoints.")

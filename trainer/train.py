@@ -110,6 +110,8 @@ def seed_everything(seed: int) -> None:
 
 def build_run(config: TrainConfig, run_dir: Path) -> Run:
     seed_everything(config.run.seed)
+    if config.run.cpu_threads is not None:
+        torch.set_num_threads(config.run.cpu_threads)
     device = resolve_device(config.run.device)
     source = make_source(config, device)
     spec = source.spec
