@@ -29,6 +29,7 @@ def random_policy_returns(source, episodes: int, seed: int) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_cartpole_is_solved(tmp_path: Path) -> None:
     """C51 + CQL + IQN reach a mean return >= 475 over 20 greedy episodes (budget: examples/cartpole.yaml)."""
     config = load_config(EXAMPLES / "cartpole.yaml")
@@ -38,6 +39,7 @@ def test_cartpole_is_solved(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_market_beats_a_random_policy(tmp_path: Path) -> None:
     config = load_config(EXAMPLES / "market.yaml")
     summary = run_training(config, tmp_path, show_progress=False, out=lambda line: None)
