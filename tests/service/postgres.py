@@ -16,12 +16,23 @@ from tests.system_packages import ensure_debian_packages
 PG_BIN_DIRS = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin")
 
 
-def _pg_bin() -> Path:
+def _find_pg_bin() -> Path | None:
     for candidate in PG_BIN_DIRS:
         if (Path(candidate) / "pg_ctl").is_file():
             return Path(candidate)
-    found = shutil.which("pg_ctl") or ensure_debian_packages("pg_ctl", "postgresql")
-    return Path(os.path.realpath(found)).parent
+    found = shutil.which("pg_ctl")
+    return Path(os.path.realpath(found)).parent if found else None
+
+
+def _pg_bin() -> Path:
+    """The server binaries; Debian's `postgresql` puts them off PATH, under /usr/lib/postgresql/N/bin."""
+    found = _find_pg_bin()
+    if found is None:
+        ensure_debian_packages("pg_ctlcluster", "postgresql")  # postgresql-common's wrapper is on PATH
+        found = _find_pg_bin()
+    if found is None:
+        raise RuntimeError(f"installed postgresql but found no pg_ctl in {', '.join(PG_BIN_DIRS)} or on PATH")
+    return found
 
 
 def _as_postgres(args: list[str]) -> list[str]:
