@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-WORKFLOW_CRD = Path("/work/shared/schemas/argo/argoproj.io_workflows.yaml")
+WORKFLOW_CRD = Path(__file__).resolve().parents[3].parent / "shared" / "schemas" / "argo" / "argoproj.io_workflows.yaml"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
