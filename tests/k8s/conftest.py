@@ -252,7 +252,7 @@ def _prometheus_config(workdir: Path, targets: list[str], pushgateway: str) -> P
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # its trainers run until teardown: stop them when the module ends
 def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromStack]:
     from trainer.config import STEPS_PER_EPOCH
     from trainer.train import EXIT_TERMINATED  # what a trainer exits with after SIGTERM (it checkpoints first)
