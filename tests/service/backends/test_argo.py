@@ -36,6 +36,20 @@ def in_background(*steps: Callable[[], object], delay: float = 0.1) -> threading
     return thread
 
 
+def watch_opened(fake_kube: FakeKube, timeout: float = 30.0) -> Callable[[], None]:
+    """A background step that waits until the client's watch stream is open (after its initial list),
+    so the cluster's changes that follow are ones the watch has to see, however slow the machine."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + timeout
+        while not fake_kube.watch_requests():
+            if time.monotonic() > deadline:
+                raise AssertionError("the client never opened a watch")
+            time.sleep(0.01)
+
+    return wait
+
+
 def until(statuses: Iterator[BackendStatus], done: Callable[[BackendStatus], bool]) -> list[BackendStatus]:
     """Consume a watch until `done` (the generator is then closed, ending its HTTP stream)."""
     seen: list[BackendStatus] = []
@@ -285,6 +299,7 @@ def test_watch_yields_changes_not_the_baseline(fake_kube: FakeKube, argo: ArgoBa
 def test_watch_resumes_from_a_bookmark(fake_kube: FakeKube, argo: ArgoBackend) -> None:
     argo.submit(job_spec())
     in_background(
+        watch_opened(fake_kube),
         lambda: fake_kube.add_pod("job-1", "job-1-train"),  # moves the resourceVersion, not our objects
         fake_kube.request_bookmark,
         fake_kube.compact,  # history before the bookmark is gone: resuming from older would be 410
@@ -310,7 +325,7 @@ def test_watch_relists_after_410_gone_and_reports_what_it_missed(fake_kube: Fake
         fake_kube.compact()  # ...while its resume point is compacted away
         fake_kube.pause_watches(False)
 
-    in_background(lambda: fake_kube.set_phase("job-2", "Running"), miss_events)
+    in_background(watch_opened(fake_kube), lambda: fake_kube.set_phase("job-2", "Running"), miss_events)
     seen = until(argo.watch(timeout_seconds=10), lambda s: s.job_id == "job-1")
     assert [(s.job_id, s.state) for s in seen] == [("job-2", JobState.RUNNING), ("job-1", JobState.SUCCEEDED)]
     assert argo.relists == 2
