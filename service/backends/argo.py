@@ -248,15 +248,7 @@ class ArgoBackend:
                 passthrough=(409,),
             )
         except ApiException:  # 409 AlreadyExists: this attempt was submitted before
-            obj = self._call(
-                f"read Workflow {name}",
-                self._custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
-                name,
-            )
+            obj = self._read_workflow(name)
             owner = (obj.get("metadata", {}).get("labels") or {}).get(LABEL_JOB)
             if owner != spec.job_id:
                 raise BackendError(f"Workflow {name} exists but belongs to job {owner!r}") from None
@@ -376,8 +368,8 @@ class ArgoBackend:
             raise BackendUnavailable(f"Kubernetes API not usable: {_describe(error)}") from error
 
     # ---- helpers ------------------------------------------------------------------------------
-    def _workflow_status(self, name: str) -> BackendStatus:
-        obj = self._call(
+    def _read_workflow(self, name: str) -> dict[str, Any]:
+        return self._call(
             f"read Workflow {name}",
             self._custom.get_namespaced_custom_object,
             GROUP,
@@ -386,7 +378,9 @@ class ArgoBackend:
             PLURAL,
             name,
         )
-        return status_from_workflow(obj)
+
+    def _workflow_status(self, name: str) -> BackendStatus:
+        return status_from_workflow(self._read_workflow(name))
 
     def _latest(self, job_id: str) -> dict[str, Any]:
         """The newest attempt's Workflow of a job, or BackendNotFound."""
