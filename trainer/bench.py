@@ -44,6 +44,9 @@ CONFIGS: dict[str, list[str]] = {
     "core": ["model.ensemble_heads=0", "loss.vaccine=false", "loss.causal=false", "replay.her=false"],
     "full": ["model.ensemble_heads=2", "loss.vaccine=true", "loss.causal=true", "replay.her=true"],
 }
+SAMPLER = ["replay.search=cdf"]
+"""Every method samples by the cumulative-sum search: the same draws as the sum-tree descent in
+a tenth of the time on a GPU (trainer/replay/sampler.py)."""
 METHODS: tuple[str, ...] = ("eager", "compile", "graph", "dual", "fused", "zerocopy")
 EPISODE = 200
 
@@ -96,6 +99,7 @@ def bench_config(name: str, options: BenchOptions) -> TrainConfig:
             f"run.seed={options.seed}",
             f"run.steps_per_replay={options.steps_per_replay}",
             *CONFIGS[name],
+            *SAMPLER,
             *options.overrides,
         ],
     )
@@ -166,7 +170,6 @@ class CompiledEagerPlan:
         static = [*state.tensors().values(), *vars(self.batch).values(), *vars(self.draws).values(), state.atoms]
         for tensor in static:
             torch._dynamo.mark_static_address(tensor)
-        torch._functorch.config.donated_buffer = False  # one backward per budgeted loss: retain_graph
         self.step_fn = torch.compile(train_step, mode=mode)
 
     def run(self, step: int) -> StepOutput:

@@ -22,7 +22,7 @@ class TrainState:
     main: ParamLayout
     iql: ParamLayout
     attn: ParamLayout
-    online: Tensor  # [Pm] main network; a leaf that requires grad (views of it are differentiable)
+    online: Tensor  # [Pm] main network (gradients come from torch.func, not autograd leaves)
     target: Tensor  # [Pm] EMA of online
     adam_main: AdamMoments
     iql_params: Tensor  # [Pq]
@@ -47,12 +47,12 @@ class TrainState:
             main=main,
             iql=iql,
             attn=attn,
-            online=online.requires_grad_(True),
+            online=online,
             target=online.detach().clone(),
             adam_main=AdamMoments.zeros(main.size, device),
-            iql_params=iql.init(generator, device).requires_grad_(True),
+            iql_params=iql.init(generator, device),
             adam_iql=AdamMoments.zeros(iql.size, device),
-            attn_params=attn.init(generator, device).requires_grad_(True),
+            attn_params=attn.init(generator, device),
             adam_attn=AdamMoments.zeros(attn.size, device),
             prune_mask=mask,
             spectral_u=spectral_u_init(main, generator, device),

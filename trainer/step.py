@@ -10,15 +10,14 @@ CUDA graph, split it over streams, or compile it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from trainer.batch import Batch
-from trainer.budgets import adam_update, combine_budgeted, ema, spectral_project
+from trainer.budgets import BUDGET_NAMES, adam_update, combine_budgeted, ema, spectral_project
 from trainer.config import TrainConfig
 from trainer.losses.aux import next_state_loss
 from trainer.losses.c51 import c51_cross_entropy, categorical_projection, double_dqn_action, expected_q
@@ -45,9 +44,8 @@ class SectionTimer(Protocol):
 
 
 class _NoTimer:
-    @contextlib.contextmanager
-    def section(self, name: str) -> Iterator[None]:
-        yield
+    def section(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # traceable by torch.compile, unlike a generator
 
 
 NO_TIMER: SectionTimer = _NoTimer()
@@ -162,25 +160,125 @@ class StepOutput:
     ok: Tensor  # [] bool: every group's update was applied
 
 
-def per_loss_gradients(losses: dict[str, Tensor], params: Tensor, batched: bool = False) -> dict[str, Tensor]:
-    """∂L_i/∂θ for each loss: one backward per loss, or one vmapped backward with batched grad outputs."""
-    names = list(losses)
-    if batched:
-        stacked = torch.stack([losses[name] for name in names])  # [L]
-        eye = torch.eye(len(names), device=params.device)  # [L, L]
-        (grads,) = torch.autograd.grad(stacked, params, eye, retain_graph=True, is_grads_batched=True)  # [L, P]
-        return dict(zip(names, grads.unbind(0), strict=True))
-    out = {}
-    for name in names:
-        (grad,) = torch.autograd.grad(losses[name], params, retain_graph=True, allow_unused=True)
-        out[name] = torch.zeros_like(params) if grad is None else grad
-    return out
-
-
 def _commit(ok: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
     """dst ← where(ok, new, dst) for every pair: the guard's skip, on the device."""
     for dst, new in pairs:
         dst.copy_(torch.where(ok, new, dst))
+
+
+@dataclass
+class Targets:
+    """What the update regresses towards, from the target network (no gradients)."""
+
+    a_star: Tensor  # [B, K] Double-DQN greedy actions at s'
+    target_pmf: Tensor  # [B, K, N] projected C51 target
+    h_target_obs: Tensor  # [B, H] target trunk at s (IQL's target)
+    z_target: Tensor | None  # [B, T', K] IQN target quantiles (None when IQN is off)
+
+
+class Forward(NamedTuple):
+    """What the rest of the step reads from the online forward pass (a pytree: `jacrev`'s aux)."""
+
+    budgeted: Tensor  # [L] the budgeted losses, in `budget_names` order
+    losses: dict[str, Tensor]  # every main-network loss (the vaccine penalty on its own)
+    h_s2: Tensor  # [B, H] online trunk features (IQL's input)
+    q: Tensor  # [B, K, A] online expected returns (causal effects)
+    per_sample: Tensor  # [B] the priority source: IQN's per-sample loss if on, else C51's
+
+
+def budget_names(hp: Hyper) -> list[str]:
+    """The budgeted losses this configuration computes, in BUDGET_NAMES order."""
+    enabled = {"c51": True, "cql": hp.cql, "iqn": hp.iqn, "ensemble": hp.ensemble}
+    return [name for name in BUDGET_NAMES if enabled[name]]
+
+
+@torch.no_grad()
+def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) -> Targets:
+    d, atoms = state.dims, state.atoms
+    reward = batch.reward * hp.reward_scale  # [B]
+    p, pt = state.main.views(state.online), state.main.views(state.target)
+    # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
+    a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
+    h_target = trunk(pt, torch.cat([batch.obs, batch.next_obs]))  # [2B, H]
+    h_target_obs, h_target_next = h_target.chunk(2)  # 2 × [B, H]
+    next_logits = c51_logits(pt, h_target_next, d)  # [B, K, A, N]
+    index = a_star[:, :, None, None].expand(-1, -1, 1, d.atoms)  # [B, K, 1, N]
+    next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
+    target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)  # [B, K, N]
+    z_target = None
+    if hp.iqn:
+        z_next = iqn_quantiles(pt, h_target_next, draws.tau_target, d)  # [B, T', K, A]
+        z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)
+        z_target = iqn_target(z_next, reward, batch.done, hp.gamma)  # [B, T', K]
+    return Targets(a_star=a_star, target_pmf=target_pmf, h_target_obs=h_target_obs, z_target=z_target)
+
+
+def budgeted_losses(
+    online: Tensor,
+    state: TrainState,
+    batch: Batch,
+    draws: Draws,
+    hp: Hyper,
+    flags: StepFlags,
+    targets: Targets,
+    timer: SectionTimer = NO_TIMER,
+) -> tuple[Tensor, Forward]:
+    """The budgeted losses [L] as a function of the online parameters [Pm] (their Jacobian is the
+    per-loss gradients), and what the rest of the step reads from the same forward pass."""
+    d, atoms, weight = state.dims, state.atoms, batch.weight  # weight: [B] importance sampling
+    p = state.main.views(online)
+    losses: dict[str, Tensor] = {}
+
+    def c51_of_states(obs: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+        h = trunk(p, obs)  # [B, H]
+        logits = c51_logits(p, h, d)  # [B, K, A, N]
+        per_sample = c51_cross_entropy(logits, batch.action, targets.target_pmf)  # [B]
+        return (weight * per_sample).mean(), (h, logits, per_sample)
+
+    if flags.vaccine:
+        # FGSM needs ∇_s L_c51: the same forward, differentiated w.r.t. the states as well.
+        losses["c51"], grad_of_states, (h_s2, logits, c51_per_sample) = torch.func.vjp(
+            c51_of_states, batch.obs, has_aux=True
+        )
+        (grad_obs,) = grad_of_states(torch.ones_like(losses["c51"]))  # [B, F]
+    else:
+        losses["c51"], (h_s2, logits, c51_per_sample) = c51_of_states(batch.obs)
+    q = expected_q(logits, atoms)  # [B, K, A]
+    budgeted = {"c51": losses["c51"]}
+    if hp.cql:
+        losses["cql"] = budgeted["cql"] = hp.cql_alpha * (weight * cql_penalty(q, batch.action)).mean()
+
+    iqn_per_sample = None
+    if hp.iqn:
+        assert targets.z_target is not None
+        with timer.section("iqn"):
+            z = iqn_quantiles(p, h_s2, draws.tau, d)  # [B, T, K, A]
+            z_data = z.gather(3, batch.action[:, None, :, None].expand(-1, z.shape[1], -1, 1)).squeeze(3)  # [B, T, K]
+            iqn_per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
+            losses["iqn"] = budgeted["iqn"] = (weight * iqn_per_sample).mean()
+
+    if hp.ensemble:
+        with timer.section("ensemble"):
+            heads = ensemble_logits(p, h_s2, d)  # [E, B, K, A, N]
+            per_sample = ensemble_loss(heads, batch.action, targets.target_pmf, atoms, hp.diversity)  # [B]
+            losses["ensemble"] = budgeted["ensemble"] = (weight * per_sample).mean()
+
+    if flags.vaccine:
+        with timer.section("vaccine"):
+            # s_adv = s + ε sign(∇_s L_c51); penalise KL(Z(s) ‖ Z(s_adv)) within the C51 budget.
+            adv_logits = c51_logits(p, trunk(p, fgsm_states(batch.obs, grad_obs, hp.vaccine_epsilon)), d)
+            losses["vaccine"] = hp.vaccine_weight * (weight * distribution_shift_penalty(logits, adv_logits)).mean()
+            budgeted["c51"] = losses["c51"] + losses["vaccine"]
+
+    stacked = torch.stack([budgeted[name] for name in budget_names(hp)])  # [L]
+    forward = Forward(
+        budgeted=stacked,
+        losses=losses,
+        h_s2=h_s2,
+        q=q,
+        per_sample=iqn_per_sample if iqn_per_sample is not None else c51_per_sample,
+    )
+    return stacked, forward
 
 
 def train_step(
@@ -190,122 +288,79 @@ def train_step(
     hp: Hyper,
     flags: StepFlags = StepFlags(),
     timer: SectionTimer = NO_TIMER,
-    batched_grads: bool = False,
 ) -> StepOutput:
-    d = state.dims
-    atoms = state.atoms  # [N]
-    weight = batch.weight  # [B]
-    reward = batch.reward * hp.reward_scale  # [B]
-    losses: dict[str, Tensor] = {}
-    budgeted: dict[str, Tensor] = {}
+    d, atoms, weight = state.dims, state.atoms, batch.weight  # weight: [B]
     t = state.updates + 1  # [] Adam's 1-based update count; first, so every group's update may fork from here
 
     with timer.section("forward_backward"):
-        p = state.main.views(state.online)
-        obs = batch.obs.detach().requires_grad_(flags.vaccine)  # [B, F]
-        h_s2 = trunk(p, obs)  # [B, H]
-        logits = c51_logits(p, h_s2, d)  # [B, K, A, N]
-        q = expected_q(logits, atoms)  # [B, K, A]
-        with torch.no_grad():
-            # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
-            a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
-            pt = state.main.views(state.target)
-            h_target = trunk(pt, torch.cat([batch.obs, batch.next_obs]))  # [2B, H]
-            h_target_obs, h_target_next = h_target.chunk(2)  # 2 × [B, H]
-            next_logits = c51_logits(pt, h_target_next, d)  # [B, K, A, N]
-            index = a_star[:, :, None, None].expand(-1, -1, 1, d.atoms)  # [B, K, 1, N]
-            next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
-            target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)  # [B, K, N]
-        c51_per_sample = c51_cross_entropy(logits, batch.action, target_pmf)  # [B]
-        losses["c51"] = (weight * c51_per_sample).mean()
-        budgeted["c51"] = losses["c51"]
-        if hp.cql:
-            losses["cql"] = hp.cql_alpha * (weight * cql_penalty(q, batch.action)).mean()
-            budgeted["cql"] = losses["cql"]
-
-    if hp.iqn:
-        with timer.section("iqn"):
-            z = iqn_quantiles(p, h_s2, draws.tau, d)  # [B, T, K, A]
-            z_data = z.gather(3, batch.action[:, None, :, None].expand(-1, z.shape[1], -1, 1)).squeeze(3)  # [B, T, K]
-            with torch.no_grad():
-                z_next = iqn_quantiles(pt, h_target_next, draws.tau_target, d)  # [B, T', K, A]
-                z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)
-                z_target = iqn_target(z_next, reward, batch.done, hp.gamma)  # [B, T', K]
-            iqn_per_sample = quantile_huber_loss(z_data, z_target, draws.tau, hp.kappa)  # [B]
-            losses["iqn"] = (weight * iqn_per_sample).mean()
-            budgeted["iqn"] = losses["iqn"]
-
-    if hp.ensemble:
-        with timer.section("ensemble"):
-            heads = ensemble_logits(p, h_s2, d)  # [E, B, K, A, N]
-            per_sample = ensemble_loss(heads, batch.action, target_pmf, atoms, hp.diversity)  # [B]
-            losses["ensemble"] = (weight * per_sample).mean()
-            budgeted["ensemble"] = losses["ensemble"]
-
-    if flags.vaccine:
-        with timer.section("vaccine"):
-            # FGSM: s_adv = s + ε sign(∇_s L_c51); penalise KL(Z(s) ‖ Z(s_adv)) within the C51 budget.
-            (grad_obs,) = torch.autograd.grad(losses["c51"], obs, retain_graph=True)  # [B, F]
-            adv_logits = c51_logits(p, trunk(p, fgsm_states(obs.detach(), grad_obs, hp.vaccine_epsilon)), d)
-            losses["vaccine"] = hp.vaccine_weight * (weight * distribution_shift_penalty(logits, adv_logits)).mean()
-            budgeted["c51"] = losses["c51"] + losses["vaccine"]
+        targets = compute_targets(state, batch, draws, hp)
+        # ∂L_i/∂θ for every budgeted loss at once: the Jacobian of the loss vector, one batched backward.
+        jacobian, fwd = torch.func.jacrev(budgeted_losses, has_aux=True)(
+            state.online, state, batch, draws, hp, flags, targets, timer
+        )  # [L, Pm]
+    losses = dict(fwd.losses)
 
     if flags.causal:
         with timer.section("causal"), torch.no_grad():
             # do(s_f := shuffled s_f) for each feature f; effect_f = mean |Q(do) − Q|.
+            p = state.main.views(state.online)
             intervened = intervene(batch.obs, draws.perm)  # [F, B, F]
             q_do = expected_q(c51_logits(p, trunk(p, intervened.flatten(0, 1)), d), atoms)  # [F·B, K, A]
-            state.causal_effects.copy_(intervention_effects(q.detach(), q_do.view(d.obs_dim, *q.shape)))
+            state.causal_effects.copy_(intervention_effects(fwd.q, q_do.view(d.obs_dim, *fwd.q.shape)))
 
-    with timer.section("forward_backward"):
-        grads = per_loss_gradients(budgeted, state.online, batched=batched_grads)
+    # IQL and attention read the pre-update trunk and target; every group commits at the guard.
+    updates: list[tuple[Tensor, Tensor]] = []
+    checks: list[Tensor] = []
+    if hp.iql:
+        with timer.section("iql"):
+            with torch.no_grad():
+                pt = state.main.views(state.target)
+                q_target = expected_q(c51_logits(pt, targets.h_target_obs, d), atoms)  # [B, K, A]
+                q_target_data = q_target.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
+
+            def iql_loss(params: Tensor) -> Tensor:
+                value = iql_value(state.iql.views(params), fwd.h_s2)  # [B]
+                return (weight * expectile_loss(value, q_target_data, hp.expectile)).mean()
+
+            iql_grad, losses["iql"] = torch.func.grad_and_value(iql_loss)(state.iql_params)  # [Pq], []
+            new, m_q, v_q = adam_update(
+                state.iql_params, iql_grad, state.adam_iql, t, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
+            )
+            updates += [(state.iql_params, new), (state.adam_iql.m, m_q), (state.adam_iql.v, v_q)]
+            checks += [iql_grad, losses["iql"][None]]
+    if hp.attention:
+        with timer.section("attention"):
+
+            def attention_loss(params: Tensor) -> Tensor:
+                prediction = attention_predict(state.attn.views(params), batch.window, d)  # [B, F]
+                return (weight * next_state_loss(prediction, batch.next_obs)).mean()
+
+            attn_grad, losses["attention"] = torch.func.grad_and_value(attention_loss)(state.attn_params)  # [Pa], []
+            new, m_a, v_a = adam_update(
+                state.attn_params, attn_grad, state.adam_attn, t, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
+            )
+            updates += [(state.attn_params, new), (state.adam_attn.m, m_a), (state.adam_attn.v, v_a)]
+            checks += [attn_grad, losses["attention"][None]]
 
     with timer.section("clip_prune"):
+        grads = dict(zip(budget_names(hp), jacobian.unbind(0), strict=True))
         grad = combine_budgeted(grads, hp.budgets) * state.prune_mask  # [Pm]
 
     with timer.section("adam"):
-        candidate, m, v = adam_update(
-            state.online.detach(), grad, state.adam_main, t, hp.lr, hp.beta1, hp.beta2, hp.eps
-        )
+        candidate, m, v = adam_update(state.online, grad, state.adam_main, t, hp.lr, hp.beta1, hp.beta2, hp.eps)
 
     with timer.section("spectral"):
         u = state.spectral_u
         if hp.spectral_norm:
             candidate, u = spectral_project(candidate, state.spectral_u, state.main, hp.sigma_max)
 
-    # IQL and attention read the pre-update trunk and target: their candidates are computed before the commit.
-    updates: list[tuple[Tensor, Tensor]] = [
+    updates += [
         (state.online, candidate),
         (state.adam_main.m, m),
         (state.adam_main.v, v),
         (state.spectral_u, u),
     ]
-    checks = [grad, candidate, torch.stack([loss.detach() for loss in budgeted.values()])]
-    if hp.iql:
-        with timer.section("iql"):
-            pq = state.iql.views(state.iql_params)
-            value = iql_value(pq, h_s2.detach())  # [B]
-            with torch.no_grad():
-                q_target = expected_q(c51_logits(pt, h_target_obs, d), atoms)  # [B, K, A]
-                q_target_data = q_target.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
-            losses["iql"] = (weight * expectile_loss(value, q_target_data, hp.expectile)).mean()
-            (iql_grad,) = torch.autograd.grad(losses["iql"], state.iql_params)
-            new, m_q, v_q = adam_update(
-                state.iql_params.detach(), iql_grad, state.adam_iql, t, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
-            )
-            updates += [(state.iql_params, new), (state.adam_iql.m, m_q), (state.adam_iql.v, v_q)]
-            checks += [iql_grad, losses["iql"].detach()[None]]
-    if hp.attention:
-        with timer.section("attention"):
-            pa = state.attn.views(state.attn_params)
-            prediction = attention_predict(pa, batch.window, d)  # [B, F]
-            losses["attention"] = (weight * next_state_loss(prediction, batch.next_obs)).mean()
-            (attn_grad,) = torch.autograd.grad(losses["attention"], state.attn_params)
-            new, m_a, v_a = adam_update(
-                state.attn_params.detach(), attn_grad, state.adam_attn, t, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
-            )
-            updates += [(state.attn_params, new), (state.adam_attn.m, m_a), (state.adam_attn.v, v_a)]
-            checks += [attn_grad, losses["attention"].detach()[None]]
+    checks += [grad, candidate, fwd.budgeted]
 
     with timer.section("guard"), torch.no_grad():
         # Any non-finite loss or gradient skips the whole update on the device: torch.where, no host branch.
@@ -318,6 +373,5 @@ def train_step(
         # target ← lerp(target, online, τ), only when the online update was applied.
         _commit(ok, [(state.target, ema(state.target, state.online, hp.target_tau))])
 
-    per_sample = iqn_per_sample if hp.iqn else c51_per_sample
-    priority = torch.nan_to_num(per_sample.detach(), nan=0.0, posinf=0.0, neginf=0.0)  # [B]
-    return StepOutput(losses={k: v.detach() for k, v in losses.items()}, priority=priority, ok=ok)
+    priority = torch.nan_to_num(fwd.per_sample, nan=0.0, posinf=0.0, neginf=0.0)  # [B]
+    return StepOutput(losses=losses, priority=priority, ok=ok)

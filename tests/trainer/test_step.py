@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from tests.factories import random_batch, tiny_config, tiny_state
-from trainer.step import Draws, Hyper, StepFlags, per_loss_gradients, train_step
+from trainer.step import Draws, Hyper, StepFlags, budget_names, budgeted_losses, compute_targets, train_step
 
 
 def _draws(state, batch_size: int, seed: int = 0) -> Draws:
@@ -72,18 +72,26 @@ def test_spectral_norm_bounds_every_matrix_after_steps() -> None:
         assert torch.linalg.matrix_norm(views[spec.name], ord=2) <= 0.8 * 1.05, spec.name
 
 
-def test_batched_and_separate_per_loss_gradients_agree() -> None:
+def test_jacobian_rows_are_each_budgeted_losses_own_gradient() -> None:
+    """The one batched backward gives, per loss, what a separate autograd backward gives."""
     config = tiny_config()
     state = tiny_state(config)
-    params = state.online
-    x = torch.randn(7, 12)
-    views = state.main.views(params)
-    hidden = torch.relu(x @ views["trunk1_w"].t())
-    losses = {"a": hidden.pow(2).mean(), "b": hidden.sin().sum()}
-    separate = per_loss_gradients(losses, params)
-    batched = per_loss_gradients(losses, params, batched=True)
-    for name in losses:
-        assert torch.allclose(separate[name], batched[name], atol=1e-6)
+    hp = Hyper.from_config(config)
+    batch, draws, flags = random_batch(state, 16), _draws(state, 16), StepFlags(vaccine=True)
+    targets = compute_targets(state, batch, draws, hp)
+    jacobian, forward = torch.func.jacrev(budgeted_losses, has_aux=True)(
+        state.online, state, batch, draws, hp, flags, targets
+    )
+    names = budget_names(hp)
+    assert names == ["c51", "cql", "iqn", "ensemble"] and jacobian.shape == (4, state.main.size)
+    online = state.online.clone().requires_grad_(True)
+    stacked, _ = budgeted_losses(online, state, batch, draws, hp, flags, targets)
+    for row, name in enumerate(names):
+        (expected,) = torch.autograd.grad(stacked[row], online, retain_graph=True)
+        assert torch.allclose(jacobian[row], expected, rtol=1e-5, atol=1e-7), name
+        assert expected.abs().sum() > 0, name
+    # the C51 row carries the vaccine penalty (same budget); the penalty itself is reported apart
+    assert torch.allclose(forward.budgeted[0], forward.losses["c51"] + forward.losses["vaccine"])
 
 
 def test_target_network_gets_no_gradient_and_only_moves_by_ema() -> None:

@@ -119,18 +119,20 @@ class StreamRouter:
 
     FORKS: ClassVar[dict[str, str]] = {
         "attention": "start",  # reads the batch window and its own parameters: independent of the rest
-        "iql": "forward",  # reads h_s2 and the target trunk of the first forward section
+        "iql": "here",  # reads h_s2 and the target trunk: right after the forward/backward section
         "ema": "here",  # reads the committed online parameters: after the guard
     }
+    JOINS: ClassVar[frozenset[str]] = frozenset({"guard"})
+    """Sections that first wait for every open side stream (the guard checks their gradients)."""
 
     def __init__(self, device: torch.device) -> None:
         self.streams = {name: torch.cuda.Stream(device) for name in self.FORKS}
-        self._marks: dict[str, torch.cuda.Event] = {}
+        self._start: torch.cuda.Event | None = None
         self._open: list[torch.cuda.Stream] = []
 
     def begin(self) -> None:
-        """Forget the last step's marks; call before `train_step`."""
-        self._marks = {}
+        """Mark the step's start (what every "start" fork may read); call before `train_step`."""
+        self._start = self._record()
         self._open = []
 
     @staticmethod
@@ -141,23 +143,20 @@ class StreamRouter:
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
-        if "start" not in self._marks:
-            # The step's first section: everything before it (Adam's t) is what every fork may read.
-            self._marks["start"] = self._record()
         fork = self.FORKS.get(name)
         if fork is not None:
-            mark = self._record() if fork == "here" else self._marks.get(fork, self._marks["start"])
+            if fork == "start" and self._start is None:
+                raise RuntimeError("StreamRouter.begin() must be called before the step")
+            mark = self._record() if fork == "here" else self._start
             side = self.streams[name]
             side.wait_event(mark)
             with torch.cuda.stream(side):
                 yield
             self._open.append(side)
             return
-        if name == "guard":
+        if name in self.JOINS:
             self.join()
         yield
-        if name == "forward_backward" and "forward" not in self._marks:
-            self._marks["forward"] = self._record()
 
     def join(self) -> None:
         """Make the current stream wait for every side stream forked so far."""

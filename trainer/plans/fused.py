@@ -1,11 +1,12 @@
 """Phase 3: Inductor-fused kernels and TF32, captured into the dual plan's multi-stream graph.
 
-`train_step` runs through `torch.compile` (Inductor, no CUDA graphs of its own): the step's pure
-pieces (trunk, heads, IQN, the losses, clipping, Adam, spectral norm, EMA) become fused Triton
-kernels, generated once during the warm-up; the graph plan's capture then records those kernels,
-together with the side-stream forks of the dual plan, into one CUDA graph per variant. The stream
-router's sections stay eager Python (`torch.compiler.disable`), so Dynamo compiles the maths around
-them piece by piece instead of tracing stream switches.
+`train_step` runs through `torch.compile` (Inductor, no CUDA graphs of its own) and the graph plan's
+capture then records the generated kernels, with the dual plan's side-stream forks, into one CUDA
+graph per variant. Because the step takes its gradients with `torch.func` (no `autograd.grad` calls
+for Dynamo to break at), the main network's whole update (targets, forward, the one batched backward
+of every budgeted loss, clipping, Adam and spectral norm) is one Inductor graph: its pointwise work
+is fused into the matrix products' neighbours. Only the router's stream sections (attention, IQL,
+the guard's join, the EMA) stay eager calls (`torch.compiler.disable`) that Dynamo breaks around.
 
 Matrix products run in TF32 (captured as such; eager code elsewhere stays float32). Tolerance
 against the float32 eager step, stated by the equivalence test: every state tensor within a relative
@@ -37,13 +38,19 @@ itself); "max-autotune-no-cudagraphs" tunes the matrix products too, at minutes 
 
 
 class _EagerSections:
-    """The router's sections as opaque calls, so Dynamo breaks around them instead of tracing streams."""
+    """The router's stream sections as opaque calls, so Dynamo breaks around them instead of tracing
+    stream switches; every other section is a no-op it traces through (one graph for the main work)."""
 
     def __init__(self, router: StreamRouter) -> None:
         self.router = router
 
+    def section(self, name: str) -> contextlib.AbstractContextManager[None]:
+        if name in self.router.FORKS or name in self.router.JOINS:
+            return self._routed(name)
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
-    def section(self, name: str) -> Iterator[None]:
+    def _routed(self, name: str) -> Iterator[None]:
         manager = self.router.section(name)
         _enter(manager)
         try:
@@ -67,8 +74,6 @@ def compile_step(mode: str | None = COMPILE_MODE) -> Callable[..., StepOutput]:
     """`train_step` through Inductor, one wrapper per mode: Dynamo's cache (per code object and
     wrapper) then serves every plan instance and variant compiled before, instead of recompiling."""
     options: dict[str, Any] = {"mode": mode} if mode else {}
-    # train_step backpropagates through the same forward once per budgeted loss (retain_graph).
-    torch._functorch.config.donated_buffer = False
     return torch.compile(train_step, dynamic=False, **options)  # type: ignore[return-value]
 
 
@@ -97,4 +102,4 @@ class FusedPlan(DualStreamPlan):
             if self.sections is None or self.sections.router is not timer:
                 self.sections = _EagerSections(timer)
             timer = self.sections
-        return self.step_fn(self.state, self.batch, self.draws, self.hp, flags, timer, self.batched_grads)
+        return self.step_fn(self.state, self.batch, self.draws, self.hp, flags, timer)

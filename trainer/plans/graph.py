@@ -37,8 +37,6 @@ class GraphPlan:
     """Capture with TF32 matrix products (the fused plans)."""
     streams = False
     """Run attention, IQL and the EMA on side streams inside the graph (the dual plan and later)."""
-    batched_grads = False
-    """One vmapped backward for the budgeted losses instead of one backward per loss."""
 
     def __init__(
         self,
@@ -69,7 +67,7 @@ class GraphPlan:
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         """The maths of one update over the static buffers (the fused plan swaps in its compiled form)."""
-        return train_step(self.state, self.batch, self.draws, self.hp, flags, timer, self.batched_grads)
+        return train_step(self.state, self.batch, self.draws, self.hp, flags, timer)
 
     def update_body(self, flags: StepFlags) -> StepOutput:
         """One update and its priority write-back, streams forked and joined inside."""

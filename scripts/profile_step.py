@@ -1,0 +1,89 @@
+"""Where a plan's step time goes on the GPU: kernels per step, busy time, and the costliest kernels.
+
+Usage: python scripts/profile_step.py [--config core] [--variant NAME ...] [--steps 20]
+A variant is a plan name with an optional "+cdf" suffix (cumulative-sum sampling), e.g.
+"zerocopy+cdf". Each is built like `trainer bench` builds it, warmed
+up, timed over `--steps` steps with CUDA events, then profiled over the same number of steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from trainer.bench import BenchOptions, bench_config, bench_spec, build_method, fill_replay, run_steps
+from trainer.model import ModelDims
+from trainer.replay.buffer import ReplayBuffer
+from trainer.state import TrainState
+from trainer.timing import StepTimer
+
+
+def build(variant: str, config_name: str, options: BenchOptions, device: torch.device):
+    method, *flags = variant.split("+")
+    overrides = ["replay.search=cdf"] if "cdf" in flags else []
+    config = bench_config(config_name, BenchOptions(**{**vars(options), "overrides": overrides}))
+    spec = bench_spec(config)
+    replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(1))
+    fill_replay(replay, options.capacity, 0)
+    dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+    state = TrainState.create(config, dims, device)
+    timer = StepTimer(device, enabled=False)
+    plan = build_method(method, state, replay, config, timer, torch.Generator(device).manual_seed(2))
+    return plan, timer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="core")
+    parser.add_argument("--variant", action="append", default=None)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    options = BenchOptions(capacity=1_000_000, steps_per_replay=10)
+    torch._dynamo.config.cache_size_limit = 256
+    rows = []
+    for variant in args.variant or ["fused", "zerocopy"]:
+        began = time.perf_counter()
+        try:
+            plan, timer = build(variant, args.config, options, device)
+            step, _ = run_steps(plan, timer, 0, 20)
+            torch.cuda.synchronize()
+            setup = time.perf_counter() - began
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step, _ = run_steps(plan, timer, step, args.steps)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end) / args.steps
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step, _ = run_steps(plan, timer, step, args.steps)
+                torch.cuda.synchronize()
+        except Exception as error:  # report and go on to the next variant
+            print(f"[{args.config}] {variant}: failed: {type(error).__name__}: {str(error)[:400]}")
+            continue
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = sum(e.device_time for e in kernels) / 1e3 / args.steps  # ms per step
+        by_name: collections.Counter[str] = collections.Counter()
+        counts: collections.Counter[str] = collections.Counter()
+        for e in kernels:
+            by_name[e.name] += e.device_time
+            counts[e.name] += 1
+        print(f"\n[{args.config}] {variant}: {ms:.3f} ms/step, {len(kernels) / args.steps:.0f} kernels/step, "
+              f"kernel busy {busy:.3f} ms/step, setup {setup:.0f}s")
+        for name, total in by_name.most_common(args.top):
+            print(f"  {total / 1e3 / args.steps:8.4f} ms  {counts[name] / args.steps:6.1f}x  {name[:110]}")
+        rows.append((variant, ms, len(kernels) / args.steps, busy))
+        del plan
+        torch.cuda.empty_cache()
+    print(f"\n{'variant':<28} {'ms/step':>8} {'kernels':>8} {'busy ms':>8}")
+    for variant, ms, n, busy in rows:
+        print(f"{variant:<28} {ms:8.3f} {n:8.0f} {busy:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
