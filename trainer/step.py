@@ -213,18 +213,18 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
     return Targets(a_star=a_star, target_pmf=target_pmf, h_target_obs=h_target_obs, z_target=z_target)
 
 
-def budgeted_losses(
+def head_losses(
     online: Tensor,
     state: TrainState,
     batch: Batch,
-    draws: Draws,
-    hp: Hyper,
     flags: StepFlags,
+    hp: Hyper,
     targets: Targets,
     timer: SectionTimer = NO_TIMER,
 ) -> tuple[Tensor, Forward]:
-    """The budgeted losses [L] as a function of the online parameters [Pm] (their Jacobian is the
-    per-loss gradients), and what the rest of the step reads from the same forward pass."""
+    """The budgeted losses of the heads on one trunk forward (C51 with the vaccine penalty, CQL, the
+    ensemble) as a function of the online parameters [Pm], in `budget_names` order without IQN; and
+    what the rest of the step reads from the same forward pass."""
     d, atoms, weight = state.dims, state.atoms, batch.weight  # weight: [B] importance sampling
     p = state.main.views(online)
     losses: dict[str, Tensor] = {}
@@ -248,15 +248,6 @@ def budgeted_losses(
     if hp.cql:
         losses["cql"] = budgeted["cql"] = hp.cql_alpha * (weight * cql_penalty(q, batch.action)).mean()
 
-    iqn_per_sample = None
-    if hp.iqn:
-        assert targets.z_target is not None
-        with timer.section("iqn"):
-            z = iqn_quantiles(p, h_s2, draws.tau, d)  # [B, T, K, A]
-            z_data = z.gather(3, batch.action[:, None, :, None].expand(-1, z.shape[1], -1, 1)).squeeze(3)  # [B, T, K]
-            iqn_per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
-            losses["iqn"] = budgeted["iqn"] = (weight * iqn_per_sample).mean()
-
     if hp.ensemble:
         with timer.section("ensemble"):
             heads = ensemble_logits(p, h_s2, d)  # [E, B, K, A, N]
@@ -270,15 +261,50 @@ def budgeted_losses(
             losses["vaccine"] = hp.vaccine_weight * (weight * distribution_shift_penalty(logits, adv_logits)).mean()
             budgeted["c51"] = losses["c51"] + losses["vaccine"]
 
-    stacked = torch.stack([budgeted[name] for name in budget_names(hp)])  # [L]
-    forward = Forward(
-        budgeted=stacked,
-        losses=losses,
-        h_s2=h_s2,
-        q=q,
-        per_sample=iqn_per_sample if iqn_per_sample is not None else c51_per_sample,
-    )
-    return stacked, forward
+    stacked = torch.stack([budgeted[name] for name in budget_names(hp) if name in budgeted])  # [L]
+    return stacked, Forward(budgeted=stacked, losses=losses, h_s2=h_s2, q=q, per_sample=c51_per_sample)
+
+
+def iqn_loss(
+    online: Tensor, state: TrainState, batch: Batch, draws: Draws, hp: Hyper, targets: Targets
+) -> tuple[Tensor, Tensor]:
+    """The IQN loss (and its per-sample values [B]) as a function of the online parameters [Pm]."""
+    assert targets.z_target is not None
+    p = state.main.views(online)
+    z = iqn_quantiles(p, trunk(p, batch.obs), draws.tau, state.dims)  # [B, T, K, A]
+    z_data = z.gather(3, batch.action[:, None, :, None].expand(-1, z.shape[1], -1, 1)).squeeze(3)  # [B, T, K]
+    per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
+    return (batch.weight * per_sample).mean(), per_sample
+
+
+def per_loss_gradients(
+    state: TrainState,
+    batch: Batch,
+    draws: Draws,
+    hp: Hyper,
+    flags: StepFlags,
+    targets: Targets,
+    timer: SectionTimer = NO_TIMER,
+) -> tuple[dict[str, Tensor], Forward]:
+    """∂L_i/∂θ [Pm] for every budgeted loss, and the forward pass's outputs.
+
+    The heads' losses share one forward and one batched backward: the rows of their Jacobian. IQN's
+    gradient is a backward of its own (with its own trunk forward): its layers see B·T rows, and in a
+    batched backward their weight gradients become batched matrix products with a B·T-long
+    reduction that cuBLAS runs without split-K, ten times slower on an H200 than one plain backward.
+    """
+    jacobian, fwd = torch.func.jacrev(head_losses, has_aux=True)(state.online, state, batch, flags, hp, targets, timer)
+    names = [name for name in budget_names(hp) if name != "iqn"]
+    grads = dict(zip(names, jacobian.unbind(0), strict=True))  # name -> [Pm]
+    if not hp.iqn:
+        return grads, fwd
+    with timer.section("iqn"):
+        grads["iqn"], (loss, per_sample) = torch.func.grad_and_value(iqn_loss, has_aux=True)(
+            state.online, state, batch, draws, hp, targets
+        )
+    by_name = {**dict(zip(names, fwd.budgeted.unbind(0), strict=True)), "iqn": loss}
+    budgeted = torch.stack([by_name[name] for name in budget_names(hp)])  # [L]
+    return grads, fwd._replace(budgeted=budgeted, losses={**fwd.losses, "iqn": loss}, per_sample=per_sample)
 
 
 def train_step(
@@ -290,14 +316,10 @@ def train_step(
     timer: SectionTimer = NO_TIMER,
 ) -> StepOutput:
     d, atoms, weight = state.dims, state.atoms, batch.weight  # weight: [B]
-    t = state.updates + 1  # [] Adam's 1-based update count; first, so every group's update may fork from here
 
     with timer.section("forward_backward"):
         targets = compute_targets(state, batch, draws, hp)
-        # ∂L_i/∂θ for every budgeted loss at once: the Jacobian of the loss vector, one batched backward.
-        jacobian, fwd = torch.func.jacrev(budgeted_losses, has_aux=True)(
-            state.online, state, batch, draws, hp, flags, targets, timer
-        )  # [L, Pm]
+        grads, fwd = per_loss_gradients(state, batch, draws, hp, flags, targets, timer)
     losses = dict(fwd.losses)
 
     if flags.causal:
@@ -324,7 +346,7 @@ def train_step(
 
             iql_grad, losses["iql"] = torch.func.grad_and_value(iql_loss)(state.iql_params)  # [Pq], []
             new, m_q, v_q = adam_update(
-                state.iql_params, iql_grad, state.adam_iql, t, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
+                state.iql_params, iql_grad, state.adam_iql, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
             )
             updates += [(state.iql_params, new), (state.adam_iql.m, m_q), (state.adam_iql.v, v_q)]
             checks += [iql_grad, losses["iql"][None]]
@@ -337,17 +359,18 @@ def train_step(
 
             attn_grad, losses["attention"] = torch.func.grad_and_value(attention_loss)(state.attn_params)  # [Pa], []
             new, m_a, v_a = adam_update(
-                state.attn_params, attn_grad, state.adam_attn, t, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
+                state.attn_params, attn_grad, state.adam_attn, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
             )
             updates += [(state.attn_params, new), (state.adam_attn.m, m_a), (state.adam_attn.v, v_a)]
             checks += [attn_grad, losses["attention"][None]]
 
     with timer.section("clip_prune"):
-        grads = dict(zip(budget_names(hp), jacobian.unbind(0), strict=True))
         grad = combine_budgeted(grads, hp.budgets) * state.prune_mask  # [Pm]
 
     with timer.section("adam"):
-        candidate, m, v = adam_update(state.online, grad, state.adam_main, t, hp.lr, hp.beta1, hp.beta2, hp.eps)
+        candidate, m, v = adam_update(
+            state.online, grad, state.adam_main, state.updates + 1, hp.lr, hp.beta1, hp.beta2, hp.eps
+        )
 
     with timer.section("spectral"):
         u = state.spectral_u

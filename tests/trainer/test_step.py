@@ -2,7 +2,17 @@ import pytest
 import torch
 
 from tests.factories import random_batch, tiny_config, tiny_state
-from trainer.step import Draws, Hyper, StepFlags, budget_names, budgeted_losses, compute_targets, train_step
+from trainer.step import (
+    Draws,
+    Hyper,
+    StepFlags,
+    budget_names,
+    compute_targets,
+    head_losses,
+    iqn_loss,
+    per_loss_gradients,
+    train_step,
+)
 
 
 def _draws(state, batch_size: int, seed: int = 0) -> Draws:
@@ -72,26 +82,25 @@ def test_spectral_norm_bounds_every_matrix_after_steps() -> None:
         assert torch.linalg.matrix_norm(views[spec.name], ord=2) <= 0.8 * 1.05, spec.name
 
 
-def test_jacobian_rows_are_each_budgeted_losses_own_gradient() -> None:
-    """The one batched backward gives, per loss, what a separate autograd backward gives."""
+def test_per_loss_gradients_are_each_budgeted_losses_own_gradient() -> None:
+    """The batched Jacobian (heads) and IQN's own backward give what one autograd backward per loss gives."""
     config = tiny_config()
     state = tiny_state(config)
     hp = Hyper.from_config(config)
     batch, draws, flags = random_batch(state, 16), _draws(state, 16), StepFlags(vaccine=True)
     targets = compute_targets(state, batch, draws, hp)
-    jacobian, forward = torch.func.jacrev(budgeted_losses, has_aux=True)(
-        state.online, state, batch, draws, hp, flags, targets
-    )
-    names = budget_names(hp)
-    assert names == ["c51", "cql", "iqn", "ensemble"] and jacobian.shape == (4, state.main.size)
+    grads, forward = per_loss_gradients(state, batch, draws, hp, flags, targets)
+    assert budget_names(hp) == ["c51", "cql", "iqn", "ensemble"] and set(grads) == set(budget_names(hp))
     online = state.online.clone().requires_grad_(True)
-    stacked, _ = budgeted_losses(online, state, batch, draws, hp, flags, targets)
-    for row, name in enumerate(names):
-        (expected,) = torch.autograd.grad(stacked[row], online, retain_graph=True)
-        assert torch.allclose(jacobian[row], expected, rtol=1e-5, atol=1e-7), name
+    heads, _ = head_losses(online, state, batch, flags, hp, targets)  # c51 (+ vaccine), cql, ensemble
+    iqn, _ = iqn_loss(online, state, batch, draws, hp, targets)
+    for name, loss in zip(["c51", "cql", "ensemble", "iqn"], [*heads.unbind(0), iqn], strict=True):
+        (expected,) = torch.autograd.grad(loss, online, retain_graph=True)
+        assert torch.allclose(grads[name], expected, rtol=1e-5, atol=1e-7), name
         assert expected.abs().sum() > 0, name
-    # the C51 row carries the vaccine penalty (same budget); the penalty itself is reported apart
+    # budgeted losses in budget order; the C51 entry carries the vaccine penalty (same budget)
     assert torch.allclose(forward.budgeted[0], forward.losses["c51"] + forward.losses["vaccine"])
+    assert torch.allclose(forward.budgeted[2], forward.losses["iqn"])
 
 
 def test_target_network_gets_no_gradient_and_only_moves_by_ema() -> None:
