@@ -166,9 +166,9 @@ def _commit(ok: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> None:
         dst.copy_(torch.where(ok, new, dst))
 
 
-@dataclass
-class Targets:
-    """What the update regresses towards, from the target network (no gradients)."""
+class Targets(NamedTuple):
+    """What the update regresses towards, from the target network (no gradients). A NamedTuple, as
+    Dynamo can rebuild one that lives across a graph break (the fused plan's stream sections)."""
 
     a_star: Tensor  # [B, K] Double-DQN greedy actions at s'
     target_pmf: Tensor  # [B, K, N] projected C51 target
@@ -304,7 +304,9 @@ def per_loss_gradients(
         )
     by_name = {**dict(zip(names, fwd.budgeted.unbind(0), strict=True)), "iqn": loss}
     budgeted = torch.stack([by_name[name] for name in budget_names(hp)])  # [L]
-    return grads, fwd._replace(budgeted=budgeted, losses={**fwd.losses, "iqn": loss}, per_sample=per_sample)
+    # A new Forward, not `fwd._replace`: Dynamo (torch 2.11) cannot rebuild _replace's object at a graph break.
+    losses = {**fwd.losses, "iqn": loss}
+    return grads, Forward(budgeted=budgeted, losses=losses, h_s2=fwd.h_s2, q=fwd.q, per_sample=per_sample)
 
 
 def train_step(
