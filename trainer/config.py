@@ -155,6 +155,17 @@ class RunConfig(_Section):
     log_every: int = Field(500, ge=1, description="Steps between breakdown lines.")
     checkpoint_every: int = Field(1000, ge=1, description="Steps between checkpoints.")
     eval_episodes: int = Field(10, ge=0, description="Greedy evaluation episodes at the end.")
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Steps between greedy evaluations that keep the best policy, which is restored before the final "
+            "evaluation (0: off, the last policy is evaluated)."
+        ),
+    )
+    eval_select_episodes: int = Field(
+        5, ge=1, le=10_000, description="Greedy episodes per evaluation of run.eval_every (seeds apart from the final)."
+    )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics here while running.")
     pushgateway_url: str | None = Field(None, description="Push a final metrics snapshot here.")
 

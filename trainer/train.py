@@ -3,11 +3,16 @@
 The loop only orchestrates; the update is `trainer.step.train_step` run by a plan, the data comes
 from a source (`trainer.data`), and every figure it prints is also in `progress.json` and, when
 enabled, on the Prometheus endpoint.
+
+With `run.eval_every` set, the loop also evaluates the greedy policy every that many steps (and at
+the last step) and keeps a copy of the best one, which the final evaluation then scores: a DQN's
+last policy is often not its best, and which one it is can turn on float rounding.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -23,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
+from torch import Tensor
 from tqdm import tqdm
 
 from trainer.checkpoint import Checkpoint, Checkpointer, decode_generator, encode_generator
@@ -38,6 +44,14 @@ from trainer.timing import StepTimer, format_breakdown
 
 EXIT_TERMINATED = 143
 MODEL_NAME = "c51-branching"
+FINAL_EVAL_SEED = 10_000
+"""Episode i of the final evaluation is seeded run.seed + FINAL_EVAL_SEED + i."""
+SELECT_EVAL_SEED = 20_000
+"""Episode i of every periodic evaluation is seeded run.seed + SELECT_EVAL_SEED + i: the same start
+states each time, so snapshots are compared on equal terms, and none of the final evaluation's (while
+run.eval_episodes <= 10,000), so the final figure is not the one the selection was made on."""
+BEST_ONLINE = "best.online"
+"""Name of the best snapshot in a checkpoint's state tensors, beside `TrainState.tensors()`."""
 
 
 def default_run_dir() -> Path:
@@ -73,6 +87,35 @@ class _Termination:
 
 
 @dataclass
+class BestPolicy:
+    """The best greedy policy periodic evaluation has seen: its step, mean return and parameters.
+
+    Ties go to the later evaluation, so the selection departs from the most recent policy only when
+    an earlier one scored strictly higher. A mean that is not finite is never taken.
+    """
+
+    step: int | None = None
+    mean_return: float | None = None
+    online: Tensor | None = None  # [Pm] copy of TrainState.online, on the training device
+
+    def offer(self, step: int, mean_return: float, online: Tensor) -> bool:
+        """Keep `online` if its mean return is the best so far; True if it was kept."""
+        if not math.isfinite(mean_return):
+            return False
+        if self.mean_return is not None and mean_return < self.mean_return:
+            return False
+        if self.online is None:
+            self.online = online.detach().clone()
+        else:
+            self.online.copy_(online.detach())
+        self.step, self.mean_return = step, mean_return
+        return True
+
+    def meta(self) -> dict[str, Any]:
+        return {"step": self.step, "mean_return": self.mean_return}
+
+
+@dataclass
 class Run:
     """Everything one training run holds, built from its config."""
 
@@ -91,6 +134,7 @@ class Run:
     step: int = 0
     wall_seconds: float = 0.0
     last_report: dict[str, Any] = field(default_factory=dict)
+    best: BestPolicy = field(default_factory=BestPolicy)
 
     def act_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
         views = self.state.main.views(self.state.online.detach())
@@ -136,10 +180,19 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
 
 
 def save_checkpoint(run: Run) -> None:
+    """Write the training state as of the last update, plus the best snapshot when there is one.
+
+    `online` is always the live network, consistent with its target and Adam moments, so a resumed
+    run (even with a larger `run.steps`) trains on from where it stopped. The best policy travels
+    beside it as the tensor `best.online` and `meta["best_eval"]` ({"step", "mean_return"}).
+    """
+    state = run.state.tensors()
+    if run.best.online is not None:
+        state = {**state, BEST_ONLINE: run.best.online}
     run.checkpointer.save(
         Checkpoint(
             step=run.step,
-            state=run.state.tensors(),
+            state=state,
             replay=run.replay.state_dict(),
             meta={
                 "generator": encode_generator(run.generator),
@@ -147,6 +200,7 @@ def save_checkpoint(run: Run) -> None:
                 "torch_cpu_rng": encode_generator(torch.default_generator),
                 "wall_seconds": run.wall_seconds,
                 "config": run.config.model_dump(mode="json"),
+                "best_eval": run.best.meta(),
             },
         )
     )
@@ -156,7 +210,12 @@ def restore_checkpoint(run: Run) -> bool:
     checkpoint = run.checkpointer.load_latest()
     if checkpoint is None:
         return False
-    run.state.load_tensors({name: tensor.to(run.device) for name, tensor in checkpoint.state.items()})
+    state = dict(checkpoint.state)
+    best_online = state.pop(BEST_ONLINE, None)
+    run.state.load_tensors({name: tensor.to(run.device) for name, tensor in state.items()})
+    if best_online is not None:
+        best = checkpoint.meta["best_eval"]
+        run.best = BestPolicy(best["step"], best["mean_return"], best_online.to(run.device))
     run.replay.load_state_dict({name: tensor.to(run.device) for name, tensor in checkpoint.replay.items()})
     decode_generator(run.generator, checkpoint.meta["generator"])
     decode_generator(run.explore_generator, checkpoint.meta["explore_generator"])
@@ -209,6 +268,25 @@ def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> di
     return progress
 
 
+def evaluate_for_selection(run: Run, out: Callable[[str], None]) -> None:
+    """Score the current greedy policy on the selection seeds, keep it if it is the best so far."""
+    config = run.config.run
+    returns = run.source.evaluate(run.act_fn(), config.eval_select_episodes, config.seed + SELECT_EVAL_SEED)
+    mean_return = float(np.mean(returns))
+    if run.best.offer(run.step, mean_return, run.state.online):
+        note = "best so far"
+    elif run.best.mean_return is None:
+        note = "not kept: no finite mean yet"
+    else:
+        note = f"best {run.best.mean_return:.2f} at step {run.best.step}"
+    out(f"evaluation at step {run.step}: mean return {mean_return:.2f} over {len(returns)} episodes ({note})")
+
+
+def crossed(step: int, advanced: int, every: int) -> bool:
+    """Whether going from step - advanced to step passed a multiple of `every` (plans may advance > 1)."""
+    return step // every > (step - advanced) // every
+
+
 def run_training(
     config: TrainConfig,
     run_dir: Path,
@@ -216,7 +294,12 @@ def run_training(
     show_progress: bool = True,
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Train to `config.run.steps` and return the summary (also written to run_dir/summary.json)."""
+    """Train to `config.run.steps` and return the summary (also written to run_dir/summary.json).
+
+    With `run.eval_every` > 0 the best policy of the periodic evaluations is loaded into the state
+    after the final checkpoint (which keeps the last update's state plus the snapshot) and before
+    the final evaluation; the summary's `best_eval_step` and `best_eval_return` name it (None if off).
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.json")
     run = build_run(config, run_dir)
@@ -263,6 +346,10 @@ def run_training(
             losses = {name: float(value) for name, value in output.losses.items()}
             report(run, losses, say)
             bar.set_postfix({name: f"{value:.3g}" for name, value in losses.items() if name in ("c51", "iqn")})
+        if config.run.eval_every and (
+            crossed(run.step, run.plan.steps_per_call, config.run.eval_every) or run.step >= config.run.steps
+        ):
+            evaluate_for_selection(run, say)
         if run.step % config.run.checkpoint_every == 0 and run.step < config.run.steps:
             run.wall_seconds = time.perf_counter() - started
             save_checkpoint(run)
@@ -270,12 +357,18 @@ def run_training(
     run.wall_seconds = time.perf_counter() - started
     save_checkpoint(run)
 
-    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + 10_000)
+    if run.best.online is not None:
+        with torch.no_grad():
+            run.state.online.copy_(run.best.online)
+        out(f"selected the policy of step {run.best.step} (mean return {run.best.mean_return:.2f})")
+    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
     summary = {
         **run.last_report,
         "step": run.step,
         "eval_returns": returns,
         "eval_return_mean": float(np.mean(returns)) if returns else None,
+        "best_eval_step": run.best.step,
+        "best_eval_return": run.best.mean_return,
         "wall_seconds": run.wall_seconds,
         "device": str(run.device),
         "parameters": run.state.parameter_count(),

@@ -11,6 +11,7 @@ def test_defaults_are_the_pinned_model() -> None:
     assert (config.model.hidden, config.model.atoms, config.run.batch_size) == (256, 51, 1024)
     assert (config.model.v_min, config.model.v_max, config.loss.gamma) == (-10.0, 10.0, 0.99)
     assert config.replay.capacity == 1_000_000
+    assert (config.run.eval_every, config.run.eval_select_episodes) == (0, 5)  # best-policy selection off
 
 
 def test_yaml_and_json_load_with_overrides(tmp_path: Path) -> None:
@@ -33,6 +34,9 @@ def test_yaml_and_json_load_with_overrides(tmp_path: Path) -> None:
         (["model.v_min=5", "model.v_max=1"], "v_max (1.0) must be greater than v_min (5.0)"),
         (["optim.budget_c51=0.9"], "gradient budgets sum to 1.300"),
         (["run.batch_size=100", "replay.capacity=50"], "run.batch_size (100) exceeds replay.capacity (50)"),
+        (["run.eval_every=-1"], "run.eval_every: Input should be greater than or equal to 0 (got -1)"),
+        (["run.eval_select_episodes=0"], "run.eval_select_episodes: Input should be greater than or equal to 1"),
+        (["run.eval_select_episodes=20000"], "run.eval_select_episodes: Input should be less than or equal to 10000"),
         (["data.source=offline"], "data.dataset is required"),
         (["lr"], "expected key=value"),
     ],

@@ -1,18 +1,36 @@
-"""The training loop end to end on CPU: outputs, checkpoint round trip, kill-and-resume."""
+"""The training loop end to end on CPU: outputs, checkpoint round trip, kill-and-resume, best-policy selection."""
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
 from tests.factories import tiny_config
-from trainer.train import build_run, restore_checkpoint, run_training, save_checkpoint
+from trainer import train
+from trainer.checkpoint import Checkpoint, Checkpointer
+from trainer.config import TrainConfig
+from trainer.train import (
+    FINAL_EVAL_SEED,
+    SELECT_EVAL_SEED,
+    BestPolicy,
+    Run,
+    build_run,
+    crossed,
+    evaluate_for_selection,
+    restore_checkpoint,
+    run_training,
+    save_checkpoint,
+)
 
 
 def test_a_short_run_writes_its_outputs_and_breakdown(tmp_path: Path) -> None:
@@ -110,3 +128,159 @@ def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path: Path) -> None:
     assert process.returncode == 143, output
     step = int(output.split("terminated at step ")[1].split(":")[0])
     assert (run_dir / "checkpoints" / f"step-{step:09d}" / "COMPLETE").exists()
+
+
+@dataclass
+class Seen:
+    """One call of a scripted evaluation: the step, the first seed, and the parameters the policy had."""
+
+    step: int
+    seed: int
+    online: torch.Tensor
+
+
+def script_evaluations(
+    monkeypatch: pytest.MonkeyPatch, means: list[float], terminate_at_step: int | None = None
+) -> list[Seen]:
+    """Periodic evaluations of the next run score `means` in turn (the final one scores 0); each call is recorded.
+
+    With `terminate_at_step`, the evaluation at that step also sends the process SIGTERM.
+    """
+    seen: list[Seen] = []
+    scripted = iter(means)
+
+    def build_scripted(config: TrainConfig, run_dir: Path) -> Run:
+        run = build_run(config, run_dir)
+
+        def evaluate(greedy_fn: Callable[[torch.Tensor], torch.Tensor], episodes: int, seed: int) -> list[float]:
+            seen.append(Seen(run.step, seed, run.state.online.clone()))
+            if seed == config.run.seed + FINAL_EVAL_SEED:
+                return [0.0] * episodes
+            if run.step == terminate_at_step:
+                signal.raise_signal(signal.SIGTERM)
+            return [next(scripted)] * episodes
+
+        run.source.evaluate = evaluate
+        return run
+
+    monkeypatch.setattr(train, "build_run", build_scripted)
+    return seen
+
+
+def last_checkpoint(run_dir: Path) -> Checkpoint:
+    checkpoint = Checkpointer(str(run_dir / "checkpoints")).load_latest()
+    assert checkpoint is not None
+    return checkpoint
+
+
+def test_the_best_periodic_policy_is_restored_before_the_final_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = script_evaluations(monkeypatch, [1.0, 7.0, 3.0, 2.0])
+    lines: list[str] = []
+    config = tiny_config(run={"eval_every": 5, "eval_select_episodes": 2})
+    summary = run_training(config, tmp_path, show_progress=False, out=lines.append)
+
+    select, final_seed = config.run.seed + SELECT_EVAL_SEED, config.run.seed + FINAL_EVAL_SEED
+    assert [(call.step, call.seed) for call in seen] == [(5, select), (10, select), (15, select), (20, select),
+                                                         (20, final_seed)]
+    assert (summary["best_eval_step"], summary["best_eval_return"]) == (10, 7.0)
+    final, best, last = seen[-1].online, seen[1].online, seen[3].online
+    assert not torch.equal(best, last)
+    assert torch.equal(final, best)
+    assert "evaluation at step 10: mean return 7.00 over 2 episodes (best so far)" in lines
+    assert "evaluation at step 15: mean return 3.00 over 2 episodes (best 7.00 at step 10)" in lines
+    assert "selected the policy of step 10 (mean return 7.00)" in lines
+    # the final checkpoint is the last update's state, with the best snapshot beside it
+    checkpoint = last_checkpoint(tmp_path)
+    assert torch.equal(checkpoint.state["online"], last)
+    assert torch.equal(checkpoint.state["best.online"], best)
+    assert checkpoint.meta["best_eval"] == {"step": 10, "mean_return": 7.0}
+
+
+def test_off_by_default_the_last_policy_is_evaluated_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = script_evaluations(monkeypatch, [])
+    lines: list[str] = []
+    summary = run_training(tiny_config(), tmp_path, show_progress=False, out=lines.append)
+
+    assert [(call.step, call.seed) for call in seen] == [(20, FINAL_EVAL_SEED)]
+    assert summary["best_eval_step"] is None and summary["best_eval_return"] is None
+    assert not [line for line in lines if line.startswith(("evaluation at step", "selected the policy"))]
+    checkpoint = last_checkpoint(tmp_path)
+    assert torch.equal(checkpoint.state["online"], seen[0].online)
+    assert "best.online" not in checkpoint.state
+
+
+def test_periodic_evaluation_leaves_the_training_trajectory_alone(tmp_path: Path) -> None:
+    """Evaluation draws on no training generator, so the last update's state is the same with or without it."""
+    plain = run_training(tiny_config(), tmp_path / "plain", show_progress=False, out=lambda line: None)
+    config = tiny_config(run={"eval_every": 5, "eval_select_episodes": 1})
+    selecting = run_training(config, tmp_path / "selecting", show_progress=False, out=lambda line: None)
+
+    assert plain["best_eval_step"] is None and selecting["best_eval_step"] in (5, 10, 15, 20)
+    want, got = last_checkpoint(tmp_path / "plain").state, last_checkpoint(tmp_path / "selecting").state
+    for name, tensor in want.items():
+        assert torch.equal(tensor, got[name]), name
+
+
+def test_a_resumed_run_keeps_the_best_policy_from_before_the_interruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tiny_config(run={"eval_every": 5, "eval_select_episodes": 1, "checkpoint_every": 100})
+    before = script_evaluations(monkeypatch, [1.0, 9.0], terminate_at_step=10)
+    with pytest.raises(SystemExit) as exited:
+        run_training(config, tmp_path, show_progress=False, out=lambda line: None)
+    assert exited.value.code == train.EXIT_TERMINATED
+    assert last_checkpoint(tmp_path).meta["best_eval"] == {"step": 10, "mean_return": 9.0}
+
+    after = script_evaluations(monkeypatch, [3.0, 2.0])
+    summary = run_training(config, tmp_path, resume=True, show_progress=False, out=lambda line: None)
+
+    assert [call.step for call in after] == [15, 20, 20]
+    assert (summary["best_eval_step"], summary["best_eval_return"], summary["step"]) == (10, 9.0, 20)
+    assert torch.equal(after[-1].online, before[1].online)
+
+
+def test_best_policy_keeps_a_copy_of_the_best_and_later_ties_win() -> None:
+    params = torch.zeros(3)
+    best = BestPolicy()
+    assert best.offer(5, 2.0, params)
+    params += 1.0  # training moves on; the snapshot must not
+    assert not best.offer(10, 1.0, params)
+    assert (best.step, best.mean_return) == (5, 2.0) and torch.equal(best.online, torch.zeros(3))
+    assert best.offer(15, 2.0, params)
+    assert (best.step, best.mean_return) == (15, 2.0) and torch.equal(best.online, torch.ones(3))
+
+
+@pytest.mark.parametrize("mean_return", [math.nan, math.inf, -math.inf])
+def test_best_policy_never_takes_a_mean_that_is_not_finite(mean_return: float) -> None:
+    best = BestPolicy()
+    assert not best.offer(5, mean_return, torch.zeros(3))
+    assert best.online is None and best.step is None
+    best.offer(10, -3.0, torch.zeros(3))
+    assert not best.offer(15, mean_return, torch.ones(3))
+    assert (best.step, best.mean_return) == (10, -3.0)
+
+
+def test_an_evaluation_that_is_not_finite_is_reported_and_not_kept(tmp_path: Path) -> None:
+    run = build_run(tiny_config(run={"eval_every": 5}), tmp_path)
+    scores = iter([math.nan, 4.0, math.nan])
+    run.source.evaluate = lambda greedy_fn, episodes, seed: [next(scores)] * episodes
+    lines: list[str] = []
+    for step in (5, 10, 15):
+        run.step = step
+        evaluate_for_selection(run, lines.append)
+    assert lines == [
+        "evaluation at step 5: mean return nan over 5 episodes (not kept: no finite mean yet)",
+        "evaluation at step 10: mean return 4.00 over 5 episodes (best so far)",
+        "evaluation at step 15: mean return nan over 5 episodes (best 4.00 at step 10)",
+    ]
+    assert (run.best.step, run.best.mean_return) == (10, 4.0)
+
+
+@pytest.mark.parametrize(
+    "step, advanced, due",
+    [(10, 1, True), (11, 1, False), (8, 4, False), (12, 4, True), (20, 4, True), (24, 4, False)],
+)
+def test_evaluation_is_due_whenever_a_multiple_is_passed(step: int, advanced: int, due: bool) -> None:
+    assert crossed(step, advanced, 10) is due
