@@ -6,10 +6,10 @@ Error: ‖plan − eager‖ / ‖eager‖ per tensor of `state.tensors()` after 
 
 - float32 plans running eager's kernels (graph, dual, zerocopy uncompiled): 1e-4 for every tensor,
   in `core` and `full` alike. The C51 projection has no atomics, so eager is bit-reproducible and
-  these plans matched it exactly on the H200 (docs/benchmarks/README.md, run 3).
+  these plans matched it exactly on the H200 (docs/benchmarks/README.md, run 4).
 - float32 through Inductor (`FusedFp32`, a diagnostic variant): `COMPILED_RTOL` (5e-3) for every
-  tensor: fused kernels reorder float32 sums; measured parameters ≤ 1.5e-4, Adam moments ≤ 2.2e-3.
-- TF32 plans: `TF32_RTOL` (2e-2) for every tensor (measured ≤ 4.6e-3), and windowed loss means over
+  tensor: fused kernels reorder float32 sums; measured parameters ≤ 9e-5, Adam moments ≤ 2.6e-3 (run 4).
+- TF32 plans: `TF32_RTOL` (2e-2) for every tensor (measured ≤ 5.6e-3 in run 4), and windowed loss means over
   2000 steps within 5% (`test_tf32_loss_curves_agree_over_2000_steps`, which writes the curves when
   FOXHUNT_CURVES_OUT is set).
 """
