@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run train test lint bench-gpu
+.PHONY: setup run train test lint
 
 setup: $(STAMP)
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The one script sent to the H200: GPU tests, then the benchmark; logs, JSON and PNG under $OUT.
-# Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of tests,curves,bench or all
+# Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of tests,curves,bench,profile or all
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
 set -uo pipefail
 stage="${1:-all}"; shift || true
-[ "$stage" = all ] && stage=tests,curves,bench
+[ "$stage" = all ] && stage=tests,curves,bench,profile
 has() { [[ ",$stage," == *",$1,"* ]]; }
 OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -23,7 +23,13 @@ if has tests; then
   FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m "$marks" \
     -p no:cacheprovider -q -s -rA --timeout 300 tests/trainer/plans/test_equivalence.py 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -40
+  [ -f "$OUT/loss_curves.json" ] && python3 scripts/plot_loss_curves.py "$OUT/loss_curves.json" "$OUT/loss_curves.png"
 fi
 if has bench; then
   timeout "${BENCH_TIMEOUT:-420}" python3 -m trainer bench --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -30
+fi
+if has profile; then
+  # kernels per step and the costliest kernels of the fastest plan (scripts/profile_step.py)
+  timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --top 25 2>&1 \
+    | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
 fi
