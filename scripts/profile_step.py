@@ -1,8 +1,8 @@
 """Where a plan's step time goes on the GPU: kernels per step, busy time, and the costliest kernels.
 
 Usage: python scripts/profile_step.py [--config core] [--variant NAME ...] [--steps 20]
-A variant is a plan name with an optional "+cdf" suffix (cumulative-sum sampling), e.g.
-"zerocopy+cdf". Each is built like `trainer bench` builds it, warmed
+A variant is a plan name (or "compile") with an optional "+tree" suffix (sum-tree sampling instead of
+the bench's cumulative-sum search), e.g. "zerocopy+tree". Each is built like `trainer bench` builds it, warmed
 up, timed over `--steps` steps with CUDA events, then profiled over the same number of steps.
 """
 
@@ -17,14 +17,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from trainer.bench import BenchOptions, bench_config, bench_spec, build_method, fill_replay, run_steps
 from trainer.model import ModelDims
+from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.timing import StepTimer
 
 
-def build(variant: str, config_name: str, options: BenchOptions, device: torch.device):
+def build(variant: str, config_name: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
     method, *flags = variant.split("+")
-    overrides = ["replay.search=cdf"] if "cdf" in flags else []
+    overrides = ["replay.search=tree"] if "tree" in flags else []
     config = bench_config(config_name, BenchOptions(**{**vars(options), "overrides": overrides}))
     spec = bench_spec(config)
     replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(1))
@@ -73,8 +74,10 @@ def main() -> None:
         for e in kernels:
             by_name[e.name] += e.device_time
             counts[e.name] += 1
-        print(f"\n[{args.config}] {variant}: {ms:.3f} ms/step, {len(kernels) / args.steps:.0f} kernels/step, "
-              f"kernel busy {busy:.3f} ms/step, setup {setup:.0f}s")
+        print(
+            f"\n[{args.config}] {variant}: {ms:.3f} ms/step, {len(kernels) / args.steps:.0f} kernels/step, "
+            f"kernel busy {busy:.3f} ms/step, setup {setup:.0f}s"
+        )
         for name, total in by_name.most_common(args.top):
             print(f"  {total / 1e3 / args.steps:8.4f} ms  {counts[name] / args.steps:6.1f}x  {name[:110]}")
         rows.append((variant, ms, len(kernels) / args.steps, busy))
