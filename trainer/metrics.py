@@ -116,7 +116,7 @@ class TrainerMetrics:
         self.step_seconds = Histogram(
             "foxhunt_train_step_seconds",
             "Time of one step's component. plan: eager|graph|dual|fused|zerocopy; component: sample, "
-            "spectral, forward_backward, clip_prune, adam, ema, attention, iql, iqn, ensemble, vaccine, "
+            "spectral, forward_backward, clip_prune, adam, ema, attention, iql, iqn, "
             "causal, guard, priority (eager), graph, aux_stream (graphed plans), step (the whole step).",
             ["plan", "component"],
             buckets=STEP_BUCKETS,

@@ -220,7 +220,6 @@ def head_losses(
     flags: StepFlags,
     hp: Hyper,
     targets: Targets,
-    timer: SectionTimer = NO_TIMER,
 ) -> tuple[Tensor, Forward]:
     """The budgeted losses of the heads on one trunk forward (C51 with the vaccine penalty, CQL, the
     ensemble) as a function of the online parameters [Pm], in `budget_names` order without IQN; and
@@ -249,17 +248,15 @@ def head_losses(
         losses["cql"] = budgeted["cql"] = hp.cql_alpha * (weight * cql_penalty(q, batch.action)).mean()
 
     if hp.ensemble:
-        with timer.section("ensemble"):
-            heads = ensemble_logits(p, h_s2, d)  # [E, B, K, A, N]
-            per_sample = ensemble_loss(heads, batch.action, targets.target_pmf, atoms, hp.diversity)  # [B]
-            losses["ensemble"] = budgeted["ensemble"] = (weight * per_sample).mean()
+        heads = ensemble_logits(p, h_s2, d)  # [E, B, K, A, N]
+        per_sample = ensemble_loss(heads, batch.action, targets.target_pmf, atoms, hp.diversity)  # [B]
+        losses["ensemble"] = budgeted["ensemble"] = (weight * per_sample).mean()
 
     if flags.vaccine:
-        with timer.section("vaccine"):
-            # s_adv = s + ε sign(∇_s L_c51); penalise KL(Z(s) ‖ Z(s_adv)) within the C51 budget.
-            adv_logits = c51_logits(p, trunk(p, fgsm_states(batch.obs, grad_obs, hp.vaccine_epsilon)), d)
-            losses["vaccine"] = hp.vaccine_weight * (weight * distribution_shift_penalty(logits, adv_logits)).mean()
-            budgeted["c51"] = losses["c51"] + losses["vaccine"]
+        # s_adv = s + ε sign(∇_s L_c51); penalise KL(Z(s) ‖ Z(s_adv)) within the C51 budget.
+        adv_logits = c51_logits(p, trunk(p, fgsm_states(batch.obs, grad_obs, hp.vaccine_epsilon)), d)
+        losses["vaccine"] = hp.vaccine_weight * (weight * distribution_shift_penalty(logits, adv_logits)).mean()
+        budgeted["c51"] = losses["c51"] + losses["vaccine"]
 
     stacked = torch.stack([budgeted[name] for name in budget_names(hp) if name in budgeted])  # [L]
     return stacked, Forward(budgeted=stacked, losses=losses, h_s2=h_s2, q=q, per_sample=c51_per_sample)
@@ -286,14 +283,16 @@ def per_loss_gradients(
     targets: Targets,
     timer: SectionTimer = NO_TIMER,
 ) -> tuple[dict[str, Tensor], Forward]:
-    """∂L_i/∂θ [Pm] for every budgeted loss, and the forward pass's outputs.
+    """∂L_i/∂θ [Pm] for every budgeted loss, and the forward pass's outputs; timed as the sections
+    "forward_backward" (the heads, ensemble and vaccine included) and "iqn".
 
     The heads' losses share one forward and one batched backward: the rows of their Jacobian. IQN's
     gradient is a backward of its own (with its own trunk forward): its layers see B·T rows, and in a
     batched backward their weight gradients become batched matrix products with a B·T-long
     reduction that cuBLAS runs without split-K, ten times slower on an H200 than one plain backward.
     """
-    jacobian, fwd = torch.func.jacrev(head_losses, has_aux=True)(state.online, state, batch, flags, hp, targets, timer)
+    with timer.section("forward_backward"):
+        jacobian, fwd = torch.func.jacrev(head_losses, has_aux=True)(state.online, state, batch, flags, hp, targets)
     names = [name for name in budget_names(hp) if name != "iqn"]
     grads = dict(zip(names, jacobian.unbind(0), strict=True))  # name -> [Pm]
     if not hp.iqn:
@@ -321,7 +320,7 @@ def train_step(
 
     with timer.section("forward_backward"):
         targets = compute_targets(state, batch, draws, hp)
-        grads, fwd = per_loss_gradients(state, batch, draws, hp, flags, targets, timer)
+    grads, fwd = per_loss_gradients(state, batch, draws, hp, flags, targets, timer)
     losses = dict(fwd.losses)
 
     if flags.causal:

@@ -7,7 +7,7 @@ a monotonic clock (`time.perf_counter_ns`) is exact. `enabled=False` turns every
 which is how the benchmark measures the cost of measuring.
 
 Components of one step with the same name are summed (a plan may sample twice). A component that
-does not run every step (vaccine, causal) is absent from the steps it skips; `means_ms` averages
+does not run every step (causal) is absent from the steps it skips; `means_ms` averages
 over all steps of the window, so the components add up to the step time.
 """
 
@@ -38,13 +38,12 @@ EAGER_COMPONENTS: tuple[str, ...] = (
     "attention",
     "iql",
     "iqn",
-    "ensemble",
-    "vaccine",
     "causal",
     "guard",
     "priority",
 )
-"""Component names of the eager plan, in step order (also the order of the breakdown line)."""
+"""Component names of the eager plan, in step order (also the order of the breakdown line). The ensemble
+and vaccine losses are inside `forward_backward`: their backward is a row of the heads' batched backward."""
 
 GRAPH_COMPONENTS: tuple[str, ...] = ("sample", "graph", "aux_stream", "guard")
 """Component names every graphed plan uses (a plan may add its own)."""

@@ -1,3 +1,6 @@
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -130,3 +133,41 @@ def test_disabled_components_produce_no_loss() -> None:
     output = train_step(state, random_batch(state, 16), _draws(state, 16), Hyper.from_config(config))
     assert set(output.losses) == {"c51"}
     assert torch.equal(attn_before, state.attn_params.detach())
+
+
+class _FlatSections:
+    """A SectionTimer that fails on a section opened inside another: nested ones would be counted twice."""
+
+    def __init__(self) -> None:
+        self.open: str | None = None
+        self.names: list[str] = []
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        assert self.open is None, f"section {name!r} opened inside {self.open!r}"
+        self.open = name
+        self.names.append(name)
+        try:
+            yield
+        finally:
+            self.open = None
+
+
+def test_step_sections_do_not_nest_so_components_add_up_to_the_step() -> None:
+    config = tiny_config()
+    state = tiny_state(config)
+    timer = _FlatSections()
+    flags = StepFlags(vaccine=True, causal=True)
+    train_step(state, random_batch(state, 16), _draws(state, 16), Hyper.from_config(config), flags, timer)
+    assert set(timer.names) == {
+        "forward_backward",
+        "iqn",
+        "causal",
+        "iql",
+        "attention",
+        "clip_prune",
+        "adam",
+        "spectral",
+        "guard",
+        "ema",
+    }
