@@ -47,7 +47,6 @@ class JobService:
             self.metrics.record_submission(existing.pool, created=False)
             return existing, False
         pool = self.pools.get(body.pool or self.pools.default)
-        pool.check_quota(tenant=principal.tenant, used=self.store.gpu_use(tenant=principal.tenant, pool=pool.name))
         config = body.config.model_copy(deep=True)
         if body.plan is not None:
             config.run.plan = body.plan
@@ -72,7 +71,9 @@ class JobService:
                 deadline=body.deadline,
                 config=config.model_dump(mode="json"),
                 labels=dict(body.labels),
-            )
+            ),
+            # checked and inserted in one transaction: concurrent submissions cannot overrun the quota
+            admit=lambda used: pool.check_quota(tenant=principal.tenant, used=used),
         )
         self.metrics.record_submission(job.pool, created=created)
         if created:
@@ -86,10 +87,10 @@ class JobService:
 
     def retry(self, principal: Principal, job_id: str) -> JobRecord:
         """Queue the next attempt; it resumes from the job's fixed checkpoint location."""
-        job = self.store.get_job(job_id, tenant=principal.visible_tenant)
-        self.pools.get(job.pool).check_quota(
-            tenant=job.tenant, used=self.store.gpu_use(tenant=job.tenant, pool=job.pool)
+        job = self.store.retry(
+            job_id,
+            tenant=principal.visible_tenant,
+            admit=lambda tenant, pool, used: self.pools.get(pool).check_quota(tenant=tenant, used=used),
         )
-        job = self.store.retry(job_id, tenant=principal.visible_tenant)
         self.wake()
         return job

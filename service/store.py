@@ -7,7 +7,7 @@ import binascii
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -208,8 +208,14 @@ class Store:
             row = s.get(JobRow, job_id)
             return _record(row, with_events=with_events) if row else None
 
-    def insert_job(self, job: NewJob) -> tuple[JobRecord, bool]:
-        """Insert, or return the job already stored under this id: (record, created). Race-safe via the PK."""
+    def insert_job(self, job: NewJob, admit: Callable[[int], None] | None = None) -> tuple[JobRecord, bool]:
+        """Insert, or return the job already stored under this id: (record, created). Race-safe via the PK.
+
+        `admit(gpus_in_use)` runs inside the inserting transaction, with the tenant's non-terminal GPUs
+        on the job's pool, and may raise to refuse the job (the quota). Concurrent admissions for one
+        tenant and pool are serialised (a transaction-scoped advisory lock on PostgreSQL, the write lock
+        on SQLite), so two submissions cannot both pass a check that only one of them fits.
+        """
         now = utcnow()
         row = JobRow(
             **job.model_dump(exclude={"deadline"}),
@@ -222,6 +228,10 @@ class Store:
         )
         try:
             with self._tx(write=True) as s:
+                if admit is not None:
+                    self._lock_admission(s, job.tenant, job.pool)
+                    if s.get(JobRow, job.id) is None:  # a replay of a stored job is not a new admission
+                        admit(self._gpu_use(s, tenant=job.tenant, pool=job.pool))
                 s.add(row)
                 s.flush()
                 s.add_all(JobLabelRow(job_id=job.id, key=k, value=v) for k, v in job.labels.items())
@@ -233,7 +243,7 @@ class Store:
         except IntegrityError:
             existing = self.find_job(job.id)
             if existing is None:  # the other insert rolled back: ours may go now
-                return self.insert_job(job)
+                return self.insert_job(job, admit)
             if existing.request_hash != job.request_hash:
                 raise IdempotencyConflict(job.id) from None
             return self.get_job(job.id), False
@@ -363,8 +373,14 @@ class Store:
                 self._event(s, row, now)
         return self.get_job(job_id)
 
-    def retry(self, job_id: str, *, tenant: str | None) -> JobRecord:
-        """Queue a failed/cancelled/errored job again as the next attempt (same checkpoint location)."""
+    def retry(
+        self, job_id: str, *, tenant: str | None, admit: Callable[[str, str, int], None] | None = None
+    ) -> JobRecord:
+        """Queue a failed/cancelled/errored job again as the next attempt (same checkpoint location).
+
+        `admit(tenant, pool, gpus_in_use)` runs in the same transaction under the admission lock, as
+        in `insert_job`, and may raise to refuse the retry.
+        """
         now = utcnow()
         with self._tx(write=True) as s:
             row = s.get(JobRow, job_id, with_for_update=True)
@@ -374,6 +390,9 @@ class Store:
                 raise InvalidTransition(
                     f"job {job_id} is {row.state}; only FAILED, CANCELLED or ERROR jobs can be retried"
                 )
+            if admit is not None:
+                self._lock_admission(s, row.tenant, row.pool)
+                admit(row.tenant, row.pool, self._gpu_use(s, tenant=row.tenant, pool=row.pool))
             row.attempt += 1
             row.state, row.reason, row.message, row.phase = JobState.QUEUED.value, "Retry", None, None
             row.cancel_requested_at, row.cancel_forced = None, False
@@ -411,11 +430,21 @@ class Store:
 
     def gpu_use(self, *, tenant: str, pool: str) -> int:
         """GPUs held by the tenant's non-terminal jobs on the pool."""
+        with self._tx() as s:
+            return self._gpu_use(s, tenant=tenant, pool=pool)
+
+    @staticmethod
+    def _gpu_use(session: Session, *, tenant: str, pool: str) -> int:
         query = select(func.coalesce(func.sum(JobRow.gpus), 0)).where(
             JobRow.tenant == tenant, JobRow.pool == pool, JobRow.state.not_in(_TERMINAL)
         )
-        with self._tx() as s:
-            return int(s.scalar(query) or 0)
+        return int(session.scalar(query) or 0)
+
+    def _lock_admission(self, session: Session, tenant: str, pool: str) -> None:
+        """Hold the (tenant, pool) admission lock until this transaction ends (SQLite: `_write_lock`)."""
+        if not self._sqlite:
+            key = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+            session.execute(key, {"key": f"foxhunt-admission/{tenant}/{pool}"})
 
     def counts_by_state(self) -> dict[JobState, int]:
         with self._tx() as s:

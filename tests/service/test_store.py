@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,7 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from service.domain import BackendStatus, JobState
-from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
+from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound, QuotaExceeded
 from service.models import Base
 from service.store import NewJob, Store, parse_label_selector
 
@@ -218,3 +219,43 @@ def test_tokens_are_stored_hashed_and_revocable(store: Store) -> None:
 
 def test_ping_answers(store: Store) -> None:
     store.ping()
+
+
+def _quota(limit: int) -> Callable[[int], None]:
+    """An admission check allowing `limit` one-GPU jobs; it dwells a moment so racing checks overlap."""
+
+    def admit(used: int) -> None:
+        time.sleep(0.02)  # widens the check-then-insert window a missing lock would let others into
+        if used + 1 > limit:
+            raise QuotaExceeded(f"{used} of {limit} GPUs in use")
+
+    return admit
+
+
+def test_concurrent_admissions_never_overrun_the_quota(store: Store) -> None:
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def submit(i: int) -> None:
+        barrier.wait()
+        try:
+            store.insert_job(new_job(f"job-{i}"), admit=_quota(3))
+            outcomes.append("admitted")
+        except QuotaExceeded:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["admitted"] * 3 + ["refused"] * 5
+    assert store.gpu_use(tenant="team-a", pool="cpu") == 3
+
+
+def test_a_replay_at_the_quota_returns_the_stored_job(store: Store) -> None:
+    job, created = store.insert_job(new_job("job-1"), admit=_quota(1))
+    again, created_again = store.insert_job(new_job("job-1"), admit=_quota(1))
+    assert created and not created_again and again.id == job.id
+    with pytest.raises(QuotaExceeded):
+        store.insert_job(new_job("job-2"), admit=_quota(1))
