@@ -87,13 +87,13 @@ def test_means_average_a_periodic_component_over_all_steps() -> None:
         with timer.section("forward_backward"):
             pass
         if step == 0:
-            with timer.section("vaccine"):
+            with timer.section("causal"):
                 _busy(0.004)
         timer.end_step()
-    one = timer.drain()["vaccine"][0]
+    one = timer.drain()["causal"][0]
     means = timer.means_ms()
-    assert means["vaccine"] == pytest.approx(one * 1e3 / 4)
-    assert timer.means_ms(window=3).get("vaccine") is None
+    assert means["causal"] == pytest.approx(one * 1e3 / 4)
+    assert timer.means_ms(window=3).get("causal") is None
 
 
 def test_memory_is_bounded_by_capacity() -> None:

@@ -39,7 +39,7 @@ def test_a_short_run_writes_its_outputs_and_breakdown(tmp_path: Path) -> None:
     breakdowns = [line for line in lines if line.startswith("Training step breakdown: sample=")]
     assert len(breakdowns) == 2  # log_every=10 over 20 steps
     assert "fused=" in breakdowns[0] and "guard=" in breakdowns[0] and "(per-step: " in breakdowns[0]
-    for component in ("forward_backward", "adam", "attention", "iqn", "causal", "vaccine", "priority"):
+    for component in ("forward_backward", "adam", "attention", "iqn", "causal", "priority"):
         assert f"{component}=" in breakdowns[0]
     for name in ("config.json", "progress.json", "summary.json"):
         assert (tmp_path / name).is_file()
