@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from service.backends.base import Backend, BackendError, BackendNotFound, BackendUnavailable
 from service.domain import JobSpec, JobState
+from service.errors import InvalidTransition
 from service.metrics import ControllerMetrics
 from service.pools import Pools
 from service.store import JobRecord, Store
@@ -86,9 +87,11 @@ class Reconciler:
     # ---- one pass ---------------------------------------------------------------------------------
 
     def reconcile_once(self) -> bool:
-        """Submit queued jobs, then bring every job in step with backend.list_statuses(). True on success."""
+        """Expire passed deadlines, submit queued jobs, then bring every job in step with
+        backend.list_statuses(). True on success."""
         with self._pass_lock:
             started = time.monotonic()
+            self._expire_deadlines()  # the store alone: deadlines pass while the backend is down too
             try:
                 self._submit_queued()
                 self._sync()
@@ -108,6 +111,18 @@ class Reconciler:
             else "other"
         )
         self.metrics.record_backend_error(operation, cause)
+
+    def _expire_deadlines(self) -> None:
+        """Cancel every active job past its deadline: a queued one the backend never got ends at once
+        (never submitted), a submitted one is stopped by the cancel `_sync` sends."""
+        now = datetime.now(UTC)
+        for job in self.store.active_jobs():
+            if job.deadline is not None and now > job.deadline and job.cancel_requested_at is None:
+                try:
+                    self.store.request_cancel(job.id, tenant=None, reason="DeadlineExceeded")
+                except InvalidTransition:  # it ended meanwhile
+                    continue
+                self.metrics.record_recovery("deadline")
 
     def _submit_queued(self) -> None:
         for job in self.store.jobs_to_submit():
@@ -155,10 +170,6 @@ class Reconciler:
                     )
                     self.metrics.record_recovery("lost")
                 continue
-            if job.deadline is not None and now > job.deadline and job.cancel_requested_at is None:
-                self.store.request_cancel(job.id, tenant=None, reason="DeadlineExceeded")
-                self.metrics.record_recovery("deadline")
-                job = self.store.get_job(job.id)
             if job.cancel_requested_at is not None and not status.state.terminal:
                 overdue = (now - job.cancel_requested_at).total_seconds() > self.grace
                 self._send_cancel(job, force=overdue)

@@ -186,6 +186,24 @@ def test_a_passed_deadline_cancels_the_job(
     )
 
 
+def test_a_deadline_passes_for_a_queued_job_while_the_backend_is_down(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    backend = Unreachable(LocalBackend.from_settings(settings))
+    c = Controller(create_app(settings, backend=backend))
+    try:
+        deadline = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+        body = {"config": {"run": {"steps": 2}}, "pool": "cpu", "deadline": deadline}
+        job_id = c.request("POST", "/v1/jobs", json=body).json()["id"]
+        job = c.wait_for(job_id, timeout=30)
+        assert (job["state"], job["reason"]) == ("CANCELLED", "DeadlineExceeded")
+        assert [h["state"] for h in job["history"]] == ["QUEUED", "CANCELLED"]
+        backend.down = False  # back up: the expired job is never submitted
+        assert c.services.reconciler.reconcile_once()
+        assert backend.inner.list_statuses() == []
+    finally:
+        c.close()
+
+
 def test_a_submission_the_backend_rejects_is_an_error_with_its_message(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
     backend = Unreachable(LocalBackend.from_settings(settings), BackendError("Workflow is invalid: spec.arguments"))
