@@ -17,6 +17,8 @@ from trainer.step import Draws, Hyper, SectionTimer, StepFlags, StepOutput, trai
 class EagerPlan:
     name = "eager"
     steps_per_call = 1
+    read_losses = True
+    """Read the losses back to the host every step (a sync), as trainers do."""
 
     def __init__(
         self,
@@ -28,17 +30,21 @@ class EagerPlan:
     ) -> None:
         self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
         self.hp = Hyper.from_config(config)
+        self.batch = replay.empty_batch(config.run.batch_size)  # refilled in place each step
         self.draws = Draws.empty(state.dims, config.run.batch_size, state.atoms.device)
         self.last_losses: dict[str, float] = {}
 
     def run(self, step: int) -> StepOutput:
         with self.timer.section("sample"):
-            batch = self.replay.sample(self.config.run.batch_size, step)
+            self.replay.sample_into(self.batch, step)
             self.draws.fill_(self.generator)
-        output = train_step(
-            self.state, batch, self.draws, self.hp, StepFlags.for_step(step, self.config), self.timer
-        )
+        output = self.train(StepFlags.for_step(step, self.config))
         with self.timer.section("priority"):
-            self.replay.update_priorities(batch.index, output.priority)
-        self.last_losses = {name: float(value) for name, value in output.losses.items()}
+            self.replay.update_priorities(self.batch.index, output.priority)
+        if self.read_losses:
+            self.last_losses = {name: float(value) for name, value in output.losses.items()}
         return output
+
+    def train(self, flags: StepFlags) -> StepOutput:
+        """The update over this step's batch and draws, its parts timed by name."""
+        return train_step(self.state, self.batch, self.draws, self.hp, flags, self.timer)
