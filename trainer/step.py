@@ -170,7 +170,6 @@ class Targets(NamedTuple):
     """What the update regresses towards, from the target network (no gradients). A NamedTuple, as
     Dynamo can rebuild one that lives across a graph break (the fused plan's stream sections)."""
 
-    a_star: Tensor  # [B, K] Double-DQN greedy actions at s'
     target_pmf: Tensor  # [B, K, N] projected C51 target
     h_target_obs: Tensor  # [B, H] target trunk at s (IQL's target)
     z_target: Tensor | None  # [B, T', K] IQN target quantiles (None when IQN is off)
@@ -210,7 +209,7 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
         z_next = iqn_quantiles(pt, h_target_next, draws.tau_target, d)  # [B, T', K, A]
         z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)
         z_target = iqn_target(z_next, reward, batch.done, hp.gamma)  # [B, T', K]
-    return Targets(a_star=a_star, target_pmf=target_pmf, h_target_obs=h_target_obs, z_target=z_target)
+    return Targets(target_pmf=target_pmf, h_target_obs=h_target_obs, z_target=z_target)
 
 
 def head_losses(
