@@ -48,7 +48,7 @@ class TrainState:
             iql=iql,
             attn=attn,
             online=online,
-            target=online.detach().clone(),
+            target=online.clone(),
             adam_main=AdamMoments.zeros(main.size, device),
             iql_params=iql.init(generator, device),
             adam_iql=AdamMoments.zeros(iql.size, device),

@@ -105,9 +105,9 @@ class BestPolicy:
         if self.mean_return is not None and mean_return < self.mean_return:
             return False
         if self.online is None:
-            self.online = online.detach().clone()
+            self.online = online.clone()
         else:
-            self.online.copy_(online.detach())
+            self.online.copy_(online)
         self.step, self.mean_return = step, mean_return
         return True
 
@@ -137,7 +137,7 @@ class Run:
     best: BestPolicy = field(default_factory=BestPolicy)
 
     def act_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        views = self.state.main.views(self.state.online.detach())
+        views = self.state.main.views(self.state.online)
 
         @torch.no_grad()
         def act(obs: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,8 @@
 `train_step` runs through `torch.compile` (Inductor, no CUDA graphs of its own) and the graph plan's
 capture then records the generated kernels, with the dual plan's side-stream forks, into one CUDA
 graph per variant. Because the step takes its gradients with `torch.func` (no `autograd.grad` calls
-for Dynamo to break at), the main network's whole update (targets, forward, the one batched backward
-of every budgeted loss, clipping, Adam and spectral norm) is one Inductor graph: its pointwise work
+for Dynamo to break at), the main network's whole update (targets, forward, the heads' batched
+backward and IQN's own, clipping, Adam and spectral norm) is one Inductor graph: its pointwise work
 is fused into the matrix products' neighbours. Only the router's stream sections (attention, IQL,
 the guard's join, the EMA) stay eager calls (`torch.compiler.disable`) that Dynamo breaks around.
 
