@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -14,9 +15,9 @@ from service.api.deps import BackendDep, JobsDep, StoreDep, TenantDep
 from service.api.errors import problems
 from service.api.routes import V1
 from service.api.schemas import JobCreate, JobDetail, JobPage, JobPublic, PhaseEvent
-from service.backends.base import BackendError, BackendNotFound
+from service.backends.base import Backend, BackendError, BackendNotFound
 from service.domain import JobState
-from service.store import JobRecord, parse_label_selector
+from service.store import JobRecord, Store, parse_label_selector
 
 LABEL_SELECTOR = r"^[^,=\s]+=[^,=\s]*(,[^,=\s]+=[^,=\s]*)*$"
 
@@ -128,10 +129,27 @@ def _lines(lines: Iterator[str]) -> Iterator[str]:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(404, 503)},
 )
 def job_logs(job_id: str, principal: TenantDep, store: StoreDep, backend: BackendDep, follow: bool = False) -> Response:
-    """The job's log; `follow=true` streams until the job ends."""
-    store.get_job(job_id, tenant=principal.visible_tenant)
-    try:
-        lines = backend.logs(job_id, follow=follow)
-    except BackendNotFound:
-        lines = iter(())
+    """The job's log; `follow=true` streams until the job ends, waiting first for a queued job to start."""
+    job = store.get_job(job_id, tenant=principal.visible_tenant)
+    if follow and job.state is JobState.QUEUED:
+        lines = _logs_once_submitted(job_id, store, backend)
+    else:
+        lines = _backend_logs(job_id, backend, follow)
     return StreamingResponse(_lines(lines), media_type="text/plain; charset=utf-8")
+
+
+QUEUED_POLL_SECONDS = 0.2
+
+
+def _backend_logs(job_id: str, backend: Backend, follow: bool) -> Iterator[str]:
+    try:
+        return backend.logs(job_id, follow=follow)
+    except BackendNotFound:
+        return iter(())
+
+
+def _logs_once_submitted(job_id: str, store: Store, backend: Backend) -> Iterator[str]:
+    """A queued job has no backend log yet: follow waits until the reconciler hands it over (or it ends)."""
+    while store.get_job(job_id).state is JobState.QUEUED:
+        time.sleep(QUEUED_POLL_SECONDS)
+    yield from _backend_logs(job_id, backend, follow=True)

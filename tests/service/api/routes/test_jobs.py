@@ -215,6 +215,23 @@ def test_logs_follow_streams_until_the_job_ends(
     assert c.wait_for(job_id, timeout=10)["state"] == "SUCCEEDED"
 
 
+def test_logs_follow_on_a_queued_job_waits_for_the_backend_to_start_it(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False))
+    job_id = _submit(c).json()["id"]
+    with (
+        live_server(c.app) as url,
+        httpx.Client(base_url=url, headers=c.headers["alice"], timeout=60) as client,
+        client.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": True}) as r,
+    ):
+        assert r.status_code == 200  # headers are out while the job is still QUEUED
+        assert c.request("GET", f"/v1/jobs/{job_id}").json()["state"] == "QUEUED"
+        c.services.reconciler.reconcile_once()  # hands it to the backend
+        text = "".join(r.iter_text())
+    assert "Training step breakdown: sample=0.250ms" in text and text.endswith("stand-in: done, exit 0\n")
+
+
 def test_fifty_concurrent_identical_submissions_make_exactly_one_job(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:
