@@ -1,9 +1,10 @@
 """Where a plan's step time goes on the GPU: kernels per step, busy time, and the costliest kernels.
 
 Usage: python scripts/profile_step.py [--config core] [--variant NAME ...] [--steps 20]
-A variant is a plan name (or "compile") with an optional "+tree" suffix (sum-tree sampling instead of
-the bench's cumulative-sum search), e.g. "zerocopy+tree". Each is built like `trainer bench` builds it, warmed
-up, timed over `--steps` steps with CUDA events, then profiled over the same number of steps.
+A variant is a plan name (or "compile") with optional suffixes: "+tree" (sum-tree sampling instead of
+the bench's cumulative-sum search) and "+triton" (IQN's loss as the Triton kernel), e.g. "zerocopy+triton".
+Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
+then profiled over the same number of steps.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from trainer.timing import StepTimer
 
 def build(variant: str, config_name: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
     method, *flags = variant.split("+")
-    overrides = ["replay.search=tree"] if "tree" in flags else []
+    by_flag = {"tree": "replay.search=tree", "triton": "run.iqn_loss_kernel=triton"}
+    unknown = set(flags) - set(by_flag)
+    if unknown:
+        raise ValueError(f"unknown variant suffix {sorted(unknown)} (choose from {sorted(by_flag)})")
+    overrides = [by_flag[flag] for flag in flags]
     config = bench_config(config_name, BenchOptions(**{**vars(options), "overrides": overrides}))
     spec = bench_spec(config)
     replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(1))

@@ -152,6 +152,13 @@ class RunConfig(_Section):
         None, ge=1, le=1024, description="torch CPU threads (None: torch's default); small CPU models run best on 1."
     )
     steps_per_replay: int = Field(1, ge=1, le=1000, description="Steps per graph replay (zerocopy plan).")
+    iqn_loss_kernel: Literal["inductor", "triton"] = Field(
+        "inductor",
+        description=(
+            "IQN's pairwise quantile Huber loss in the fused and zerocopy plans: Inductor's generated kernels, "
+            "or one Triton kernel that writes the loss and its gradient in one pass."
+        ),
+    )
     log_every: int = Field(500, ge=1, description="Steps between breakdown lines.")
     checkpoint_every: int = Field(1000, ge=1, description="Steps between checkpoints.")
     eval_episodes: int = Field(10, ge=0, description="Greedy evaluation episodes at the end.")

@@ -10,6 +10,7 @@ CUDA graph, split it over streams, or compile it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -77,6 +78,8 @@ class Hyper:
     target_tau: float
     spectral_norm: bool
     sigma_max: float
+    # How IQN's pairwise loss runs, not what it is: the fused plans may swap in the Triton kernel.
+    quantile_huber: Callable[[Tensor, Tensor, Tensor, float], Tensor] = quantile_huber_loss
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -269,7 +272,7 @@ def iqn_loss(
     p = state.main.views(online)
     z = iqn_quantiles(p, trunk(p, batch.obs), draws.tau, state.dims)  # [B, T, K, A]
     z_data = z.gather(3, batch.action[:, None, :, None].expand(-1, z.shape[1], -1, 1)).squeeze(3)  # [B, T, K]
-    per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
+    per_sample = hp.quantile_huber(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
     return (batch.weight * per_sample).mean(), per_sample
 
 

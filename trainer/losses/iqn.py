@@ -35,18 +35,23 @@ def iqn_target(next_quantiles_target: Tensor, reward: Tensor, done: Tensor, gamm
     return reward[:, None, None] + discount[:, None, None] * next_quantiles_target  # [B, Tt, K]
 
 
-def quantile_huber_loss(quantiles: Tensor, target_quantiles: Tensor, tau: Tensor, kappa: float) -> Tensor:
-    """Per-sample quantile Huber loss: sum over T, mean over T' and branches of rho_tau^kappa(u).
-
-    quantiles [B, T, K] are the online quantiles at the data action for the taus `tau` [B, T];
-    target_quantiles [B, Tt, K] are detached here, so gradients reach only the online quantiles.
-    """
+def check_quantile_huber_inputs(quantiles: Tensor, target_quantiles: Tensor, tau: Tensor, kappa: float) -> None:
+    """Shapes [B, T, K], [B, Tt, K], [B, T] and kappa > 0, for every implementation of the loss."""
     sizes: dict[str, int] = {}
     expect_shape("quantile_huber_loss", "quantiles", quantiles, "B T K", sizes)
     expect_shape("quantile_huber_loss", "target_quantiles", target_quantiles, "B Tt K", sizes)
     expect_shape("quantile_huber_loss", "tau", tau, "B T", sizes)
     if kappa <= 0:
         raise ValueError(f"quantile_huber_loss: kappa must be positive, got {kappa}")
+
+
+def quantile_huber_loss(quantiles: Tensor, target_quantiles: Tensor, tau: Tensor, kappa: float) -> Tensor:
+    """Per-sample quantile Huber loss: sum over T, mean over T' and branches of rho_tau^kappa(u).
+
+    quantiles [B, T, K] are the online quantiles at the data action for the taus `tau` [B, T];
+    target_quantiles [B, Tt, K] are detached here, so gradients reach only the online quantiles.
+    """
+    check_quantile_huber_inputs(quantiles, target_quantiles, tau, kappa)
     # u = target - quantile, every (tau, tau') pair
     u = target_quantiles.detach()[:, None, :, :] - quantiles[:, :, None, :]  # [B, T, Tt, K]
     # huber_kappa(u) = u^2 / 2 if |u| <= kappa else kappa (|u| - kappa / 2)

@@ -16,6 +16,7 @@ error of `TF32_RTOL` after 50 steps, and loss curves agreeing over 2000 steps.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,7 +28,7 @@ from trainer.plans._capture import StreamRouter
 from trainer.plans.dual import DualStreamPlan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
-from trainer.step import SectionTimer, StepFlags, StepOutput, train_step
+from trainer.step import Hyper, SectionTimer, StepFlags, StepOutput, train_step
 
 TF32_RTOL = 2e-2
 """Relative error per state tensor (‖plan − eager‖ / ‖eager‖) allowed for TF32 plans after 50 steps."""
@@ -95,6 +96,14 @@ class FusedPlan(DualStreamPlan):
         self.step_fn = compile_step(self.compile_mode) if self.compiled else train_step
         self.sections: _EagerSections | None = None
         super().__init__(state, replay, config, timer, generator)
+
+    def hyper(self, config: TrainConfig) -> Hyper:
+        hp = super().hyper(config)
+        if config.run.iqn_loss_kernel == "triton":
+            from trainer.kernels.quantile_huber import quantile_huber_loss_fused  # needs Triton: GPU images only
+
+            hp = dataclasses.replace(hp, quantile_huber=quantile_huber_loss_fused)
+        return hp
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         if isinstance(timer, StreamRouter):

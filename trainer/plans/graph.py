@@ -49,7 +49,7 @@ class GraphPlan:
         self.device = state.atoms.device
         require_cuda(self.name, self.device)
         self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
-        self.hp = Hyper.from_config(config)
+        self.hp = self.hyper(config)
         self.batch = replay.empty_batch(config.run.batch_size)
         self.draws = Draws.empty(state.dims, config.run.batch_size, self.device)
         # Valid values for the warm-up before the first real fill (empty memory may hold any index).
@@ -64,6 +64,10 @@ class GraphPlan:
         self.prepare()
 
     # ---- what one captured graph runs -------------------------------------------------------
+
+    def hyper(self, config: TrainConfig) -> Hyper:
+        """The step's constants (the fused plan also picks its kernels here)."""
+        return Hyper.from_config(config)
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         """The maths of one update over the static buffers (the fused plan swaps in its compiled form)."""

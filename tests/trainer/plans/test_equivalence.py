@@ -112,7 +112,21 @@ def assert_within(errors: dict[str, float], plan_class: type) -> None:
     "plan_class", [GraphPlan, DualStreamPlan, FusedFp32, FusedPlan], ids=["graph", "dual", "fused-fp32", "fused-tf32"]
 )
 def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], config_name: str) -> None:
+    assert_fed_plan_matches_eager(plan_class, config_name)
+
+
+@pytest.mark.parametrize("config_name", ["core", "full"])
+def test_fused_with_the_triton_iqn_kernel_matches_eager_after_50_steps(config_name: str) -> None:
+    """run.iqn_loss_kernel = triton: the fused plan's IQN loss and gradient from trainer/kernels."""
+    assert_fed_plan_matches_eager(FusedPlan, config_name, iqn_loss_kernel="triton")
+
+
+def assert_fed_plan_matches_eager(
+    plan_class: type[GraphPlan], config_name: str, iqn_loss_kernel: str = "inductor"
+) -> None:
+    """Eager and the plan update on the same 50 batches and draws; compare every state tensor."""
     config = config_for(config_name)
+    config.run.iqn_loss_kernel = iqn_loss_kernel  # read by the fused plans only
     replay = new_replay(config)
     inputs = fed_inputs(config, replay, STEPS)
     hp = Hyper.from_config(config)
@@ -126,7 +140,8 @@ def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], conf
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    print(f"{config_name} {plan_class.name} ({plan_class.__name__}) relative error per tensor: {json.dumps(errors)}")
+    name = f"{plan_class.name} ({plan_class.__name__}, IQN loss: {iqn_loss_kernel})"
+    print(f"{config_name} {name} relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
     assert_within(errors, plan_class)
 
