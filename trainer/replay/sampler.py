@@ -11,7 +11,10 @@ be captured in a CUDA graph. float64 keeps the sums exact enough at a million le
 
 `search="cdf"` draws the same slots by a cumulative sum over the leaves and a binary search instead
 of the level-by-level descent: on an H200 (capacity 1M, B = 1024, in a CUDA graph) about 0.03 ms
-against 0.31 ms, as the descent is launch-bound (log2(P) = 20 levels of small kernels).
+against 0.31 ms, as the descent is launch-bound (log2(P) = 20 levels of small kernels). Since the
+scan also yields the total, this mode keeps only the leaves current: a priority write-back is one
+scatter instead of a scatter and 20 level sums. The inner nodes are rebuilt when a checkpoint is
+loaded into a sampler that descends.
 """
 
 from __future__ import annotations
@@ -88,20 +91,25 @@ class PrioritizedSampler:
         return self.beta_start + (self.beta_end - self.beta_start) * frac
 
     def total(self) -> Tensor:
-        """sum_j p_j^alpha (the root)."""
-        return self.tree[1]
+        """sum_j p_j^alpha: the root, or the leaves' sum where only they are kept (search="cdf")."""
+        return self.tree[1] if self.search == "tree" else self.priorities().sum()
 
     def priorities(self) -> Tensor:
         """p_i^alpha of every slot [capacity] (a view of the leaves)."""
         return self.tree[self.leaves : self.leaves + self.capacity]
 
     def _set_leaves(self, slots: Tensor, value: Tensor) -> None:
-        """Write leaves, then recompute every parent level from its children (duplicates are safe).
+        """Write leaves (duplicates are safe), then their parents where the descent reads them."""
+        self.tree.index_put_((slots + self.leaves,), value)
+        if self.search == "tree":
+            self._sum_levels()
+
+    def _sum_levels(self) -> None:
+        """Recompute every parent level from its children, leaves up.
 
         Level d holds nodes [2^d, 2^(d+1)); its children are the next level read as pairs. Summing
         whole levels is one kernel per level: fewer launches than walking the changed paths.
         """
-        self.tree.index_put_((slots + self.leaves,), value)
         for depth in range(self.depth - 1, -1, -1):
             children = self.tree[2 << depth : 4 << depth].view(-1, 2)  # [2^d, 2]
             torch.sum(children, dim=1, out=self.tree[1 << depth : 2 << depth])
@@ -125,12 +133,16 @@ class PrioritizedSampler:
         Segment b of the total mass [b, b+1) * total / B gets one uniform point u_b, mapped to the
         slot i whose mass interval [sum_{j<i} p_j^alpha, sum_{j<=i} p_j^alpha) holds it.
         """
-        total = self.tree[1]
-        u = torch.arange(batch_size, device=self.device, dtype=torch.float64) + torch.rand(
+        strata = torch.arange(batch_size, device=self.device, dtype=torch.float64) + torch.rand(
             batch_size, device=self.device, dtype=torch.float64, generator=generator
-        )
-        u = u * (total / batch_size)  # [B]
-        index = self._descend(u) if self.search == "tree" else self._invert_cdf(u, total)  # [B]
+        )  # [B] b + U(0, 1)
+        if self.search == "tree":
+            total = self.tree[1]
+            index = self._descend(strata * (total / batch_size))  # [B]
+        else:
+            cdf = torch.cumsum(self.priorities(), 0)  # [C]
+            total = cdf[-1]
+            index = self._invert_cdf(cdf, strata * (total / batch_size))  # [B]
         # w_i = (N * P(i))^-beta, normalised by the batch maximum
         prob = self.tree[index + self.leaves] / total  # [B]
         weight = (self.size.to(torch.float64) * prob).pow(-self.beta(step))  # [B]
@@ -147,13 +159,12 @@ class PrioritizedSampler:
             node = 2 * node + go_right
         return node - self.leaves
 
-    def _invert_cdf(self, u: Tensor, total: Tensor) -> Tensor:
-        """search="cdf": one scan of the leaves and a binary search, far fewer kernels than log2(P) levels.
+    def _invert_cdf(self, cdf: Tensor, u: Tensor) -> Tensor:
+        """search="cdf": a binary search of the leaves' scan `cdf` [C], far fewer kernels than log2(P) levels.
 
         Same slots as the descent up to float rounding; empty slots (zero mass) are never found, and a u
         rounded up to the total is clamped to the last stored slot.
         """
-        cdf = torch.cumsum(self.priorities(), 0)  # [C]
         index = torch.searchsorted(cdf, u, right=True)  # [B]
         return torch.minimum(index, self.size - 1)
 
@@ -169,3 +180,5 @@ class PrioritizedSampler:
         self.tree.copy_(state["tree"])
         self.max_priority.copy_(state["max_priority"])
         self.size.copy_(state["size"])
+        if self.search == "tree":
+            self._sum_levels()  # the checkpoint may come from a run that kept only the leaves

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.replay.sampler import PrioritizedSampler
 
@@ -58,7 +60,49 @@ def test_tree_descent_and_cdf_search_draw_the_same_slots() -> None:
         state = gen.get_state()
         want = tree.sample(512, step, gen)
         gen.set_state(state)
-        torch.testing.assert_close(cdf.sample(512, step, gen), want)
+        got = cdf.sample(512, step, gen)
+        torch.testing.assert_close(got, want)
+        loss = torch.rand(512, generator=gen) * 4  # the write-back between steps: the cdf mode keeps only leaves
+        tree.update(want[0], loss)
+        cdf.update(got[0], loss)
+        torch.testing.assert_close(cdf.total(), tree.total())
+
+
+def _ops_run_by(fn: Callable[[], object]) -> int:
+    """ATen operations `fn` dispatches: on a GPU, about the kernels it launches."""
+    count = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            nonlocal count
+            count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return count
+
+
+def test_cdf_write_back_costs_a_few_kernels_not_one_per_tree_level() -> None:
+    """The point of search="cdf" inside a CUDA graph: no log2(P) level sums per step (P = 2^20 in the bench)."""
+    index, loss = torch.arange(0, 4096, 4), torch.rand(1024)
+    tree, cdf = make(1 << 16, search="tree"), make(1 << 16, search="cdf")
+    tree_ops, cdf_ops = _ops_run_by(lambda: tree.update(index, loss)), _ops_run_by(lambda: cdf.update(index, loss))
+    assert tree_ops >= tree.depth and cdf_ops <= tree_ops - tree.depth
+    sample_ops = {s.search: _ops_run_by(lambda s=s: s.sample(1024, 3, torch.Generator())) for s in (tree, cdf)}
+    assert sample_ops["cdf"] < sample_ops["tree"] / 2
+
+
+def test_a_checkpoint_of_a_cdf_run_resumes_under_the_tree_descent() -> None:
+    """search="cdf" keeps only the leaves current; loading into a descending sampler rebuilds the sums."""
+    gen = torch.Generator().manual_seed(5)
+    cdf = filled(64, torch.rand(50, generator=gen, dtype=torch.float64) + 0.1, 0.6, "cdf")
+    cdf.update(torch.arange(10), torch.rand(10, generator=gen) * 5)
+    tree = make(64, search="tree")
+    tree.load_state_dict({k: v.clone() for k, v in cdf.state_dict().items()})
+    torch.testing.assert_close(tree.total(), cdf.total())
+    want = cdf.sample(256, 7, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(tree.sample(256, 7, torch.Generator().manual_seed(1)), want)
 
 
 def test_importance_weights_match_formula() -> None:
