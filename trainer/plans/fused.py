@@ -75,6 +75,11 @@ def compile_step(mode: str | None = COMPILE_MODE) -> Callable[..., StepOutput]:
     """`train_step` through Inductor, one wrapper per mode: Dynamo's cache (per code object and
     wrapper) then serves every plan instance and variant compiled before, instead of recompiling."""
     options: dict[str, Any] = {"mode": mode} if mode else {}
+    # Every variant (StepFlags, precision, Hyper, IQN kernel) is its own entry by design; past Dynamo's
+    # default limit of 8 it would silently run the step uncompiled.
+    dynamo_config = torch._dynamo.config
+    dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 256)
+    dynamo_config.accumulated_cache_size_limit = max(dynamo_config.accumulated_cache_size_limit, 1024)
     return torch.compile(train_step, dynamic=False, **options)  # type: ignore[return-value]
 
 
