@@ -21,6 +21,7 @@ run: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 test: setup lint
 	$(PY) -m pytest

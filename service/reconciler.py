@@ -162,15 +162,15 @@ class Reconciler:
             if stored is not None and stored.cancel_requested_at is not None:
                 self._send_cancel(stored, force=True)
         for job in active.values():
-            status = seen.get(job.id)
-            if status is None:
+            listed = seen.get(job.id)
+            if listed is None:
                 if job.state is not JobState.QUEUED and job.submitted_attempt == job.attempt:
                     self.store.set_state(
                         job.id, JobState.ERROR, reason="Lost", message="the backend no longer has this job"
                     )
                     self.metrics.record_recovery("lost")
                 continue
-            if job.cancel_requested_at is not None and not status.state.terminal:
+            if job.cancel_requested_at is not None and not listed.state.terminal:
                 overdue = (now - job.cancel_requested_at).total_seconds() > self.grace
                 self._send_cancel(job, force=overdue)
 

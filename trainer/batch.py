@@ -7,6 +7,7 @@ Batch allocated once (`Batch.empty`), so a captured graph always reads the same 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -33,7 +34,7 @@ class Batch:
                 f"Batch.empty needs positive sizes, got batch_size={batch_size}, obs_dim={obs_dim}, "
                 f"branches={branches}, window={window}"
             )
-        f32 = {"dtype": torch.float32, "device": device}
+        f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
         return cls(
             obs=torch.zeros(batch_size, obs_dim, **f32),
             action=torch.zeros(batch_size, branches, dtype=torch.int64, device=device),

@@ -238,9 +238,9 @@ def head_losses(
 
     if flags.vaccine:
         # FGSM needs ∇_s L_c51: the same forward, differentiated w.r.t. the states as well.
-        losses["c51"], grad_of_states, (h_s2, logits, c51_per_sample) = torch.func.vjp(
+        losses["c51"], grad_of_states, (h_s2, logits, c51_per_sample) = torch.func.vjp(  # type: ignore[misc]
             c51_of_states, batch.obs, has_aux=True
-        )
+        )  # with has_aux, vjp returns (output, vjp_fn, aux); its stub knows only the pair
         (grad_obs,) = grad_of_states(torch.ones_like(losses["c51"]))  # [B, F]
     else:
         losses["c51"], (h_s2, logits, c51_per_sample) = c51_of_states(batch.obs)

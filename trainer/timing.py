@@ -164,7 +164,7 @@ class StepTimer:
     def _ready(self, step: _Step) -> bool:
         if not self._cuda:
             return True
-        if not step.end.query():  # type: ignore[union-attr]
+        if not step.end.query():  # type: ignore[attr-defined]
             return False
         return all(end.query() for _, _, end, _ in step.spans)  # type: ignore[attr-defined]
 
@@ -197,7 +197,7 @@ class StepTimer:
                 oldest = self._pending[0]
                 for _, _, end, _ in oldest.spans:
                     end.synchronize()  # type: ignore[attr-defined]
-                oldest.end.synchronize()  # type: ignore[union-attr]
+                oldest.end.synchronize()  # type: ignore[attr-defined]
             while self._pending and self._ready(self._pending[0]):
                 times = self._read(self._pending.popleft())
                 self._ring.append(times)

@@ -34,9 +34,9 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import urllib3
 from kubernetes import client, config, watch
@@ -72,8 +72,6 @@ _PHASES = {
 }
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
-
-T = TypeVar("T")
 
 
 # ---- the Workflow we create --------------------------------------------------------------------
@@ -433,7 +431,7 @@ class ArgoBackend:
         seen[status.job_id] = status
         yield status
 
-    def _pod_log(self, pod: str, follow: bool) -> Iterator[str]:
+    def _pod_log(self, pod: str, follow: bool) -> Generator[str, None, bool]:
         """Yield one pod's lines ending in a newline (as the local backend's do); return False if its
         container has not started yet (try again later)."""
         try:
@@ -459,8 +457,12 @@ class ArgoBackend:
             response.release_conn()
         return True
 
-    def _call(self, what: str, fn: Callable[..., T], *args: Any, passthrough: tuple[int, ...] = (), **kwargs: Any) -> T:
-        """Call the API, retrying transient failures with backoff; 404 -> BackendNotFound."""
+    def _call(
+        self, what: str, fn: Callable[..., Any], *args: Any, passthrough: tuple[int, ...] = (), **kwargs: Any
+    ) -> Any:
+        """Call the API, retrying transient failures with backoff; 404 -> BackendNotFound.
+
+        Any: the client's custom-object calls are typed `object` though they return the parsed JSON."""
         failures = 0
         while True:
             try:
@@ -494,7 +496,7 @@ def _cause(status: int | None) -> str:
 
 def _retry_after(error: ApiException) -> float:
     with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
-        return min(30.0, float(error.headers["Retry-After"]))
+        return min(30.0, float((error.headers or {})["Retry-After"]))
     return 0.0
 
 
@@ -502,6 +504,6 @@ def _describe(error: BaseException) -> str:
     """One line: the API Status message when there is one, else the exception's text."""
     if isinstance(error, ApiException):
         with contextlib.suppress(TypeError, ValueError, AttributeError):
-            return f"{error.status} {json.loads(error.body)['message']}"
+            return f"{error.status} {json.loads(error.body or '')['message']}"
         return f"{error.status} {error.reason}"
     return str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -80,7 +80,7 @@ def env_spec(env: gym.Env[Any, Any], env_id: str = "env") -> EnvSpec:
     obs_space = env.observation_space
     goal: GoalSpec | None = None
     if isinstance(obs_space, gym.spaces.Dict) and set(obs_space.spaces) == set(GOAL_KEYS):
-        sizes_ = [int(np.prod(obs_space[key].shape)) for key in GOAL_KEYS]
+        sizes_ = [int(np.prod(obs_space[key].shape or ())) for key in GOAL_KEYS]
         obs_dim = sum(sizes_)
         achieved = slice(sizes_[0], sizes_[0] + sizes_[1])
         desired = slice(sizes_[0] + sizes_[1], obs_dim)
@@ -161,6 +161,7 @@ class GymSource:
         space = self.envs.single_action_space
         if isinstance(space, gym.spaces.Discrete):
             return action[:, 0] + int(space.start)
+        assert isinstance(space, gym.spaces.MultiDiscrete)  # the only other kind `env_spec` accepts
         return action + np.asarray(space.start)
 
     def collect(self, greedy_fn: GreedyFn | None, epsilon: float, generator: torch.Generator) -> Transitions:

@@ -220,7 +220,8 @@ def write_dataset(
     meta = json.dumps({"num_actions": num_actions, "env_id": env_id, "env_kwargs": env_kwargs or {}})
     if path.endswith(".npz"):
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, **columns, **{METADATA_KEY: np.array(meta)})
+        members: dict[str, Any] = {**columns, METADATA_KEY: np.array(meta)}
+        np.savez_compressed(buffer, **members)
         payload = buffer.getvalue()
     elif path.endswith((".parquet", ".pq")):
         fields = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from itertools import product
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 
@@ -19,6 +19,9 @@ from trainer.config import TrainConfig
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.step import StepFlags
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # what torch.cuda.graph_pool_handle() returns
 
 T = TypeVar("T")
 
@@ -84,7 +87,7 @@ def unique_generators(*generators: torch.Generator) -> list[torch.Generator]:
 
 def capture(
     body: Callable[[], T],
-    pool: tuple[int, int],
+    pool: _POOL_HANDLE,
     stream: torch.cuda.Stream,
     generators: Sequence[torch.Generator] = (),
     warmup: int = WARMUP_STEPS,
@@ -145,9 +148,9 @@ class StreamRouter:
     def section(self, name: str) -> Iterator[None]:
         fork = self.FORKS.get(name)
         if fork is not None:
-            if fork == "start" and self._start is None:
-                raise RuntimeError("StreamRouter.begin() must be called before the step")
             mark = self._record() if fork == "here" else self._start
+            if mark is None:
+                raise RuntimeError("StreamRouter.begin() must be called before the step")
             side = self.streams[name]
             side.wait_event(mark)
             with torch.cuda.stream(side):

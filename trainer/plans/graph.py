@@ -10,6 +10,8 @@ variants, picked on the host from the step number (`StepFlags.for_step`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from trainer.batch import Batch
@@ -109,7 +111,8 @@ class GraphPlan:
         snapshot = Snapshot(self.state, self.replay, unique_generators(self.generator, *generators))
         with matmul_precision(self.tf32):
             for key in keys:
-                self.graphs[key] = capture(lambda key=key: self.body(key), self.pool, self.capture_stream, generators)
+                body = functools.partial(self.body, key)
+                self.graphs[key] = capture(body, self.pool, self.capture_stream, generators)
         snapshot.restore()
         torch.cuda.synchronize(self.device)
 

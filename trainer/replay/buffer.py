@@ -100,13 +100,16 @@ class ReplayBuffer:
         """priority_i = (|loss_i| + eps)^alpha for the slots `index` [B] (on the device, no sync)."""
         self.sampler.update(index, loss)
 
+    def _parts(self) -> dict[str, TensorStorage | PrioritizedSampler | RingWriter]:
+        """The stateful parts, by checkpoint prefix."""
+        return {"storage": self.storage, "sampler": self.sampler, "writer": self.writer}
+
     def state_dict(self) -> dict[str, Tensor]:
         """Every tensor of the buffer, flat with dotted prefixes (safetensors-ready)."""
-        parts = {"storage": self.storage, "sampler": self.sampler, "writer": self.writer}
+        parts = self._parts()
         return {f"{name}.{key}": value for name, part in parts.items() for key, value in part.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        parts = {"storage": self.storage, "sampler": self.sampler, "writer": self.writer}
-        for name, part in parts.items():
+        for name, part in self._parts().items():
             prefix = f"{name}."
             part.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})

@@ -84,6 +84,7 @@ class PrioritizedSampler:
 
     def beta(self, step: int | Tensor) -> float | Tensor:
         """beta(step) = beta_start + (beta_end - beta_start) * min(step / total_steps, 1)."""
+        frac: float | Tensor
         if isinstance(step, Tensor):
             frac = (step.to(torch.float64) / self.total_steps).clamp(0.0, 1.0)
         else:

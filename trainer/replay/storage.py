@@ -15,7 +15,7 @@ float32), action [C, K], reward [C], done [C], and the bookkeeping the window ga
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -57,9 +57,9 @@ class TensorStorage:
         self.spec = spec
         self.capacity = capacity
         self.device = torch.device(device)
-        state = {"dtype": _DTYPES[dtype], "device": self.device}
-        i64 = {"dtype": torch.int64, "device": self.device}
-        f32 = {"dtype": torch.float32, "device": self.device}
+        state: dict[str, Any] = {"dtype": _DTYPES[dtype], "device": self.device}
+        i64: dict[str, Any] = {"dtype": torch.int64, "device": self.device}
+        f32: dict[str, Any] = {"dtype": torch.float32, "device": self.device}
         self.obs = torch.zeros(capacity, spec.obs_dim, **state)
         self.next_obs = torch.zeros(capacity, spec.obs_dim, **state)
         self.action = torch.zeros(capacity, spec.branches, **i64)

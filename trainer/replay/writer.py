@@ -31,13 +31,6 @@ class Writer(Protocol):
 
     def add(self, rows: Transitions) -> Tensor: ...
 
-    def _close_running(self) -> None:
-        """Treat running `add` episodes as ended here: rows written in between break their stride."""
-        running = self.stream_step > 0
-        self._backfill(self.stream_start[running], self.stream_step[running], self.streams)
-        self.stream_step = np.zeros(self.streams, dtype=np.int64)
-        self.storage.set_stream_len(torch.from_numpy(self.stream_step))
-
     def extend(self, rows: Transitions) -> Tensor: ...
 
     def __len__(self) -> int: ...
