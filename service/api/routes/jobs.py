@@ -149,7 +149,11 @@ def _backend_logs(job_id: str, backend: Backend, follow: bool) -> Iterator[str]:
 
 
 def _logs_once_submitted(job_id: str, store: Store, backend: Backend) -> Iterator[str]:
-    """A queued job has no backend log yet: follow waits until the reconciler hands it over (or it ends)."""
+    """A queued job has no backend log yet: follow waits until the reconciler hands it over (or it ends).
+
+    Each poll yields an empty chunk (nothing reaches the client) so that a client gone away stops the
+    iteration here, instead of leaving a worker thread polling for as long as the job stays queued."""
     while store.get_job(job_id).state is JobState.QUEUED:
         time.sleep(QUEUED_POLL_SECONDS)
+        yield ""
     yield from _backend_logs(job_id, backend, follow=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 
+from service.api.routes import jobs as job_routes
 from service.settings import DEFAULT_LOCAL_COMMAND, Settings
 from tests.service.conftest import Controller
 from tests.service.factories import live_server, make_settings, stand_in_command, tiny_train_config
@@ -230,6 +231,22 @@ def test_logs_follow_on_a_queued_job_waits_for_the_backend_to_start_it(
         c.services.reconciler.reconcile_once()  # hands it to the backend
         text = "".join(r.iter_text())
     assert "Training step breakdown: sample=0.250ms" in text and text.endswith("stand-in: done, exit 0\n")
+
+
+def test_following_a_queued_job_hands_control_back_on_every_poll(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """Each wait yields an empty chunk, so the server stops iterating once the client has gone instead
+    of keeping a worker thread polling for as long as the job stays queued."""
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False))
+    job_id = _submit(c).json()["id"]
+    lines = job_routes._logs_once_submitted(job_id, c.services.store, c.services.backend)
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: got.append(next(lines)), daemon=True)
+    waiter.start()
+    waiter.join(timeout=10)
+    assert got == [""]
+    lines.close()
 
 
 def test_fifty_concurrent_identical_submissions_make_exactly_one_job(
