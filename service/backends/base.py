@@ -42,7 +42,8 @@ class Backend(Protocol):
         ...
 
     def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
-        """Log lines; with `follow`, until the job ends."""
+        """Log lines; with `follow`, until the job ends. Empty strings may come between lines while
+        nothing is written: they carry no text and let a consumer stop following."""
         ...
 
     def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:

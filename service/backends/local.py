@@ -150,7 +150,8 @@ class LocalBackend:
             timer.start()
 
     def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
-        """Lines of the job's log; with `follow`, keeps reading until the job has ended."""
+        """Lines of the job's log; with `follow`, keeps reading until the job has ended (an empty string
+        each idle poll: the consumer's chance to stop, e.g. when an HTTP client has gone)."""
         job_dir = self._dir(job_id)
         if not (job_dir / "job.json").is_file():
             raise BackendNotFound(f"local backend has no job {job_id}")
@@ -398,6 +399,7 @@ class LocalBackend:
             if self._ended(job_dir):
                 return
             time.sleep(self.poll_seconds)
+            yield ""
         if not path.exists():
             return
         with open(path, encoding="utf-8", errors="replace") as log:
@@ -419,5 +421,6 @@ class LocalBackend:
                         break
                     continue
                 time.sleep(self.poll_seconds)
+                yield ""
             if pending:
                 yield pending

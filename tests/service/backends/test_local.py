@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,6 +219,25 @@ def test_retry_runs_the_next_attempt_with_resume(tmp_path: Path) -> None:
     status = wait_state(backend, "job-1", TERMINAL)
     assert status.attempt == 1 and status.state is JobState.FAILED
     assert "stand-in: steps=3 resume=True" in "".join(backend.logs("job-1"))
+
+
+def test_following_an_idle_job_hands_control_back_between_lines(tmp_path: Path) -> None:
+    """While nothing is written, follow yields empty strings: an HTTP route can stop once its client has gone."""
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backend.submit(spec())
+    lines = backend.logs("job-1", follow=True)
+    idle = threading.Event()
+
+    def read_until_idle() -> None:
+        for line in lines:
+            if line == "":
+                idle.set()
+                return
+
+    threading.Thread(target=read_until_idle, daemon=True).start()
+    assert idle.wait(timeout=20)
+    lines.close()
+    backend.cancel("job-1", force=True)
 
 
 def test_logs_follow_until_the_end_and_watch_reports_changes(tmp_path: Path) -> None:
