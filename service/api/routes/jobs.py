@@ -20,6 +20,8 @@ from service.domain import JobState
 from service.store import JobRecord, Store, parse_label_selector
 
 LABEL_SELECTOR = r"^[^,=\s]+=[^,=\s]*(,[^,=\s]+=[^,=\s]*)*$"
+QUEUED_POLL_SECONDS = 0.2
+"""How often a log follower of a queued job checks whether it has started."""
 
 router = APIRouter(prefix=f"{V1}/jobs", tags=["jobs"], responses=problems(401, 422))
 
@@ -136,9 +138,6 @@ def job_logs(job_id: str, principal: TenantDep, store: StoreDep, backend: Backen
     else:
         lines = _backend_logs(job_id, backend, follow)
     return StreamingResponse(_lines(lines), media_type="text/plain; charset=utf-8")
-
-
-QUEUED_POLL_SECONDS = 0.2
 
 
 def _backend_logs(job_id: str, backend: Backend, follow: bool) -> Iterator[str]:
