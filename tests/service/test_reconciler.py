@@ -144,7 +144,10 @@ def test_a_job_the_backend_lost_is_an_error_not_a_failure(
     backend = c.services.backend
     assert isinstance(backend, LocalBackend)
     backend.cancel(job_id, force=True)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while not backend.status(job_id).state.terminal:  # its supervisor has stopped writing to the dir
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     shutil.rmtree(settings.jobs_dir / job_id)  # e.g. the jobs dir was wiped
     assert reconciler.reconcile_once()
     job = c.request("GET", f"/v1/jobs/{job_id}").json()
