@@ -432,23 +432,35 @@ def test_logs_of_every_pod_in_order(fake_kube: FakeKube, argo: ArgoBackend) -> N
 
 
 def test_logs_follow_streams_until_the_workflow_ends(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    """Each line read moves the cluster on, so the workflow ends only once lines have streamed: a
+    follow that collected the log at the end would see the backstop end it after the first line."""
     argo.submit(job_spec())
     fake_kube.set_phase("job-1", "Running")
     fake_kube.add_pod("job-1", "job-1-prepare", ("compiling",))
+    changes_after: dict[str, list[Callable[[], object]]] = {
+        "compiling\n": [lambda: fake_kube.append_log("job-1-prepare", "cache warm")],
+        "cache warm\n": [
+            lambda: fake_kube.finish_pod("job-1-prepare"),
+            lambda: fake_kube.add_pod("job-1", "job-1-train", ("step 1",)),
+        ],
+        "step 1\n": [lambda: fake_kube.append_log("job-1-train", "step 2")],
+        "step 2\n": [lambda: fake_kube.finish_pod("job-1-train"), lambda: fake_kube.set_phase("job-1", "Succeeded")],
+    }
+
+    def backstop_end() -> None:
+        fake_kube.finish_pod("job-1-prepare")
+        fake_kube.set_phase("job-1", "Failed")
+
+    backstop = threading.Timer(60, backstop_end)
+    backstop.start()
     lines: list[str] = []
-    in_background(
-        lambda: fake_kube.append_log("job-1-prepare", "cache warm"),
-        lambda: fake_kube.finish_pod("job-1-prepare"),
-        lambda: fake_kube.add_pod("job-1", "job-1-train", ("step 1",)),
-        lambda: fake_kube.append_log("job-1-train", "step 2"),
-        lambda: fake_kube.finish_pod("job-1-train"),
-        lambda: fake_kube.set_phase("job-1", "Succeeded"),
-    )
-    started = time.monotonic()
-    for line in argo.logs("job-1", follow=True):
-        lines.append(line)
-        if len(lines) == 1:
-            assert time.monotonic() - started < 0.5  # streamed, not collected at the end
+    try:
+        for line in argo.logs("job-1", follow=True):
+            lines.append(line)
+            for change in changes_after.get(line, []):
+                change()
+    finally:
+        backstop.cancel()
     assert lines == ["compiling\n", "cache warm\n", "step 1\n", "step 2\n"]
 
 
