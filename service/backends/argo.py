@@ -46,6 +46,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from service.backends.argo_parameters import workflow_parameters
 from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
+from service.backends.idle_ticks import with_idle_ticks
 from service.domain import BackendStatus, JobSpec, JobState
 
 if TYPE_CHECKING:
@@ -299,6 +300,7 @@ class ArgoBackend:
             if not follow or ended:
                 return
             self._sleep(self.poll_seconds)
+            yield ""  # as in with_idle_ticks: the consumer may stop between polls
 
     def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:
         """List, then watch from the list's resourceVersion; yield each job's status when it changes.
@@ -448,9 +450,11 @@ class ArgoBackend:
             )
         except ApiException:  # 400: "container main is waiting to start"
             return False
+        lines: Iterator[str] = (line + "\n" for line in iter_resp_lines(response))
+        if follow:  # a quiet pod must not hold the consumer's thread: see idle_ticks
+            lines = with_idle_ticks(lines, every=self.poll_seconds, interrupt=response.shutdown, name=f"log:{pod}")
         try:
-            for line in iter_resp_lines(response):
-                yield line + "\n"
+            yield from lines
         except (urllib3.exceptions.HTTPError, OSError) as error:
             raise BackendUnavailable(f"log stream of pod {pod} broke: {_describe(error)}") from error
         finally:

@@ -461,7 +461,22 @@ def test_logs_follow_streams_until_the_workflow_ends(fake_kube: FakeKube, argo: 
                 change()
     finally:
         backstop.cancel()
-    assert lines == ["compiling\n", "cache warm\n", "step 1\n", "step 2\n"]
+    assert [line for line in lines if line] == ["compiling\n", "cache warm\n", "step 1\n", "step 2\n"]
+
+
+def test_following_a_quiet_pod_hands_control_back_and_closing_ends_the_read(
+    fake_kube: FakeKube, argo: ArgoBackend
+) -> None:
+    """A follower whose client went away must not leave a thread blocked in the pod's log stream."""
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Running")
+    fake_kube.add_pod("job-1", "job-1-train", ("step 1",))
+    lines = argo.logs("job-1", follow=True)
+    assert next(lines) == "step 1\n"
+    assert next(lines) == ""  # nothing written for a poll period: control comes back
+    assert any(t.name == "log:job-1-train" for t in threading.enumerate())
+    lines.close()
+    assert not any(t.name == "log:job-1-train" for t in threading.enumerate())
 
 
 # ---- restart -----------------------------------------------------------------------------------
