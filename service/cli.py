@@ -95,9 +95,7 @@ def quickstart(
     config: Annotated[Path, typer.Option("--config", "-c", help="TrainConfig of the job.")] = Path(
         "examples/quickstart.yaml"
     ),
-    workdir: Annotated[Path, typer.Option(help="SQLite database and job folders go here.")] = Path(
-        "runs/quickstart"
-    ),
+    workdir: Annotated[Path, typer.Option(help="SQLite database and job folders go here.")] = Path("runs/quickstart"),
 ) -> None:
     """The embedded default end to end: start the controller (local backend, SQLite, no tokens) in this
     process, submit a short job through the API, follow its log to the end and print its breakdown."""

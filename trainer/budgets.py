@@ -63,9 +63,7 @@ def adam_update(
     return params - lr * m_hat / (v_hat.sqrt() + eps), m, v
 
 
-def spectral_project(
-    params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float
-) -> tuple[Tensor, Tensor]:
+def spectral_project(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
     """One power iteration per weight matrix, then W ← W · min(1, σ_max / σ).
 
     `u` [ΣR] holds each matrix's left singular-vector estimate (R = its rows), carried across steps.

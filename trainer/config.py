@@ -190,9 +190,7 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _fits(self) -> TrainConfig:
         if self.run.batch_size > self.replay.capacity:
-            raise ValueError(
-                f"run.batch_size ({self.run.batch_size}) exceeds replay.capacity ({self.replay.capacity})"
-            )
+            raise ValueError(f"run.batch_size ({self.run.batch_size}) exceeds replay.capacity ({self.replay.capacity})")
         return self
 
     @property

@@ -174,8 +174,18 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
     metrics.gpu_memory(device)
     metrics.learning_rates({"main": config.optim.lr, "aux": config.optim.aux_lr})
     return Run(
-        config, run_dir, device, state, replay, source, timer, plan, generator, explore_generator,
-        Checkpointer(checkpoint_url), metrics,
+        config,
+        run_dir,
+        device,
+        state,
+        replay,
+        source,
+        timer,
+        plan,
+        generator,
+        explore_generator,
+        Checkpointer(checkpoint_url),
+        metrics,
     )
 
 

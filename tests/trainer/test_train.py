@@ -79,8 +79,18 @@ def _write_config(tmp_path: Path, steps: int) -> Path:
 
 def _train(config: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "trainer", "train", "--config", str(config), "--run-dir", str(run_dir), "--no-progress",
-         *extra],
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -182,8 +192,13 @@ def test_the_best_periodic_policy_is_restored_before_the_final_evaluation(
     summary = run_training(config, tmp_path, show_progress=False, out=lines.append)
 
     select, final_seed = config.run.seed + SELECT_EVAL_SEED, config.run.seed + FINAL_EVAL_SEED
-    assert [(call.step, call.seed) for call in seen] == [(5, select), (10, select), (15, select), (20, select),
-                                                         (20, final_seed)]
+    assert [(call.step, call.seed) for call in seen] == [
+        (5, select),
+        (10, select),
+        (15, select),
+        (20, select),
+        (20, final_seed),
+    ]
     assert (summary["best_eval_step"], summary["best_eval_return"]) == (10, 7.0)
     final, best, last = seen[-1].online, seen[1].online, seen[3].online
     assert not torch.equal(best, last)
