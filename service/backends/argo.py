@@ -36,6 +36,7 @@ import re
 import time
 from collections.abc import Callable, Generator, Iterator
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import urllib3
@@ -452,7 +453,9 @@ class ArgoBackend:
             return False
         lines: Iterator[str] = (line + "\n" for line in iter_resp_lines(response))
         if follow:  # a quiet pod must not hold the consumer's thread: see idle_ticks
-            lines = with_idle_ticks(lines, every=self.poll_seconds, interrupt=response.shutdown, name=f"log:{pod}")
+            lines = with_idle_ticks(
+                lines, every=self.poll_seconds, interrupt=partial(_shut_down, response), name=f"log:{pod}"
+            )
         try:
             yield from lines
         except (urllib3.exceptions.HTTPError, OSError) as error:
@@ -502,6 +505,13 @@ def _retry_after(error: ApiException) -> float:
     with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
         return min(30.0, float((error.headers or {})["Retry-After"]))
     return 0.0
+
+
+def _shut_down(response: Any) -> None:
+    """Interrupt a read blocked in `response`; the read may have just ended and handed its connection
+    back to the pool, which leaves nothing to interrupt."""
+    with contextlib.suppress(RuntimeError):
+        response.shutdown()
 
 
 def _describe(error: BaseException) -> str:

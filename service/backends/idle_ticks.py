@@ -22,7 +22,8 @@ def with_idle_ticks(
     """Yield `lines`, and "" each `every` seconds that none arrives; an error of the read is raised here.
 
     `interrupt` must make a read blocked in `lines` return or raise (for a socket: shut it down);
-    it is called when the generator is closed before the lines end.
+    it is called when the generator is closed before the reader has ended, so it must also accept a
+    read that ended a moment before.
     """
     arrived: queue.Queue[object] = queue.Queue()
 

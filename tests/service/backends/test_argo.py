@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from service.backends.argo import ArgoBackend, status_from_workflow, workflow_manifest
+from service.backends.argo import ArgoBackend, _shut_down, status_from_workflow, workflow_manifest
 from service.backends.argo_parameters import PARAMETER_NAMES, workflow_parameters
 from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
 from service.domain import BackendStatus, JobState
@@ -477,6 +477,18 @@ def test_following_a_quiet_pod_hands_control_back_and_closing_ends_the_read(
     assert any(t.name == "log:job-1-train" for t in threading.enumerate())
     lines.close()
     assert not any(t.name == "log:job-1-train" for t in threading.enumerate())
+
+
+def test_interrupting_a_log_read_that_has_just_ended_is_harmless(fake_kube: FakeKube) -> None:
+    """A follower closed as its pod's stream ends: the connection is already back in the pool."""
+    fake_kube.add_pod("job-1", "job-1-train", ("step 1",), done=True)
+    response = client.CoreV1Api(kube_client(fake_kube)).read_namespaced_pod_log(
+        "job-1-train", fake_kube.namespace, container="main", follow=True, _preload_content=False
+    )
+    assert response.read() == b"step 1\n"
+    with pytest.raises(RuntimeError, match="released"):
+        response.shutdown()
+    _shut_down(response)
 
 
 # ---- restart -----------------------------------------------------------------------------------
