@@ -474,9 +474,10 @@ def test_following_a_quiet_pod_hands_control_back_and_closing_ends_the_read(
     lines = argo.logs("job-1", follow=True)
     assert next(lines) == "step 1\n"
     assert next(lines) == ""  # nothing written for a poll period: control comes back
-    assert any(t.name == "log:job-1-train" for t in threading.enumerate())
+    (reader,) = [t for t in threading.enumerate() if t.name == "log:job-1-train"]
     lines.close()
-    assert not any(t.name == "log:job-1-train" for t in threading.enumerate())
+    reader.join(timeout=30)  # a generous bound for a loaded machine: the shut-down socket wakes it at once
+    assert not reader.is_alive()
 
 
 def test_interrupting_a_log_read_that_has_just_ended_is_harmless(fake_kube: FakeKube) -> None:

@@ -51,9 +51,11 @@ def test_closing_early_interrupts_the_blocked_read_and_the_reader_ends() -> None
     source = BlockingLines()
     lines = with_idle_ticks(iter(source), every=0.01, interrupt=source.interrupt, name="reader-under-test")
     assert next(lines) == ""
+    (reader,) = [t for t in threading.enumerate() if t.name == "reader-under-test"]
     lines.close()
     assert source.interrupted.is_set()
-    assert not any(t.name == "reader-under-test" for t in threading.enumerate())
+    reader.join(timeout=30)
+    assert not reader.is_alive()
 
 
 def _until_end(lines: Iterator[str], source: BlockingLines) -> Iterator[str]:
