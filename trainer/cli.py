@@ -1,4 +1,6 @@
-"""`python -m trainer …` (console script `foxhunt-trainer`): train, bench, hyperopt.
+"""`python -m trainer …` (console script `foxhunt-trainer`): train, check, report, finish, bench, hyperopt.
+
+The job pipeline (trainer/pipeline.py) runs these commands; its arguments are built from the options here.
 
 Bad input (config, dataset, missing file) prints one line `error: …` and exits 2.
 """
@@ -121,6 +123,73 @@ def bench(
         from trainer.metrics import push_bench
 
         push_bench(document, pushgateway, os.environ.get("FOXHUNT_JOB_ID") or "bench")
+
+
+@app.command()
+def check(
+    config: ConfigOption = None,
+    override: OverrideOption = None,
+    out: Annotated[Path, typer.Option(help="Folder of the short run and check.json.")] = Path("runs/check"),
+    steps: Annotated[int, typer.Option(min=1, help="Updates to run after the warm-up.")] = 20,
+) -> None:
+    """A few updates of the config's own plan on this machine (warm-up, capture, graphs); fails if the plan
+    falls back, so a job whose plan cannot run here stops in minutes instead of hours into train."""
+    import warnings
+
+    from trainer.data.offline import DatasetError
+    from trainer.plans import PlanFallbackWarning
+    from trainer.train import run_check
+
+    try:
+        cfg = load_config(config, override or [])
+        with warnings.catch_warnings(record=True, category=PlanFallbackWarning) as fallbacks:
+            result = run_check(cfg, out, steps)
+    except (ConfigError, DatasetError) as error:
+        raise fail(str(error)) from None
+    typer.echo(json.dumps(result))
+    if fallbacks and cfg.run.device == "cuda":
+        typer.echo(f"error: plan {cfg.run.plan} cannot run here: {fallbacks[0].message}", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Option(help="A finished run's folder (summary.json).")],
+) -> None:
+    """Print a finished run's step breakdown, then its summary as one JSON line (the pipeline's result)."""
+    from trainer.timing import format_breakdown
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError:
+        raise fail(f"{run_dir / 'summary.json'} not found: the run has not finished") from None
+    if summary.get("breakdown_ms"):
+        typer.echo(format_breakdown(summary.get("plan", "?"), summary["breakdown_ms"]))
+    typer.echo(json.dumps(summary, separators=(",", ":")))
+
+
+@app.command()
+def finish(
+    run: Annotated[Path, typer.Option(help="The job's output root; status.json is written there.")],
+    status: Annotated[str, typer.Option(help="The pipeline's outcome: Succeeded, Failed or Error.")],
+    duration: Annotated[str, typer.Option(help="Seconds the pipeline ran.")] = "0",
+    failures: Annotated[str, typer.Option(help="The failed steps, as JSON (Argo's workflow.failures).")] = "null",
+) -> None:
+    """The exit handler: records the outcome beside the run, so it outlives the job's pods and objects."""
+    from trainer.train import write_json_atomic
+
+    try:
+        failed: object = json.loads(failures or "null")
+    except json.JSONDecodeError:
+        failed = failures
+    try:
+        seconds = float(duration or 0)
+    except ValueError:
+        raise fail(f"--duration must be a number of seconds, got {duration!r}") from None
+    record = {"status": status, "duration_seconds": seconds, "failures": failed}
+    run.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run / "status.json", record)
+    typer.echo(json.dumps(record))
 
 
 hyperopt_app = typer.Typer(no_args_is_help=True, help="Optuna hyper-parameter search (docs/hyperopt.md).")

@@ -392,3 +392,33 @@ def run_training(
     if returns:
         out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
     return summary
+
+
+def run_check(config: TrainConfig, out_dir: Path, steps: int) -> dict[str, Any]:
+    """`steps` updates of `config` as `train` runs them (warm-up, capture, graphs), in `out_dir`.
+
+    Never checkpoints to FOXHUNT_CHECKPOINT_URL: the job's train step must not resume from a check.
+    """
+    short = config.model_copy(deep=True)
+    short.run.steps = steps
+    short.run.log_every = steps
+    short.run.checkpoint_every = steps
+    short.run.eval_every = 0
+    short.run.eval_episodes = 0
+    saved = os.environ.pop("FOXHUNT_CHECKPOINT_URL", None)
+    try:
+        started = time.perf_counter()
+        summary = run_training(short, out_dir, show_progress=False)
+    finally:
+        if saved is not None:
+            os.environ["FOXHUNT_CHECKPOINT_URL"] = saved
+    result = {
+        "plan_requested": config.run.plan,
+        "plan": summary.get("plan"),
+        "device": summary["device"],
+        "steps": summary["step"],
+        "seconds": time.perf_counter() - started,
+        "step_ms": summary.get("step_ms"),
+    }
+    write_json_atomic(out_dir / "check.json", result)
+    return result
