@@ -147,7 +147,10 @@ def check(
     except (ConfigError, DatasetError) as error:
         raise fail(str(error)) from None
     typer.echo(json.dumps(result))
-    if fallbacks and cfg.run.device == "cuda":
+    if cfg.run.device == "cuda" and not str(result["device"]).startswith("cuda"):
+        typer.echo("error: run.device=cuda but this machine has no usable CUDA GPU", err=True)
+        raise typer.Exit(1)
+    if cfg.run.device == "cuda" and fallbacks:
         typer.echo(f"error: plan {cfg.run.plan} cannot run here: {fallbacks[0].message}", err=True)
         raise typer.Exit(1)
 

@@ -105,6 +105,23 @@ def trainer_args(command: str, /, **options: str | int | bool) -> tuple[str, ...
     return tuple(argv)
 
 
+def parse_trainer_args(argv: list[str]) -> dict[str, Any]:
+    """Parse `argv` with the trainer CLI itself, running nothing: the leaf command's parameters.
+
+    Raises the CLI's own usage error (an unknown option, a missing value) as a `PipelineError`.
+    """
+    node, rest = _cli(), list(argv)
+    while rest and rest[0] in getattr(node, "commands", {}):
+        node = node.commands[rest.pop(0)]
+    if hasattr(node, "commands"):
+        raise PipelineError(f"{' '.join(argv)!r} names no trainer command")
+    try:
+        context = node.make_context(node.name, rest)
+    except Exception as error:  # Typer's vendored click raises its own UsageError/BadParameter
+        raise PipelineError(f"the trainer CLI rejects {' '.join(argv)!r}: {error}") from error
+    return dict(context.params)
+
+
 def check_step() -> Step:
     return Step(
         name=CHECK,

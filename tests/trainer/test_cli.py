@@ -1,11 +1,17 @@
-"""The trainer CLI on bad input: one line on stderr, exit code 2."""
+"""The trainer CLI: bad input (one line on stderr, exit code 2) and the pipeline's own commands."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from typer.testing import CliRunner, Result
+
+from trainer.cli import app
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -44,3 +50,64 @@ def test_malformed_dataset_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and str(path) in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+# ---- the pipeline's own commands: check, report, finish --------------------------------------------
+
+TINY = [
+    "-o", "run.batch_size=16", "-o", "replay.capacity=512", "-o", "data.learning_starts=64",
+    "-o", "model.hidden=32", "-o", "model.head_hidden=32", "-o", "run.cpu_threads=1",
+]  # fmt: skip
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def test_check_runs_a_few_updates_of_the_config_and_never_touches_the_jobs_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_checkpoints = tmp_path / "job-checkpoints"
+    monkeypatch.setenv("FOXHUNT_CHECKPOINT_URL", str(job_checkpoints))
+    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, "--out", str(tmp_path / "check"), "--steps", "3")
+    assert result.exit_code == 0, result.output
+    check = json.loads((tmp_path / "check" / "check.json").read_text())
+    assert check["steps"] == 3 and check["plan"] == check["plan_requested"] == "eager"
+    assert not job_checkpoints.exists()  # train --resume must not start from the check's updates
+    assert os.environ["FOXHUNT_CHECKPOINT_URL"] == str(job_checkpoints)
+
+
+def test_check_fails_when_the_config_asks_for_a_gpu_this_machine_lacks(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, "-o", "run.device=cuda", "--steps", "1",
+                    "--out", str(tmp_path / "check"))  # fmt: skip
+    assert result.exit_code == 1
+    assert "no usable CUDA GPU" in result.output
+
+
+def test_report_prints_the_breakdown_then_the_summary_as_one_json_line(tmp_path: Path) -> None:
+    summary = {"plan": "graph", "step": 10, "breakdown_ms": {"sample": 0.5, "forward_backward": 1.25}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    result = invoke("report", "--run-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    breakdown, last = result.output.strip().splitlines()
+    assert breakdown.startswith("Training step breakdown: sample=0.500ms fused=1.250ms")
+    assert json.loads(last) == summary
+
+
+def test_report_of_an_unfinished_run_is_bad_input(tmp_path: Path) -> None:
+    result = invoke("report", "--run-dir", str(tmp_path))
+    assert result.exit_code == 2
+    assert "has not finished" in result.output
+
+
+def test_finish_records_the_outcome_beside_the_run(tmp_path: Path) -> None:
+    failures = '[{"displayName":"train","message":"OOMKilled"}]'
+    result = invoke("finish", "--run", str(tmp_path / "job"), "--status", "Failed", "--duration", "61.5",
+                    "--failures", failures)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "job" / "status.json").read_text())
+    assert record == {"status": "Failed", "duration_seconds": 61.5, "failures": json.loads(failures)}
+    bad = invoke("finish", "--run", str(tmp_path), "--status", "Failed", "--duration", "soon")
+    assert bad.exit_code == 2
