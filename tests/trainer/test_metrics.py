@@ -136,6 +136,16 @@ def test_gpu_memory_on_cpu_exports_nothing(registry: CollectorRegistry, metrics:
     assert "foxhunt_train_gpu_memory_bytes" not in generate_latest(registry).decode()
 
 
+def test_gpu_memory_collector_describes_its_family_without_reading_the_device() -> None:
+    """`describe` is what the registry reads at registration: the family's name and type, no CUDA call."""
+    (family,) = GpuMemoryCollector(torch.device("cpu")).describe()
+    assert (family.name, family.type, family.samples) == ("foxhunt_train_gpu_memory_bytes", "gauge", [])
+    registry = CollectorRegistry()
+    registry.register(GpuMemoryCollector(torch.device("cpu")))
+    with pytest.raises(ValueError, match="foxhunt_train_gpu_memory_bytes"):  # the name it describes is taken
+        registry.register(GpuMemoryCollector(torch.device("cpu")))
+
+
 @pytest.mark.gpu
 def test_gpu_memory_is_read_at_scrape_time(registry: CollectorRegistry, metrics: TrainerMetrics) -> None:
     device = torch.device("cuda")
@@ -146,7 +156,6 @@ def test_gpu_memory_is_read_at_scrape_time(registry: CollectorRegistry, metrics:
     after = registry.get_sample_value("foxhunt_train_gpu_memory_bytes", {"kind": "allocated"})
     assert after - before >= 64 << 20
     assert registry.get_sample_value("foxhunt_train_gpu_memory_bytes", {"kind": "peak"}) >= after
-    assert isinstance(GpuMemoryCollector(device).describe()[0].name, str)
     del block
 
 
