@@ -17,7 +17,7 @@ from service.api.deps import Services
 from service.api.routes import health, jobs, pools
 from service.backends.base import Backend
 from service.jobs import JobService
-from service.metrics import ControllerMetrics
+from service.metrics import ControllerMetrics, CountsApiCalls
 from service.pools import Pools
 from service.reconciler import Reconciler
 from service.settings import Settings
@@ -92,6 +92,8 @@ def create_app(
     )
     metrics.watch_store(store.counts_by_state)
     metrics.watch_reconciler(lambda: reconciler.last_success)
+    if isinstance(backend, CountsApiCalls):
+        metrics.watch_api_calls(backend)
     services = Services(
         settings=settings,
         store=store,

@@ -26,6 +26,17 @@ class JobState(enum.StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.ERROR})
 
 
+class Placement(BaseModel):
+    """Where a job's GPU steps run, from its pool's config: node selector, tolerations, GPU resource."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, str]] = Field(
+        default_factory=list, description="Kubernetes tolerations (key, operator, value, effect; unset ones left out)."
+    )
+    gpu_resource: str = Field("nvidia.com/gpu", description="Extended resource name of the pool's GPUs.")
+    gpus: int = Field(0, ge=0, description="GPUs of that resource each GPU step requests (the pool's gpus_per_node).")
+
+
 class JobSpec(BaseModel):
     """What a backend needs to run one job; built by the API from a validated submission."""
 
@@ -33,6 +44,7 @@ class JobSpec(BaseModel):
     tenant: str
     pool: str
     queue_name: str | None = Field(None, description="Kueue LocalQueue of the pool, if it names one.")
+    placement: Placement = Field(default_factory=Placement, description="The pool's placement of GPU steps.")
     plan: str
     model: str
     commit_sha: str

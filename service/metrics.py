@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from service.domain import JobState
@@ -14,6 +15,7 @@ from service.domain import JobState
 REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BACKEND_OPERATIONS = ("submit", "status", "list", "cancel", "logs", "watch", "ping")
 BACKEND_CAUSES = ("unavailable", "not_found", "other")
+API_RETRY_CAUSES = ("connection", "server_error", "throttled")
 RECOVERY_CAUSES = ("resubmitted", "cancel_resent", "cancel_forced", "lost", "deadline", "watch_restarted")
 
 
@@ -44,6 +46,37 @@ class _ReconcileLag(Collector):
         if last is not None:
             family.add_metric([], time.monotonic() - last)
         yield family
+
+
+@runtime_checkable
+class CountsApiCalls(Protocol):
+    """A backend that counts its Kubernetes API retries (by cause) and watch relists (the Argo backend)."""
+
+    retries: Mapping[str, int]
+    relists: int
+
+
+class _ArgoApiCalls(Collector):
+    """foxhunt_argo_api_retries_total{cause} and foxhunt_argo_relists_total: the backend's own counts,
+    read at scrape time."""
+
+    def __init__(self, backend: CountsApiCalls) -> None:
+        self._backend = backend
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        retries = CounterMetricFamily(
+            "foxhunt_argo_api_retries",
+            "Kubernetes API calls of the Argo backend retried, by cause (connection, server_error, throttled).",
+            labels=["cause"],
+        )
+        for cause in API_RETRY_CAUSES:
+            retries.add_metric([cause], self._backend.retries.get(cause, 0))
+        yield retries
+        yield CounterMetricFamily(
+            "foxhunt_argo_relists",
+            "Full lists of Workflows the Argo backend's watch started from (the first, and after 410 Gone).",
+            value=self._backend.relists,
+        )
 
 
 class ControllerMetrics:
@@ -94,6 +127,9 @@ class ControllerMetrics:
 
     def watch_reconciler(self, last_success: Callable[[], float | None]) -> None:
         self.registry.register(_ReconcileLag(last_success))
+
+    def watch_api_calls(self, backend: CountsApiCalls) -> None:
+        self.registry.register(_ArgoApiCalls(backend))
 
     def record_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.request_seconds.labels(method, route, str(status)).observe(seconds)

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.domain import Placement
 from service.errors import QuotaExceeded, UnknownPool
 
 
@@ -28,6 +29,12 @@ class Pool(BaseModel):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     gpu_type: str
     gpus_per_node: int = Field(ge=0)
+    gpu_resource: str = Field(
+        "nvidia.com/gpu",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        max_length=253,
+        description="Extended resource name of the pool's GPUs (e.g. nvidia.com/gpu, amd.com/gpu).",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     queue_name: str | None = Field(None, description="Kueue LocalQueue; pods then carry its label.")
@@ -36,6 +43,15 @@ class Pool(BaseModel):
 
     def quota_for(self, tenant: str) -> int | None:
         return self.quota_gpus.get(tenant, self.default_quota_gpus)
+
+    def placement(self) -> Placement:
+        """Where the pool's GPU steps run: its node selector, tolerations and `gpus_per_node` GPUs."""
+        return Placement(
+            node_selector=self.node_selector,
+            tolerations=[t.model_dump(exclude_none=True) for t in self.tolerations],
+            gpu_resource=self.gpu_resource,
+            gpus=self.gpus_per_node,
+        )
 
     def check_quota(self, *, tenant: str, used: int) -> None:
         """Raise QuotaExceeded if one more job would exceed the tenant's quota."""

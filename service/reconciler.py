@@ -29,6 +29,7 @@ def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
         tenant=job.tenant,
         pool=job.pool,
         queue_name=pool.queue_name,
+        placement=pool.placement(),
         plan=job.plan,
         model=job.model,
         commit_sha=job.commit_sha,

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_LOCAL_COMMAND: tuple[str, ...] = (
@@ -49,6 +49,15 @@ class Settings(BaseSettings):
     argo_namespace: str = Field("foxhunt", description="Namespace of the Workflows (argo backend).")
     argo_workflow_template: str = Field("compile-and-train", description="WorkflowTemplate jobs reference.")
     kubeconfig: Path | None = Field(None, description="kubeconfig file; None means in-cluster config.")
+    progress_secret: SecretStr | None = Field(
+        None,
+        min_length=32,
+        description=(
+            "Key of the job-scoped progress tokens (HMAC-SHA256 of the job id) that trainer pods send to "
+            "PUT /v1/jobs/{id}/progress. Required with the argo backend; every replica must share it, and "
+            "changing it invalidates the tokens of running Workflows. Unset: progress reports are refused."
+        ),
+    )
     host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")
 

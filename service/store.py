@@ -342,6 +342,25 @@ class Store:
             self._event(s, row, now)
             return True
 
+    def record_progress(
+        self, job_id: str, *, step: int, breakdown_ms: dict[str, float] | None, epoch_seconds: float | None
+    ) -> None:
+        """A running job's own report (step, breakdown, epoch time); the state is left to the backend.
+
+        Figures missing from the report keep their last value; a terminal job takes no more reports."""
+        with self._tx(write=True) as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                raise JobNotFound(job_id)
+            if JobState(row.state).terminal:
+                raise InvalidTransition(f"job {job_id} is already {row.state}; it takes no more progress reports")
+            row.step = step
+            if breakdown_ms is not None:
+                row.breakdown_ms = breakdown_ms
+            if epoch_seconds is not None:
+                row.epoch_seconds = epoch_seconds
+            row.updated_at = utcnow()
+
     def set_state(self, job_id: str, state: JobState, *, reason: str | None, message: str | None = None) -> None:
         """Controller-observed state (e.g. the backend lost the job); ignored once terminal."""
         now = utcnow()

@@ -49,15 +49,21 @@ def train(
 ) -> None:
     """Train one agent and write config.json, progress.json, summary.json and checkpoints to the run dir."""
     from trainer.data.offline import DatasetError
+    from trainer.progress import ProgressReporter
     from trainer.train import default_run_dir, run_training
 
+    reporter = ProgressReporter.from_env()  # in a pod: reports also go to the controller
     try:
         cfg = load_config(config, override or [])
-        run_training(cfg, run_dir or default_run_dir(), resume=resume, show_progress=progress)
+        on_report = reporter.update if reporter is not None else None
+        run_training(cfg, run_dir or default_run_dir(), resume=resume, show_progress=progress, on_report=on_report)
     except (ConfigError, DatasetError) as error:
         raise fail(str(error)) from None
     except FileNotFoundError as error:
         raise fail(f"file not found: {error.filename or error}") from None
+    finally:
+        if reporter is not None:
+            reporter.close()
 
 
 @app.command()

@@ -303,8 +303,11 @@ def run_training(
     resume: bool = False,
     show_progress: bool = True,
     out: Callable[[str], None] = print,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Train to `config.run.steps` and return the summary (also written to run_dir/summary.json).
+
+    `on_report` gets each progress report as it is written to progress.json (trainer/progress.py).
 
     With `run.eval_every` > 0 the best policy of the periodic evaluations is loaded into the state
     after the final checkpoint (which keeps the last update's state plus the snapshot) and before
@@ -354,7 +357,9 @@ def run_training(
         if run.step % config.run.log_every == 0 or run.step >= config.run.steps:
             run.wall_seconds = time.perf_counter() - started
             losses = {name: float(value) for name, value in output.losses.items()}
-            report(run, losses, say)
+            progress = report(run, losses, say)
+            if on_report is not None:
+                on_report(progress)
             bar.set_postfix({name: f"{value:.3g}" for name, value in losses.items() if name in ("c51", "iqn")})
         if config.run.eval_every and (
             crossed(run.step, run.plan.steps_per_call, config.run.eval_every) or run.step >= config.run.steps

@@ -10,9 +10,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth import Principal, authenticate
 from service.backends.base import Backend
+from service.errors import Forbidden, Unauthorized
 from service.jobs import JobService
 from service.metrics import ControllerMetrics
 from service.pools import Pools
+from service.progress import token_matches
 from service.reconciler import Reconciler
 from service.settings import Settings
 from service.store import Store
@@ -65,9 +67,24 @@ def _principal(
     return authenticate(services.store, header)
 
 
+def _progress_job(
+    job_id: str, request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    """The job a progress report is about, once its bearer token proves to be that job's progress token."""
+    if credentials is None:
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <the job's progress token>'")
+    secret = _services(request).settings.progress_secret
+    if secret is None:
+        raise Forbidden("this controller takes no progress reports: FOXHUNT_PROGRESS_SECRET is not set")
+    if not token_matches(secret.get_secret_value(), job_id, credentials.credentials):
+        raise Forbidden(f"not the progress token of job {job_id}")
+    return job_id
+
+
 ServicesDep = Annotated[Services, Depends(_services)]
 StoreDep = Annotated[Store, Depends(_store)]
 BackendDep = Annotated[Backend, Depends(_backend)]
 PoolsDep = Annotated[Pools, Depends(_pools)]
 JobsDep = Annotated[JobService, Depends(_jobs)]
 TenantDep = Annotated[Principal, Depends(_principal)]
+ProgressJobDep = Annotated[str, Depends(_progress_job)]

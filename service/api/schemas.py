@@ -93,6 +93,22 @@ class JobDetail(JobPublic):
     history: list[PhaseEvent]
 
 
+class ProgressReport(BaseModel):
+    """A trainer's progress report (its progress.json); fields the controller does not keep are ignored."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    step: int = Field(ge=0, description="Training steps done.")
+    steps: int | None = Field(None, ge=0, description="Training steps of the whole run.")
+    plan: str | None = Field(None, max_length=64, description="The execution plan that runs.")
+    step_ms: float | None = Field(None, ge=0, description="Mean milliseconds per step over the last window.")
+    epoch_seconds: float | None = Field(None, ge=0, description="Seconds per epoch (2000 steps) at that pace.")
+    breakdown_ms: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
+        None, max_length=64, description="Mean milliseconds per step by component."
+    )
+    losses: dict[str, float | None] | None = Field(None, max_length=64, description="Last losses by name.")
+
+
 class JobPage(BaseModel):
     items: list[JobPublic]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
@@ -109,6 +125,7 @@ class PoolPublic(BaseModel):
     name: str
     gpu_type: str
     gpus_per_node: int
+    gpu_resource: str = Field(description="Extended resource name of the pool's GPUs, requested per node.")
     node_selector: dict[str, str]
     tolerations: list[TolerationPublic]
     queue_name: str | None

@@ -1,10 +1,14 @@
 """The Argo Workflows backend: one Workflow per job attempt, made and read through the `kubernetes` client.
 
 Every Kubernetes detail of the controller lives here. A job becomes an `argoproj.io/v1alpha1`
-Workflow that references the `compile-and-train` WorkflowTemplate and passes parameters only (the
-template owns resources, nodeSelector and tolerations; clusters run `templateReferencing: Strict`).
-Its name is the job id (attempt 0) or `<job id>-retry-<n>`, so a repeated submission meets 409 and
-reads the existing object back instead of starting a second run.
+Workflow that references the `compile-and-train` WorkflowTemplate and passes parameters only, so it
+is accepted where Argo runs with `templateReferencing: Strict`. The pool's placement travels as the
+`pod-spec-patch` parameter: a strategic merge patch of the pod spec (nodeSelector, tolerations, and
+the GPU resource of the container named `main`, merged by name) that every GPU step of the template
+applies through `podSpecPatch`. Its name is the job id (attempt 0) or `<job id>-retry-<n>`, so a
+repeated submission meets 409 and reads the existing object back instead of starting a second run.
+The trainer reports progress to the controller (`PUT /v1/jobs/{id}/progress`) with the job's
+`progress-token` parameter, so nothing here reads progress from the Workflow.
 
 Phase mapping (Workflow `status.phase` -> JobState):
 
@@ -48,7 +52,8 @@ from kubernetes.watch.watch import iter_resp_lines
 from service.backends.argo_parameters import workflow_parameters
 from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
 from service.backends.idle_ticks import with_idle_ticks
-from service.domain import BackendStatus, JobSpec, JobState
+from service.domain import BackendStatus, JobSpec, JobState, Placement
+from service.progress import progress_token
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -61,7 +66,7 @@ LABEL_ATTEMPT = "foxhunt.io/attempt"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "foxhunt")
 SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 POD_WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
-PROGRESS_KEY = "foxhunt.io/progress"  # annotation, or workflow output parameter "progress"
+MAIN_CONTAINER = "main"  # Argo's name for a step's own container
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 _PHASES = {
@@ -82,7 +87,25 @@ def workflow_name(job_id: str, attempt: int) -> str:
     return job_id if attempt == 0 else f"{job_id}-retry-{attempt}"
 
 
-def workflow_manifest(spec: JobSpec, *, template: str = "compile-and-train") -> dict[str, Any]:
+def pod_spec_patch(placement: Placement) -> str:
+    """The pool's placement as a pod spec patch (compact JSON) for Argo's `podSpecPatch`.
+
+    Argo applies it as a strategic merge patch of the PodSpec: nodeSelector merges key by key,
+    tolerations (no merge key) replace the template's list, and containers merge by name, so the
+    entry named `main` sets the step's GPU requests and limits beside its own CPU and memory.
+    A pool without GPUs adds no resources."""
+    patch: dict[str, Any] = {}
+    if placement.node_selector:
+        patch["nodeSelector"] = placement.node_selector
+    if placement.tolerations:
+        patch["tolerations"] = placement.tolerations
+    if placement.gpus:
+        gpus = {placement.gpu_resource: str(placement.gpus)}
+        patch["containers"] = [{"name": MAIN_CONTAINER, "resources": {"requests": gpus, "limits": gpus}}]
+    return json.dumps(patch, separators=(",", ":"), sort_keys=True)
+
+
+def workflow_manifest(spec: JobSpec, *, progress_secret: str, template: str = "compile-and-train") -> dict[str, Any]:
     """The Workflow for one job attempt: a template reference, parameters and our labels, nothing else."""
     if not _DNS_LABEL.match(spec.job_id):
         raise ValueError(f"job id {spec.job_id!r} is not a lowercase RFC 1123 label of at most 63 characters")
@@ -102,7 +125,13 @@ def workflow_manifest(spec: JobSpec, *, template: str = "compile-and-train") -> 
         "metadata": {"name": workflow_name(spec.job_id, spec.attempt), "labels": labels},
         "spec": {
             "workflowTemplateRef": {"name": template},
-            "arguments": {"parameters": workflow_parameters(spec)},
+            "arguments": {
+                "parameters": workflow_parameters(
+                    spec,
+                    pod_spec_patch=pod_spec_patch(spec.placement),
+                    progress_token=progress_token(progress_secret, spec.job_id),
+                )
+            },
         },
     }
 
@@ -110,19 +139,6 @@ def workflow_manifest(spec: JobSpec, *, template: str = "compile-and-train") -> 
 # ---- reading a Workflow back -------------------------------------------------------------------
 def _time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) and value else None
-
-
-def _progress(obj: dict[str, Any]) -> dict[str, Any]:
-    """The trainer's last progress.json, if the workflow published it (annotation or output)."""
-    raw = (obj.get("metadata", {}).get("annotations") or {}).get(PROGRESS_KEY)
-    for param in ((obj.get("status") or {}).get("outputs") or {}).get("parameters") or []:
-        if param.get("name") == "progress" and raw is None:
-            raw = param.get("value")
-    try:
-        parsed = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        return {}  # a garbled report is not the job's state
-    return parsed if isinstance(parsed, dict) else {}
 
 
 def _reason(state: JobState, phase: str, message: str, shutdown: str) -> str | None:
@@ -148,8 +164,6 @@ def status_from_workflow(obj: dict[str, Any]) -> BackendStatus:
     state = _PHASES.get(phase, JobState.PENDING)
     if shutdown and state in (JobState.FAILED, JobState.ERROR):
         state = JobState.CANCELLED
-    progress = _progress(obj)
-    breakdown = progress.get("breakdown_ms")
     metadata = obj.get("metadata") or {}
     return BackendStatus(
         job_id=(metadata.get("labels") or {}).get(LABEL_JOB, metadata.get("name", "")),
@@ -159,9 +173,6 @@ def status_from_workflow(obj: dict[str, Any]) -> BackendStatus:
         message=message or None,
         started_at=_time(status.get("startedAt")),
         finished_at=_time(status.get("finishedAt")),
-        breakdown_ms={str(k): float(v) for k, v in breakdown.items()} if isinstance(breakdown, dict) else None,
-        epoch_seconds=progress.get("epoch_seconds"),
-        step=progress.get("step"),
         attempt=_attempt(obj),
     )
 
@@ -191,6 +202,7 @@ class ArgoBackend:
         namespace: str,
         api_client: client.ApiClient,
         *,
+        progress_secret: str,
         template: str = "compile-and-train",
         max_attempts: int = 5,
         backoff_seconds: float = 0.5,
@@ -201,6 +213,7 @@ class ArgoBackend:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.namespace = namespace
+        self.progress_secret = progress_secret
         self.template = template
         self.max_attempts = max_attempts
         self.backoff_seconds = backoff_seconds
@@ -217,6 +230,10 @@ class ArgoBackend:
     @classmethod
     def from_settings(cls, settings: Settings) -> ArgoBackend:
         """Kubeconfig file if the settings name one, in-cluster service account otherwise."""
+        if settings.progress_secret is None:
+            raise BackendError(
+                "FOXHUNT_PROGRESS_SECRET is required with the argo backend (shared by every controller replica)"
+            )
         configuration = client.Configuration()
         try:
             if settings.kubeconfig:
@@ -229,12 +246,13 @@ class ArgoBackend:
         return cls(
             settings.argo_namespace,
             client.ApiClient(configuration),
+            progress_secret=settings.progress_secret.get_secret_value(),
             template=settings.argo_workflow_template,
         )
 
     # ---- the Backend interface ----------------------------------------------------------------
     def submit(self, spec: JobSpec) -> BackendStatus:
-        body = workflow_manifest(spec, template=self.template)
+        body = workflow_manifest(spec, progress_secret=self.progress_secret, template=self.template)
         name = body["metadata"]["name"]
         try:
             obj = self._call(

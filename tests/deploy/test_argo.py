@@ -75,7 +75,7 @@ def test_the_workflow_the_controller_generates_passes_exactly_the_templates_para
         hyperopt_trials=3,
         config={"run": {"seed": 1}},
     )
-    workflow = workflow_manifest(spec)
+    workflow = workflow_manifest(spec, progress_secret="s" * 32)
     template = argo_doc("compile-and-train")
     assert workflow["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
     passed = [p["name"] for p in workflow["spec"]["arguments"]["parameters"]]

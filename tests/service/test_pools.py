@@ -56,3 +56,19 @@ def test_quota_is_per_tenant_with_a_default() -> None:
     with pytest.raises(QuotaExceeded):
         pool.check_quota(tenant="small", used=1)
     Pool(name="b", gpu_type="x", gpus_per_node=8).check_quota(tenant="any", used=10_000)  # no quota set
+
+
+def test_placement_is_the_pools_selector_tolerations_and_gpu_resource(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text(POOLS_YAML + "    gpu_resource: amd.com/gpu\n")
+    placement = Pools.load(path).get("h200").placement()
+    assert placement.model_dump() == {
+        "node_selector": {"foxhunt.io/pool": "h200"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "gpu_resource": "amd.com/gpu",
+        "gpus": 8,
+    }
+    assert Pool(name="a", gpu_type="x", gpus_per_node=1).placement().gpu_resource == "nvidia.com/gpu"
+    with pytest.raises(ValueError, match="gpu_resource: String should match pattern"):
+        path.write_text(POOLS_YAML + "    gpu_resource: 'nvidia gpu'\n")
+        Pools.load(path)

@@ -11,10 +11,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
-from service.api.deps import BackendDep, JobsDep, StoreDep, TenantDep
+from service.api.deps import BackendDep, JobsDep, ProgressJobDep, StoreDep, TenantDep
 from service.api.errors import problems
 from service.api.routes import V1
-from service.api.schemas import JobCreate, JobDetail, JobPage, JobPublic, PhaseEvent
+from service.api.schemas import JobCreate, JobDetail, JobPage, JobPublic, PhaseEvent, ProgressReport
 from service.backends.base import Backend, BackendError, BackendNotFound
 from service.domain import JobState
 from service.store import JobRecord, Store, parse_label_selector
@@ -115,6 +115,20 @@ def retry_job(job_id: str, principal: TenantDep, jobs: JobsDep) -> JobDetail:
     """Run a FAILED, CANCELLED or ERROR job again; it resumes from its checkpoint."""
     jobs.retry(principal, job_id)
     return _detail(jobs.store.get_job(job_id))
+
+
+@router.put(
+    "/{job_id}/progress",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=problems(400, 403, 404, 409),
+)
+def report_progress(job: ProgressJobDep, body: ProgressReport, store: StoreDep) -> Response:
+    """The trainer's progress (step, breakdown, epoch time) while the job runs, sent from its pod.
+
+    The bearer token is the job's progress token (the Workflow's `progress-token` parameter), not a
+    user's token: it is good for this one job's reports and nothing else."""
+    store.record_progress(job, step=body.step, breakdown_ms=body.breakdown_ms, epoch_seconds=body.epoch_seconds)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 def _lines(lines: Iterator[str]) -> Iterator[str]:

@@ -19,6 +19,7 @@ def list_pools(principal: TenantDep, pools: PoolsDep, store: StoreDep) -> list[P
             name=pool.name,
             gpu_type=pool.gpu_type,
             gpus_per_node=pool.gpus_per_node,
+            gpu_resource=pool.gpu_resource,
             node_selector=pool.node_selector,
             tolerations=[TolerationPublic(**t.model_dump()) for t in pool.tolerations],
             queue_name=pool.queue_name,

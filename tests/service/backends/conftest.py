@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 
 from service.backends.argo import ArgoBackend
-from service.domain import JobSpec
+from service.domain import JobSpec, Placement
 from tests.service.fake_kube import FakeKube
 
 
@@ -16,6 +16,14 @@ from tests.service.fake_kube import FakeKube
 def fake_kube() -> Iterator[FakeKube]:
     with FakeKube(namespace="foxhunt") as fake:
         yield fake
+
+
+PROGRESS_SECRET = "progress-secret-of-the-tests-0123456789abcdef"
+H100_PLACEMENT = Placement(
+    node_selector={"foxhunt.io/pool": "h100"},
+    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    gpus=8,
+)
 
 
 def kube_client(fake: FakeKube) -> client.ApiClient:
@@ -27,7 +35,13 @@ def kube_client(fake: FakeKube) -> client.ApiClient:
 
 def argo_backend(fake: FakeKube, **kwargs: float) -> ArgoBackend:
     options = {"backoff_seconds": 0.001, "max_backoff_seconds": 0.01, "poll_seconds": 0.05, **kwargs}
-    return ArgoBackend(fake.namespace, kube_client(fake), request_timeout=5.0, **options)  # type: ignore[arg-type]
+    return ArgoBackend(
+        fake.namespace,
+        kube_client(fake),
+        progress_secret=PROGRESS_SECRET,
+        request_timeout=5.0,
+        **options,  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture
@@ -42,6 +56,7 @@ def job_spec(job_id: str = "job-1", **overrides: object) -> JobSpec:
         "tenant": "acme",
         "pool": "h100",
         "queue_name": "h100-acme",
+        "placement": H100_PLACEMENT,
         "plan": "graph",
         "model": "c51",
         "commit_sha": "0123abcd",

@@ -12,15 +12,30 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from service.backends.argo import ArgoBackend, _shut_down, status_from_workflow, workflow_manifest
+from service.backends.argo import (
+    ArgoBackend,
+    _shut_down,
+    pod_spec_patch,
+    status_from_workflow,
+    workflow_manifest,
+)
 from service.backends.argo_parameters import PARAMETER_NAMES, workflow_parameters
 from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
-from service.domain import BackendStatus, JobState
+from service.domain import BackendStatus, JobSpec, JobState, Placement
+from service.progress import progress_token
 from service.settings import Settings
-from tests.service.backends.conftest import argo_backend, job_spec, kube_client
+from tests.service.backends.conftest import PROGRESS_SECRET, argo_backend, job_spec, kube_client
 from tests.service.fake_kube import FakeKube
 
 WORKFLOWS = "/apis/argoproj.io/v1alpha1/namespaces/foxhunt/workflows"
+
+
+def manifest(spec: JobSpec, **kwargs: str) -> dict[str, object]:
+    return workflow_manifest(spec, progress_secret=PROGRESS_SECRET, **kwargs)
+
+
+def parameters(workflow: dict[str, object]) -> dict[str, str]:
+    return {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}  # type: ignore[index]
 
 
 def in_background(*steps: Callable[[], object], delay: float = 0.1) -> threading.Thread:
@@ -62,17 +77,48 @@ def until(statuses: Iterator[BackendStatus], done: Callable[[BackendStatus], boo
 
 # ---- the Workflow we send ----------------------------------------------------------------------
 def test_parameters_are_the_declared_names_as_strings() -> None:
-    params = workflow_parameters(job_spec(epochs=7, hyperopt_trials=4, queue_name=None))
+    params = workflow_parameters(
+        job_spec(epochs=7, hyperopt_trials=4, queue_name=None), pod_spec_patch='{"a":1}', progress_token="t0k"
+    )
     assert tuple(p["name"] for p in params) == PARAMETER_NAMES
     values = {p["name"]: p["value"] for p in params}
     assert all(isinstance(v, str) for v in values.values())
-    assert values["train-epochs"] == "7" and values["hyperopt-trials"] == "4" and values["queue-name"] == ""
+    assert values["hyperopt-trials"] == "4" and values["queue-name"] == "" and values["job-id"] == "job-1"
+    assert (values["pod-spec-patch"], values["progress-token"]) == ('{"a":1}', "t0k")
     assert json.loads(values["config"]) == {"run": {"steps": 100}, "lr": 0.001}
     assert " " not in values["config"]  # compact JSON
+    assert not {"plan", "train-epochs", "epochs"} & set(values)  # the config alone carries plan and steps
+
+
+def test_pod_spec_patch_is_the_pools_placement_on_the_main_container() -> None:
+    patch = json.loads(pod_spec_patch(job_spec().placement))
+    gpus = {"nvidia.com/gpu": "8"}
+    assert patch == {
+        "nodeSelector": {"foxhunt.io/pool": "h100"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "main", "resources": {"requests": gpus, "limits": gpus}}],
+    }
+    amd = json.loads(pod_spec_patch(Placement(gpu_resource="amd.com/gpu", gpus=1)))
+    assert amd == {
+        "containers": [
+            {"name": "main", "resources": {"requests": {"amd.com/gpu": "1"}, "limits": {"amd.com/gpu": "1"}}}
+        ]
+    }
+    assert pod_spec_patch(Placement(node_selector={"pool": "cpu"}, gpus=0)) == '{"nodeSelector":{"pool":"cpu"}}'
+    assert pod_spec_patch(Placement()) == "{}"
+
+
+def test_manifest_carries_the_placement_and_the_jobs_progress_token() -> None:
+    values = parameters(manifest(job_spec("job-7")))
+    assert values["pod-spec-patch"] == pod_spec_patch(job_spec().placement)
+    assert (
+        values["progress-token"] == progress_token(PROGRESS_SECRET, "job-7") != progress_token(PROGRESS_SECRET, "job-8")
+    )
+    assert parameters(manifest(job_spec("job-7", attempt=3)))["progress-token"] == values["progress-token"]
 
 
 def test_manifest_references_the_template_and_passes_parameters_only() -> None:
-    body = workflow_manifest(job_spec("job-9", attempt=2), template="compile-and-train")
+    body = manifest(job_spec("job-9", attempt=2), template="compile-and-train")
     assert set(body["spec"]) == {"workflowTemplateRef", "arguments"}
     assert body["spec"]["workflowTemplateRef"] == {"name": "compile-and-train"}
     assert body["metadata"]["name"] == "job-9-retry-2"
@@ -95,7 +141,7 @@ def test_manifest_references_the_template_and_passes_parameters_only() -> None:
 )
 def test_manifest_refuses_names_kubernetes_would_refuse(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        workflow_manifest(job_spec(**overrides))
+        manifest(job_spec(**overrides))
 
 
 # ---- the fake enforces the CRD schema ----------------------------------------------------------
@@ -112,9 +158,9 @@ def test_manifest_refuses_names_kubernetes_would_refuse(overrides: dict[str, str
 def test_fake_rejects_workflows_that_break_the_crd_schema(
     fake_kube: FakeKube, change: Callable[[dict[str, object]], None], error: str
 ) -> None:
-    body = workflow_manifest(job_spec())
+    body = manifest(job_spec())
     client.CustomObjectsApi(kube_client(fake_kube)).create_namespaced_custom_object(
-        "argoproj.io", "v1alpha1", "foxhunt", "workflows", workflow_manifest(job_spec("ours"))
+        "argoproj.io", "v1alpha1", "foxhunt", "workflows", manifest(job_spec("ours"))
     )  # ours passes
     change(body)
     with pytest.raises(ApiException) as caught:
@@ -145,7 +191,7 @@ def test_submit_creates_one_pending_workflow(fake_kube: FakeKube, argo: ArgoBack
         "job-1", JobState.PENDING, "Created", "", 0,
     )  # fmt: skip
     (workflow,) = fake_kube.workflows()
-    assert workflow["spec"]["arguments"]["parameters"] == workflow_parameters(job_spec())
+    assert workflow["spec"]["arguments"] == manifest(job_spec())["spec"]["arguments"]  # type: ignore[index]
 
 
 def test_submit_again_reads_the_existing_workflow_back(fake_kube: FakeKube, argo: ArgoBackend) -> None:
@@ -166,8 +212,8 @@ def test_submit_whose_answer_was_lost_is_not_duplicated(fake_kube: FakeKube, arg
 
 
 def test_submit_refuses_a_name_held_by_another_job(fake_kube: FakeKube, argo: ArgoBackend) -> None:
-    body = workflow_manifest(job_spec("job-2"))
-    body["metadata"]["name"] = "job-1"
+    body = manifest(job_spec("job-2"))
+    body["metadata"]["name"] = "job-1"  # type: ignore[index]
     fake_kube.state.create("workflows", "foxhunt", body)
     with pytest.raises(BackendError, match="Workflow job-1 exists but belongs to job 'job-2'"):
         argo.submit(job_spec("job-1"))
@@ -233,20 +279,6 @@ def test_status_of_a_shut_down_workflow(
 def test_unknown_phase_is_pending_not_a_failure() -> None:
     status = status_from_workflow({"metadata": {"name": "a"}, "status": {"phase": "Paused"}})
     assert (status.state, status.reason, status.job_id) == (JobState.PENDING, "UnknownPhase", "a")
-
-
-def test_status_reads_the_published_progress(fake_kube: FakeKube, argo: ArgoBackend) -> None:
-    argo.submit(job_spec())
-    progress = {"step": 40, "epoch_seconds": 12.5, "breakdown_ms": {"sample": 0.2, "fused": 1.5}}
-    annotations = {"foxhunt.io/progress": json.dumps(progress)}
-    fake_kube.update_workflow("job-1", lambda w: w["metadata"].update(annotations=annotations))
-    status = argo.status("job-1")
-    assert (status.step, status.epoch_seconds, status.breakdown_ms) == (40, 12.5, {"sample": 0.2, "fused": 1.5})
-    output = {"outputs": {"parameters": [{"name": "progress", "value": json.dumps({"step": 41})}]}}
-    fake_kube.update_workflow("job-1", lambda w: (w["metadata"].pop("annotations"), w.update(status=output)))
-    assert argo.status("job-1").step == 41
-    fake_kube.update_workflow("job-1", lambda w: w["status"]["outputs"]["parameters"][0].update(value="{garbled"))
-    assert argo.status("job-1").step is None and argo.status("job-1").state is JobState.PENDING
 
 
 def test_unknown_job_is_not_found(argo: ArgoBackend) -> None:
@@ -405,7 +437,13 @@ def test_other_api_errors_are_backend_errors_without_retry(fake_kube: FakeKube, 
 def test_unreachable_server_is_unavailable(fake_kube: FakeKube) -> None:
     configuration = client.Configuration(host="http://127.0.0.1:9")  # nothing listens on discard
     configuration.retries = 0
-    argo = ArgoBackend("foxhunt", client.ApiClient(configuration), max_attempts=2, backoff_seconds=0.001)
+    argo = ArgoBackend(
+        "foxhunt",
+        client.ApiClient(configuration),
+        progress_secret=PROGRESS_SECRET,
+        max_attempts=2,
+        backoff_seconds=0.001,
+    )
     with pytest.raises(BackendUnavailable, match="after 2 attempts \\(connection\\)"):
         argo.status("job-1")
     with pytest.raises(BackendUnavailable, match="not usable"):
@@ -528,14 +566,20 @@ def test_from_settings_uses_the_kubeconfig(fake_kube: FakeKube, tmp_path: Path) 
             }
         )
     )
-    argo = ArgoBackend.from_settings(Settings(kubeconfig=kubeconfig, argo_namespace="foxhunt"))
+    argo = ArgoBackend.from_settings(
+        Settings(kubeconfig=kubeconfig, argo_namespace="foxhunt", progress_secret=PROGRESS_SECRET)
+    )
     argo.submit(job_spec())
     assert fake_kube.workflow("job-1")["spec"]["workflowTemplateRef"] == {"name": "compile-and-train"}
+    token = parameters(fake_kube.workflow("job-1"))["progress-token"]
+    assert token == progress_token(PROGRESS_SECRET, "job-1")
+    with pytest.raises(BackendError, match="FOXHUNT_PROGRESS_SECRET is required with the argo backend"):
+        ArgoBackend.from_settings(Settings(kubeconfig=kubeconfig, progress_secret=None))
 
 
 def test_from_settings_without_any_cluster_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(BackendError, match="cannot load the Kubernetes configuration"):
-        ArgoBackend.from_settings(Settings(kubeconfig=None))
+        ArgoBackend.from_settings(Settings(kubeconfig=None, progress_secret=PROGRESS_SECRET))
     with pytest.raises(BackendError, match="cannot load the Kubernetes configuration"):
-        ArgoBackend.from_settings(Settings(kubeconfig=tmp_path / "missing"))
+        ArgoBackend.from_settings(Settings(kubeconfig=tmp_path / "missing", progress_secret=PROGRESS_SECRET))

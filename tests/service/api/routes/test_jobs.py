@@ -10,6 +10,8 @@ from pathlib import Path
 import httpx
 
 from service.api.routes import jobs as job_routes
+from service.domain import BackendStatus, JobState
+from service.progress import progress_token
 from service.settings import DEFAULT_LOCAL_COMMAND, Settings
 from tests.service.conftest import Controller
 from tests.service.factories import live_server, make_settings, stand_in_command, tiny_train_config
@@ -302,3 +304,60 @@ def test_logs_of_a_job_the_backend_has_not_seen_yet_are_empty(
     job_id = _submit(c).json()["id"]
     response = c.request("GET", f"/v1/jobs/{job_id}/logs")
     assert response.status_code == 200 and response.text == ""
+
+
+# ---- progress reports from a job's pod ---------------------------------------------------------
+PROGRESS_SECRET = "progress-secret-of-the-route-tests-0123456789"
+
+
+def _progress(c: Controller, job_id: str, body: object, token: str | None = None) -> httpx.Response:
+    token = progress_token(PROGRESS_SECRET, job_id) if token is None else token
+    return c.client.put(f"/v1/jobs/{job_id}/progress", json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_a_progress_report_shows_on_the_job_and_survives_statuses_without_figures(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False, progress_secret=PROGRESS_SECRET))
+    job_id = _submit(c).json()["id"]
+    report = {"step": 40, "steps": 100, "plan": "graph", "step_ms": 1.5, "epoch_seconds": 3.0,
+              "breakdown_ms": {"sample": 0.25, "fused": 1.25}, "losses": {"c51": None}, "replay_size": 9}  # fmt: skip
+    response = _progress(c, job_id, report)
+    assert (response.status_code, response.content) == (204, b"")
+    job = c.request("GET", f"/v1/jobs/{job_id}").json()
+    assert (job["step"], job["epoch_seconds"], job["breakdown_ms"]) == (40, 3.0, {"sample": 0.25, "fused": 1.25})
+    assert _progress(c, job_id, {"step": 41}).status_code == 204  # a report without figures keeps them
+    c.services.store.apply_status(BackendStatus(job_id=job_id, state=JobState.RUNNING))  # Argo knows none
+    job = c.request("GET", f"/v1/jobs/{job_id}").json()
+    assert (job["state"], job["step"], job["epoch_seconds"], job["breakdown_ms"]["fused"]) == ("RUNNING", 41, 3.0, 1.25)
+
+
+def test_progress_reports_need_the_jobs_own_token_and_a_live_job(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False, progress_secret=PROGRESS_SECRET))
+    job_id, other = _submit(c, key="a").json()["id"], _submit(c, key="b").json()["id"]
+    missing = c.client.put(f"/v1/jobs/{job_id}/progress", json={"step": 1})
+    assert (missing.status_code, missing.headers["content-type"]) == (401, PROBLEM)
+    cases = {
+        "another job's token": (progress_token(PROGRESS_SECRET, other), 403, "not the progress token of job"),
+        "a user's token": (c.headers["alice"]["Authorization"].split()[1], 403, "not the progress token of job"),
+        "another secret's token": (progress_token("x" * 40, job_id), 403, "not the progress token of job"),
+    }
+    for what, (token, code, detail) in cases.items():
+        response = _progress(c, job_id, {"step": 1}, token)
+        assert (response.status_code, response.headers["content-type"]) == (code, PROBLEM), what
+        assert detail in response.json()["detail"], what
+    assert _progress(c, "job-nope", {"step": 1}).status_code == 404  # a valid token for no stored job
+    assert _progress(c, job_id, {"step": -1}).status_code == 422
+    assert _progress(c, job_id, {"step": 1, "breakdown_ms": {"sample": -0.5}}).status_code == 422
+    assert c.request("DELETE", f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED"  # never submitted
+    ended = _progress(c, job_id, {"step": 1})
+    assert ended.status_code == 409 and "takes no more progress reports" in ended.json()["detail"]
+    assert c.request("GET", f"/v1/jobs/{job_id}").json()["step"] is None
+
+
+def test_without_a_progress_secret_no_report_is_taken(controller: Controller) -> None:
+    job_id = _submit(controller).json()["id"]
+    response = _progress(controller, job_id, {"step": 1})
+    assert response.status_code == 403 and "FOXHUNT_PROGRESS_SECRET is not set" in response.json()["detail"]

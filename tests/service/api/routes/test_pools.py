@@ -20,6 +20,7 @@ def test_pools_show_config_and_the_callers_quota_and_use(controller: Controller)
         "name": "h200",
         "gpu_type": "H200",
         "gpus_per_node": 8,
+        "gpu_resource": "nvidia.com/gpu",
         "node_selector": {"foxhunt.io/pool": "h200"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "value": None, "effect": "NoSchedule"}],
         "queue_name": "foxhunt-h200",
