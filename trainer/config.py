@@ -132,6 +132,14 @@ class DataConfig(_Section):
     epsilon_decay_steps: int = Field(10_000, ge=1, description="Update steps to anneal epsilon over.")
     market_features: int = Field(64, ge=14, le=4096, description="Observation features of the market env.")
     market_horizon: int = Field(200, ge=8, description="Steps per market episode.")
+    market_backend: Literal["auto", "numpy", "torch"] = Field(
+        "auto",
+        description=(
+            "How the market env runs: 'torch' steps all data.num_envs envs as tensors on the training device "
+            "(no host round trip, capturable); 'numpy' runs the Gymnasium MarketEnv in a vector env on the host; "
+            "'auto' takes torch when the training device is a GPU, numpy otherwise."
+        ),
+    )
 
     @model_validator(mode="after")
     def _dataset(self) -> DataConfig:

@@ -37,7 +37,11 @@ class OnlineSource(Source, Protocol):
 
 
 def make_source(config: TrainConfig, device: torch.device | str = "cpu") -> Source:
-    """The source `config.data.source` names (market and gym are online, offline is a dataset file)."""
+    """The source `config.data.source` names (market and gym are online, offline is a dataset file).
+
+    The market runs as torch tensors on `device` (`TorchMarketSource`) or as a Gymnasium env on the
+    host, as `data.market_backend` says.
+    """
     data = config.data
     if data.source == "offline":
         from trainer.data.offline import OfflineSource
@@ -50,6 +54,12 @@ def make_source(config: TrainConfig, device: torch.device | str = "cpu") -> Sour
     if data.source == "market":
         from trainer.data.market import ENV_ID
 
+        if data.market_backend == "torch" or (data.market_backend == "auto" and torch.device(device).type == "cuda"):
+            from trainer.data.market_torch import TorchMarketSource
+
+            return TorchMarketSource(
+                data.num_envs, config.run.seed, device, features=data.market_features, horizon=data.market_horizon
+            )
         kwargs = {"features": data.market_features, "horizon": data.market_horizon}
         return GymSource(ENV_ID, data.num_envs, config.run.seed, device, kwargs)
     return GymSource(data.env_id, data.num_envs, config.run.seed, device)
