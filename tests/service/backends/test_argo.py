@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi.testclient import TestClient
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
+from service.app import create_app
+from service.auth import create_token
 from service.backends.argo import (
     ArgoBackend,
     _shut_down,
@@ -25,6 +35,7 @@ from service.domain import BackendStatus, JobSpec, JobState, Placement
 from service.progress import progress_token
 from service.settings import Settings
 from tests.service.backends.conftest import PROGRESS_SECRET, argo_backend, job_spec, kube_client
+from tests.service.factories import live_server, make_settings, tiny_train_config
 from tests.service.fake_kube import FakeKube
 
 WORKFLOWS = "/apis/argoproj.io/v1alpha1/namespaces/foxhunt/workflows"
@@ -583,3 +594,143 @@ def test_from_settings_without_any_cluster_config(monkeypatch: pytest.MonkeyPatc
         ArgoBackend.from_settings(Settings(kubeconfig=None, progress_secret=PROGRESS_SECRET))
     with pytest.raises(BackendError, match="cannot load the Kubernetes configuration"):
         ArgoBackend.from_settings(Settings(kubeconfig=tmp_path / "missing", progress_secret=PROGRESS_SECRET))
+
+
+# ---- end to end: the controller, the fake cluster and a real trainer process -------------------
+def eventually(check: Callable[[], object], what: str, timeout: float = 120.0) -> object:
+    """Poll `check` until it returns something truthy (the cluster and the trainer are other processes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class Pod:
+    """`trainer train` as the compile-and-train template's train step runs it, with a pod's environment."""
+
+    def __init__(self, workflow: dict[str, object], url: str, root: Path) -> None:
+        from trainer.pipeline import train_step
+
+        params = parameters(workflow)
+        name = workflow["metadata"]["name"]  # type: ignore[index]
+        pod_dir = root / "pods" / name  # a pod's own disk: nothing of it outlives the attempt
+        pod_dir.mkdir(parents=True)
+        config = pod_dir / "config.json"
+        config.write_text(params["config"])
+        checkpoints = root / "data" / "checkpoints" / params["job-id"]  # the shared volume, per job
+        step = train_step("{config}")
+        values = {"config": str(config), "run": str(pod_dir / "run"), "checkpoints": str(checkpoints)}
+        env = {
+            **os.environ,
+            "FOXHUNT_JOB_ID": params["job-id"],
+            "FOXHUNT_PROGRESS_URL": url,
+            "FOXHUNT_PROGRESS_TOKEN": params["progress-token"],
+            "FOXHUNT_CHECKPOINT_URL": (step.checkpoint_url or "").format(**values),
+        }
+        env.pop("FOXHUNT_METRICS_PORT", None)
+        self.log = pod_dir / "main.log"
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "trainer", *step.command(values)], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> str:
+        """SIGTERM, as Argo's stop does to a running step: the trainer checkpoints and exits."""
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=120)
+        return self.text()
+
+
+def test_end_to_end_placement_progress_cancel_and_retry(fake_kube: FakeKube, tmp_path: Path) -> None:
+    """Submit over REST to a controller on the Argo backend; the Workflow carries the pool's placement
+    and the resolved config; a real trainer, given what a pod gets, reports progress that shows on the
+    job while it runs; cancel stops the Workflow; retry's Workflow resumes from the job's checkpoint."""
+    settings = make_settings(tmp_path, backend="argo", progress_secret=PROGRESS_SECRET, cancel_grace_seconds=600)
+    app = create_app(settings, backend=argo_backend(fake_kube))
+    secret, _ = create_token(app.state.services.store, name="alice", tenant="team-a")
+    pods: list[Pod] = []
+    try:
+        with (
+            live_server(app) as url,
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as api,
+        ):
+
+            def job() -> dict[str, object]:
+                return api.get(f"/v1/jobs/{job_id}").json()  # type: ignore[no-any-return]
+
+            def workflow(name: str) -> dict[str, object]:
+                return eventually(lambda: {w["metadata"]["name"]: w for w in fake_kube.workflows()}.get(name), name)  # type: ignore[return-value]
+
+            config = tiny_train_config(steps=1_000_000)  # runs until stopped
+            created = api.post("/v1/jobs", json={"pool": "h200", "config": config})
+            assert created.status_code == 201, created.text
+            job_id = created.json()["id"]
+            first = workflow(job_id)
+            params = parameters(first)
+            gpus = {"nvidia.com/gpu": "8"}
+            assert json.loads(params["pod-spec-patch"]) == {
+                "nodeSelector": {"foxhunt.io/pool": "h200"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "main", "resources": {"requests": gpus, "limits": gpus}}],
+            }
+            assert json.loads(params["config"]) == job()["config"]
+            assert json.loads(params["config"])["run"]["steps"] == 1_000_000
+            assert set(params) == set(PARAMETER_NAMES) and not {"plan", "train-epochs"} & set(params)
+
+            fake_kube.set_phase(job_id, "Running")
+            pods.append(Pod(first, url, tmp_path))
+            shown = eventually(lambda: (j := job())["step"] and j["breakdown_ms"] and j, "progress on the job")
+            assert pods[0].process.poll() is None, "the trainer must still be running"
+            assert shown["state"] == "RUNNING" and shown["epoch_seconds"] > 0  # type: ignore[index]
+            assert {"sample", "guard"} <= set(shown["breakdown_ms"])  # type: ignore[index]
+
+            assert api.delete(f"/v1/jobs/{job_id}").status_code == 202
+            eventually(lambda: fake_kube.workflow(job_id)["spec"].get("shutdown") == "Stop", "spec.shutdown")
+            log = pods[0].stop()
+            stopped_at = int(re.findall(r"terminated at step (\d+): checkpoint written", log)[-1])
+            fake_kube.set_phase(job_id, "Failed", "Stopped with strategy 'Stop'")
+            assert eventually(lambda: (j := job())["state"] == "CANCELLED" and j, "CANCELLED")["reason"] == "Stopped"  # type: ignore[index]
+
+            assert api.post(f"/v1/jobs/{job_id}/retry").status_code == 202
+            second = workflow(f"{job_id}-retry-1")
+            assert parameters(second) == params  # same job id: the same checkpoint location and token
+            fake_kube.set_phase(f"{job_id}-retry-1", "Running")
+            pods.append(Pod(second, url, tmp_path))
+            eventually(lambda: f"resumed from checkpoint at step {stopped_at}" in pods[1].text(), "the resume")
+            eventually(lambda: (job()["step"] or 0) > stopped_at, "the new attempt's progress")
+            pods[1].stop()
+            fake_kube.set_phase(f"{job_id}-retry-1", "Succeeded")
+            assert eventually(lambda: (j := job())["state"] == "SUCCEEDED" and j, "SUCCEEDED")["attempt"] == 1  # type: ignore[index]
+            late = httpx.put(
+                f"{url}/v1/jobs/{job_id}/progress",
+                json={"step": 1},
+                headers={"Authorization": f"Bearer {params['progress-token']}"},
+            )
+            assert late.status_code == 409
+    finally:
+        for pod in pods:
+            if pod.process.poll() is None:
+                pod.process.kill()
+                pod.process.wait()
+
+
+def test_retry_and_relist_counts_are_exported(fake_kube: FakeKube, tmp_path: Path) -> None:
+    argo = argo_backend(fake_kube)
+    settings = make_settings(tmp_path, backend="argo", progress_secret=PROGRESS_SECRET, run_reconciler=False)
+    with TestClient(create_app(settings, backend=argo)) as api:
+        fake_kube.fail_next(2, 503)
+        fake_kube.fail_next(1, 429)
+        fake_kube.drop_next(1)
+        assert argo.list_statuses() == []
+        assert list(argo.watch(timeout_seconds=1)) == []  # its first list is a relist
+        families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
+    retries = {s.labels["cause"]: s.value for s in families["foxhunt_argo_api_retries"].samples}
+    assert retries == {"server_error": 2, "throttled": 1, "connection": 1}
+    assert [s.value for s in families["foxhunt_argo_relists"].samples if s.name.endswith("_total")] == [1]
