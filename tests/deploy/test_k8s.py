@@ -111,6 +111,10 @@ def test_controller_deployment_is_hardened_and_wired_to_its_settings(rendered: d
         env = {e["name"]: e for e in container["env"]}
         assert env["FOXHUNT_BACKEND"]["value"] == "argo"
         assert "secretKeyRef" in env["FOXHUNT_DATABASE_URL"]["valueFrom"]
+        progress_secret = env["FOXHUNT_PROGRESS_SECRET"]["valueFrom"]["secretKeyRef"]
+        assert progress_secret == {"name": "foxhunt-progress", "key": "secret"}
+        progress_url = _one(docs, "ConfigMap", "foxhunt-trainer-env")["data"]["FOXHUNT_PROGRESS_URL"]
+        assert progress_url == f"http://{_one(docs, 'Service', 'foxhunt-controller')['metadata']['name']}:8000"
         assert env["FOXHUNT_ARGO_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
         pools_path = Path(env["FOXHUNT_POOLS_FILE"]["value"])
         mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(pools_path.parent))
