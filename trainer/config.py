@@ -125,6 +125,14 @@ class DataConfig(_Section):
     env_id: str = Field("CartPole-v1", description="Gymnasium environment id (source=gym).")
     dataset: str | None = Field(None, description="Offline dataset path or fsspec URL (.parquet or .npz).")
     num_envs: int = Field(1, ge=1, le=4096, description="Parallel environments for online collection.")
+    vector_env: Literal["sync", "async"] = Field(
+        "sync",
+        description=(
+            "Gymnasium vector env of the host-side envs (gym, and the market's numpy backend): 'sync' steps the "
+            "data.num_envs envs in turn in this process; 'async' steps them in parallel in worker processes, "
+            "which pays when an env step costs more than a process round trip (about 0.1 ms)."
+        ),
+    )
     learning_starts: int = Field(1000, ge=0, description="Transitions collected before the first update.")
     env_steps_per_update: int = Field(1, ge=1, description="Environment steps collected per update step.")
     epsilon_start: float = Field(1.0, ge=0.0, le=1.0, description="Initial epsilon of epsilon-greedy.")

@@ -61,5 +61,5 @@ def make_source(config: TrainConfig, device: torch.device | str = "cpu") -> Sour
                 data.num_envs, config.run.seed, device, features=data.market_features, horizon=data.market_horizon
             )
         kwargs = {"features": data.market_features, "horizon": data.market_horizon}
-        return GymSource(ENV_ID, data.num_envs, config.run.seed, device, kwargs)
-    return GymSource(data.env_id, data.num_envs, config.run.seed, device)
+        return GymSource(ENV_ID, data.num_envs, config.run.seed, device, kwargs, vector=data.vector_env)
+    return GymSource(data.env_id, data.num_envs, config.run.seed, device, vector=data.vector_env)

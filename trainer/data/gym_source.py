@@ -5,21 +5,31 @@ A = nvec[0]); Box observations (flattened) or goal Dicts {observation, achieved_
 (concatenated in that order, with a GoalSpec on the last two parts). Envs with Box observations may
 declare a goal themselves through an `unwrapped.goal_spec()` method (the market env does).
 
-The N envs run in a `SyncVectorEnv` in same-step autoreset mode: when an episode ends, `step`
-returns the reset obs and the real final obs in `info["final_obs"]`, so every call yields exactly N
-transitions and next_obs is always the true successor. done = terminated only; `last` also marks
-truncation, which ends the episode for bookkeeping without cutting the bootstrap.
+The N envs run in a Gymnasium vector env: `SyncVectorEnv` (one process, envs stepped in turn) or
+`AsyncVectorEnv` (one worker process per env, stepped in parallel; `start_collect` sends the actions
+and returns at once, so the learner can run while the envs step, and `finish_collect` gathers the
+rows). Every call yields exactly N real transitions, with next_obs the true successor, whatever
+the vector env's autoreset mode:
+- same-step (the default here): an ending `step` returns the reset obs, and the real final obs in
+  `info["final_obs"]`, which becomes that row's next_obs;
+- next-step (Gymnasium's own default) or disabled: an ending `step` returns the real final obs, and
+  the source resets the ended envs at once (`reset` with a `reset_mask`), so the vector env never
+  takes the reset step whose row (action ignored, reward 0) is no transition.
+done = terminated only; `last` also marks truncation, which ends the episode for bookkeeping
+without cutting the bootstrap. Env i is seeded seed + i at the start; later resets continue its
+generator, so a run is reproducible whichever vector env and mode collect it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from torch import Tensor
 
 from trainer.config import ConfigError
@@ -29,6 +39,8 @@ GreedyFn = Callable[[Tensor], Tensor]
 """Greedy action of a policy: obs [N, F] float32 -> actions [N, K] int64, on the training device."""
 
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
+
+VectorKind = Literal["sync", "async"]
 
 
 def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
@@ -119,8 +131,16 @@ def _stack_final(final: Sequence[Any]) -> np.ndarray:
     return flatten_obs(np.stack(final))
 
 
+def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
+    if env_id.startswith("foxhunt/"):  # also in a fresh worker process, whose registry lacks our ids
+        from trainer.data.market import register_market
+
+        register_market()
+    return gym.make(env_id, **kwargs)
+
+
 def make_env_fn(env_id: str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env[Any, Any]]:
-    """A constructor for one env, with a one-line ConfigError if the id is unknown."""
+    """A picklable constructor for one env, with a one-line ConfigError if the id is unknown."""
     if env_id.startswith("foxhunt/"):
         from trainer.data.market import register_market
 
@@ -129,12 +149,25 @@ def make_env_fn(env_id: str, env_kwargs: dict[str, Any] | None = None) -> Callab
         gym.spec(env_id)
     except gym.error.Error as error:
         raise ConfigError(f"data.env_id: unknown Gymnasium environment {env_id!r} ({error})") from None
-    kwargs = dict(env_kwargs or {})
-    return lambda: gym.make(env_id, **kwargs)
+    return functools.partial(_make_env, env_id, dict(env_kwargs or {}))
+
+
+def make_vector_env(
+    make: Callable[[], gym.Env[Any, Any]], num_envs: int, vector: VectorKind, autoreset: AutoresetMode
+) -> VectorEnv[Any, Any, Any]:
+    """`num_envs` copies of `make()`: in worker processes when vector is "async" and there is more than one."""
+    fns = [make] * num_envs
+    if vector == "async" and num_envs > 1:
+        return AsyncVectorEnv(fns, autoreset_mode=autoreset)
+    return SyncVectorEnv(fns, autoreset_mode=autoreset)
 
 
 class GymSource:
-    """N parallel envs; `collect` steps them all once epsilon-greedily and returns N transitions."""
+    """N parallel envs; `collect` steps them all once epsilon-greedily and returns N transitions.
+
+    `vector` picks the vector env ("async": worker processes, for envs whose step costs more than a
+    round trip to a process); `autoreset` its autoreset mode (same-step saves a reset round trip).
+    """
 
     def __init__(
         self,
@@ -143,13 +176,19 @@ class GymSource:
         seed: int,
         device: torch.device | str,
         env_kwargs: dict[str, Any] | None = None,
+        *,
+        vector: VectorKind = "sync",
+        autoreset: AutoresetMode = AutoresetMode.SAME_STEP,
     ) -> None:
         self.env_id = env_id
         self.device = torch.device(device)
         self._make = make_env_fn(env_id, env_kwargs)
-        self.envs = SyncVectorEnv([self._make for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP)
-        self.spec = env_spec(self.envs.envs[0], env_id)
+        self._probe = self._make()  # an env in this process, for the spec (and a goal env's compute_reward)
+        self.spec = env_spec(self._probe, env_id)
+        self.envs = make_vector_env(self._make, num_envs, vector, autoreset)
+        self.autoreset = autoreset
         self.num_envs = num_envs
+        self._sent: tuple[Tensor, Tensor, np.ndarray] | None = None  # obs, action, env action of start_collect
         obs, _ = self.envs.reset(seed=seed)
         self._obs = flatten_obs(obs)  # [N, F]
         self._step = np.zeros(num_envs, dtype=np.int64)
@@ -166,6 +205,13 @@ class GymSource:
 
     def collect(self, greedy_fn: GreedyFn | None, epsilon: float, generator: torch.Generator) -> Transitions:
         """Step every env once; actions epsilon-greedy around `greedy_fn` (uniform if it is None)."""
+        self.start_collect(greedy_fn, epsilon, generator)
+        return self.finish_collect()
+
+    def start_collect(self, greedy_fn: GreedyFn | None, epsilon: float, generator: torch.Generator) -> None:
+        """Pick the actions and send them (async envs start stepping); `finish_collect` returns the rows."""
+        if self._sent is not None:
+            raise RuntimeError("start_collect called twice without finish_collect")
         obs = torch.from_numpy(self._obs).to(self.device)  # [N, F]
         if greedy_fn is None:
             greedy = torch.zeros(self.num_envs, self.spec.branches, dtype=torch.int64, device=self.device)
@@ -173,13 +219,32 @@ class GymSource:
         else:
             greedy = greedy_fn(obs).to(torch.int64)  # [N, K]
         action = epsilon_greedy(greedy, epsilon, self.spec.actions, generator)  # [N, K]
-        action_np = action.cpu().numpy()
-        next_raw, reward, terminated, truncated, info = self.envs.step(self._env_action(action_np))
-        next_np = flatten_obs(next_raw)
+        env_action = self._env_action(action.cpu().numpy())
+        if isinstance(self.envs, AsyncVectorEnv):
+            self.envs.step_async(env_action)
+        self._sent = (obs, action, env_action)
+
+    def finish_collect(self) -> Transitions:
+        """The N rows of the step `start_collect` began."""
+        if self._sent is None:
+            raise RuntimeError("finish_collect called without start_collect")
+        obs, action, env_action = self._sent
+        self._sent = None
+        if isinstance(self.envs, AsyncVectorEnv):
+            next_raw, reward, terminated, truncated, info = self.envs.step_wait()
+        else:
+            next_raw, reward, terminated, truncated, info = self.envs.step(env_action)
+        next_np = flatten_obs(next_raw)  # [N, F]: the real successors, except where same-step mode reset
+        following = next_np  # the obs each env acts on next
         last = np.logical_or(terminated, truncated)
         if last.any():
             ended = np.flatnonzero(last)
-            next_np[ended] = _stack_final([info["final_obs"][i] for i in ended])
+            if self.autoreset == AutoresetMode.SAME_STEP:
+                next_np = next_np.copy()
+                next_np[ended] = _stack_final([info["final_obs"][i] for i in ended])
+            else:  # reset now, so the vector env takes no reset step (a row that is no transition)
+                reset_raw, _ = self.envs.reset(options={"reset_mask": last})
+                following = flatten_obs(reset_raw)
         rows = Transitions(
             obs=obs,
             action=action,
@@ -195,7 +260,7 @@ class GymSource:
         self.finished_returns.extend(self._return[last].tolist())
         self._return[last] = 0.0
         self._step = np.where(last, 0, self._step + 1)
-        self._obs = flatten_obs(next_raw)
+        self._obs = following
         return rows
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
@@ -222,6 +287,7 @@ class GymSource:
 
     def close(self) -> None:
         self.envs.close()
+        self._probe.close()
 
 
 def _batch_obs(items: list[Any]) -> Any:

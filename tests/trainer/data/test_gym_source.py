@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from trainer.config import ConfigError
-from trainer.data.gym_source import GymSource, env_spec, epsilon_greedy, linear_epsilon
+from trainer.data.gym_source import GymSource, VectorKind, env_spec, epsilon_greedy, linear_epsilon
 from trainer.replay.buffer import ReplayBuffer
 
 from .conftest import GOAL_ID, MULTI_ID
@@ -72,10 +72,24 @@ def test_epsilon_greedy_mixes_per_env_and_schedule_is_linear() -> None:
     assert linear_epsilon(500, 1.0, 0.1, 100) == pytest.approx(0.1)
 
 
-def test_collection_stores_done_on_termination_only_and_real_final_obs() -> None:
-    source = GymSource(MULTI_ID, 3, 0, "cpu")  # terminates on action (2, 2), truncated after 5 steps
+MODES: list[tuple[VectorKind, AutoresetMode]] = [
+    ("sync", AutoresetMode.SAME_STEP),
+    ("sync", AutoresetMode.NEXT_STEP),
+    ("async", AutoresetMode.SAME_STEP),
+    ("async", AutoresetMode.NEXT_STEP),
+]
+
+
+@pytest.mark.parametrize(("vector", "autoreset"), MODES)
+def test_collection_stores_done_on_termination_only_and_real_final_obs(
+    vector: VectorKind, autoreset: AutoresetMode
+) -> None:
+    # terminates on action (2, 2), truncated after 5 steps
+    source = GymSource(MULTI_ID, 3, 0, "cpu", vector=vector, autoreset=autoreset)
+    assert isinstance(source.envs, AsyncVectorEnv if vector == "async" else SyncVectorEnv)
     gen = torch.Generator().manual_seed(1)
     rows = [source.collect(None, 1.0, gen) for _ in range(60)]
+    source.close()
     action = torch.cat([r.action for r in rows])
     done = torch.cat([r.done for r in rows])
     last = torch.cat([r.last for r in rows])
@@ -90,11 +104,49 @@ def test_collection_stores_done_on_termination_only_and_real_final_obs() -> None
     # next_obs is the env's real successor (t = step + 1), also on the last row of an episode
     assert torch.equal(next_obs[:, 0], (step + 1).float())
     assert torch.equal(next_obs[:, 1], action[:, 0].float())
-    # the next obs after an episode ends is a fresh reset (t = 0)
+    # the next obs after an episode ends is a fresh reset (t = 0), and only then (no reset-step rows)
     obs = torch.cat([r.obs for r in rows[1:]])
-    assert (obs[last[:-3], 0] == 0).all()
+    assert torch.equal(obs[:, 0] == 0, last[:-3])
+    assert torch.equal(obs[~last[:-3], 0], next_obs[:-3][~last[:-3], 0])
     returns = source.finished_returns
     assert len(returns) == int(last.sum())
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"), [(MULTI_ID, None), (GOAL_ID, None), ("foxhunt/Market-v0", {"features": 16, "horizon": 8})]
+)
+def test_every_vector_env_and_autoreset_mode_collects_the_same_rows(env_id: str, kwargs: dict | None) -> None:
+    """Same seed, same rows, whether envs step in turn or in workers, reset same-step or next-step."""
+
+    def trace(vector: VectorKind, autoreset: AutoresetMode) -> list[torch.Tensor]:
+        source = GymSource(env_id, 3, 4, "cpu", kwargs, vector=vector, autoreset=autoreset)
+        gen = torch.Generator().manual_seed(2)
+        out = []
+        for _ in range(40):
+            r = source.collect(None, 1.0, gen)
+            assert r.episode_step is not None
+            out += [r.obs, r.action, r.reward, r.next_obs, r.done, r.last, r.episode_step]
+        source.close()
+        return out
+
+    reference = trace(*MODES[0])
+    assert bool(torch.cat([reference[5 + 7 * t] for t in range(40)]).any())  # episodes did end
+    for mode in MODES[1:]:
+        for expected, got in zip(reference, trace(*mode), strict=True):
+            assert torch.equal(expected, got), mode
+
+
+def test_start_and_finish_collect_pair_up() -> None:
+    source = GymSource(MULTI_ID, 2, 0, "cpu", vector="async")
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(RuntimeError, match="without start_collect"):
+        source.finish_collect()
+    source.start_collect(None, 1.0, gen)  # the workers step while this process is free
+    with pytest.raises(RuntimeError, match="called twice"):
+        source.start_collect(None, 1.0, gen)
+    rows = source.finish_collect()
+    assert len(rows) == 2 and rows.episode_step is not None and rows.episode_step.tolist() == [0, 0]
+    source.close()
 
 
 def test_goal_dict_env_spec_collection_and_her() -> None:
@@ -132,5 +184,15 @@ def test_evaluate_returns_undiscounted_greedy_returns() -> None:
     assert zeros == [0.0, 0.0]  # runs to the 5-step truncation with reward 0
     cartpole = GymSource("CartPole-v1", 1, 0, "cpu")
     left = cartpole.evaluate(lambda obs: torch.zeros(obs.shape[0], 1, dtype=torch.int64), 4, seed=7)
-    assert left == cartpole.evaluate(lambda obs: torch.zeros(obs.shape[0], 1, dtype=torch.int64), 4, seed=7)
-    assert all(5 <= r < 30 for r in left) and np.std(left) >= 0
+    assert all(5 <= r < 30 for r in left)
+    # episode i is CartPole seeded 7 + i, pushed left until it falls
+    expected = []
+    for i in range(4):
+        env = gym.make("CartPole-v1")
+        env.reset(seed=7 + i)
+        steps, over = 0, False
+        while not over:
+            _, _, terminated, truncated, _ = env.step(0)
+            steps, over = steps + 1, terminated or truncated
+        expected.append(float(steps))
+    assert left == expected

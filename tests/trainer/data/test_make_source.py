@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gymnasium.vector import AsyncVectorEnv
 
 from trainer.config import build_config
 from trainer.data import make_source
@@ -29,6 +30,9 @@ def test_market_is_the_default_source() -> None:
 def test_gym_and_offline_sources(tmp_path: Path) -> None:
     gym_source = make_source(build_config({"data": {"source": "gym", "env_id": "CartPole-v1"}}))
     assert gym_source.spec.obs_dim == 4
+    workers = make_source(build_config({"data": {"source": "gym", "num_envs": 2, "vector_env": "async"}}))
+    assert isinstance(workers, GymSource) and isinstance(workers.envs, AsyncVectorEnv)
+    workers.close()
     path = str(tmp_path / "d.npz")
     write_dataset(path, columns(), num_actions=5)
     offline = make_source(build_config({"data": {"source": "offline", "dataset": path}}))
