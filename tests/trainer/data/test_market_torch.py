@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,10 @@ from trainer.data.market import GOAL, LEVELS, POSITIONS, MarketEnv
 from trainer.data.market import signal_policy as signal_policy_np
 from trainer.data.market_torch import (
     CORE_NOISE,
+    MarketDynamics,
     MarketNoise,
     MarketParams,
+    MarketState,
     TorchMarket,
     TorchMarketSource,
     extra_parts,
@@ -193,9 +196,29 @@ def test_make_source_picks_the_torch_market_by_backend() -> None:
     assert isinstance(build("auto"), GymSource)  # auto takes torch only on a CUDA device
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_collect_on_cuda_stays_on_the_device() -> None:
-    source = TorchMarketSource(8, seed=0, device="cuda")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_collection_never_syncs_and_dynamics_match_the_cpu() -> None:
+    source = TorchMarketSource(8, seed=0, device="cuda", horizon=8)
     generator = torch.Generator(device="cuda").manual_seed(0)
-    rows = source.collect(lambda obs: signal_policy(obs), 0.1, generator)
-    assert rows.obs.is_cuda and rows.next_obs.is_cuda and rows.reward.is_cuda and not rows.last.is_cuda
+    source.collect(signal_policy, 0.1, generator)  # warm-up (lazy CUDA initialisation)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = [source.collect(signal_policy, 0.1, generator) for _ in range(10)]  # across an auto-reset
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert rows[0].obs.is_cuda and rows[0].reward.is_cuda and not rows[0].last.is_cuda
+    # the same dynamics on the CPU, fed the CUDA env's draws
+    market = source.market
+    cpu = MarketDynamics(market.params, torch.device("cpu"))
+    noise = MarketNoise(8, market.params.obs_noise, torch.device("cpu"), torch.float64)
+    for _ in range(10):
+        state = MarketState(**{f.name: getattr(market.state, f.name).cpu() for f in fields(MarketState)})
+        action = torch.randint(0, 5, (8, 3), device="cuda")
+        out = market.step(action)
+        noise.normal.copy_(market.noise.normal)
+        noise.uniform.copy_(market.noise.uniform)
+        after, expected = cpu.step(state, action.cpu(), noise)
+        torch.testing.assert_close(out.next_obs.cpu(), expected.next_obs)
+        torch.testing.assert_close(out.reward.cpu(), expected.reward)
+        torch.testing.assert_close(market.state.obs.cpu(), after.obs)
