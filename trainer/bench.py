@@ -11,6 +11,12 @@ per-step timing (`StepTimer` on vs off) is measured the same way.
 Methods: the plans of `trainer.plans`, plus `compile`: `torch.compile(train_step,
 mode="reduce-overhead")` (Inductor with its own CUDA graphs) in the eager loop, state buffers marked
 static. `eager` is the project's eager plan, which reads the losses back every step as trainers do.
+
+`train` rows (`--train cartpole`): real training as `trainer train` runs it, collection included: a recipe
+from `examples/` trains `train_updates` updates from an empty replay with each of `train_plans` (graph plans
+with K = `steps_per_replay` updates per replay). The clock starts after the warm-up to learning_starts
+and the plan's capture, and stops at the last update: updates/s over that span, with the mean per-update
+breakdown (act, env, store, then the update's components) of the run's last `train_updates` updates.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import json
+import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +37,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import PLANS, STEPS_PER_EPOCH, TrainConfig, build_config
+from trainer.config import PLANS, STEPS_PER_EPOCH, TrainConfig, build_config, load_config
 from trainer.data.spec import EnvSpec, Transitions, goal_columns
 from trainer.model import ModelDims
 from trainer.plans import make_plan, unavailable_reason
@@ -50,6 +58,11 @@ SAMPLER = ["replay.search=cdf"]
 a tenth of the time on a GPU (trainer/replay/sampler.py)."""
 METHODS: tuple[str, ...] = ("eager", "compile", "graph", "dual", "fused", "zerocopy")
 EPISODE = 200
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TRAIN_RECIPES: dict[str, Path] = {"cartpole": EXAMPLES / "cartpole.yaml"}
+"""Recipes the `train` rows can run (the market joins once its environment steps on the GPU)."""
+TRAIN_PLANS: tuple[str, ...] = ("eager", "zerocopy")
+"""The baseline and the fastest plan of the update-only rows."""
 
 
 @dataclass
@@ -69,6 +82,12 @@ class BenchOptions:
     overrides: list[str] = field(default_factory=list)
     skip: list[str] = field(default_factory=list)
     """"config:method" pairs not to run (e.g. "full:compile" where its compile time does not fit)."""
+    train: list[str] = field(default_factory=list)
+    """Recipes of `TRAIN_RECIPES` to time in real training (the `train` rows); none by default."""
+    train_plans: list[str] = field(default_factory=lambda: list(TRAIN_PLANS))
+    train_updates: int = 4000
+    train_overrides: list[str] = field(default_factory=list)
+    """Overrides for the recipes (the update-only rows' `overrides` do not apply to them)."""
 
 
 @dataclass
@@ -84,6 +103,21 @@ class Result:
     peak_mem_gib: float | None = None
     setup_s: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class TrainResult:
+    recipe: str
+    plan: str
+    updates: int
+    steps_per_replay: int
+    seconds: float | None = None
+    updates_per_s: float | None = None
+    ms_per_update: float | None = None
+    breakdown_ms: dict[str, float] = field(default_factory=dict)
+    setup_s: float | None = None
+    train_return_mean: float | None = None
     error: str | None = None
 
 
@@ -187,6 +221,19 @@ def check_options(options: BenchOptions) -> None:
         raise ValueError("bench sizes must be positive (steps, repeats, batch size, capacity) and warmup >= 0")
     if options.steps % options.steps_per_replay:
         raise ValueError(f"steps ({options.steps}) must be a multiple of steps_per_replay ({options.steps_per_replay})")
+    unknown_train = [r for r in options.train if r not in TRAIN_RECIPES] + [
+        p for p in options.train_plans if p not in PLANS
+    ]
+    if unknown_train:
+        raise ValueError(
+            f"unknown train names {', '.join(unknown_train)} (recipes: {', '.join(TRAIN_RECIPES)}; "
+            f"plans: {', '.join(PLANS)})"
+        )
+    if options.train and options.train_updates % options.steps_per_replay:
+        raise ValueError(
+            f"train updates ({options.train_updates}) must be a multiple of "
+            f"steps_per_replay ({options.steps_per_replay})"
+        )
 
 
 def build_method(
@@ -286,6 +333,71 @@ def time_method(
     return result
 
 
+def train_config(recipe: str, plan: str, options: BenchOptions, device: torch.device) -> TrainConfig:
+    """The recipe as `trainer train` runs it, for `train_updates` updates, with no evaluation or report in between."""
+    k = 1 if plan == "eager" else options.steps_per_replay
+    return load_config(
+        TRAIN_RECIPES[recipe],
+        [
+            f"run.plan={plan}",
+            f"run.device={device.type}",
+            f"run.steps={options.train_updates}",
+            f"run.steps_per_replay={k}",
+            f"run.log_every={options.train_updates}",
+            f"run.checkpoint_every={options.train_updates}",
+            "run.eval_every=0",
+            "run.eval_episodes=0",
+            *options.train_overrides,
+        ],
+    )
+
+
+def time_training(recipe: str, plan: str, options: BenchOptions, device: torch.device) -> TrainResult:
+    """One real training run (see the module docstring); a run that fails is reported, not hidden."""
+    from trainer.train import run_training
+
+    result = TrainResult(recipe=recipe, plan=plan, updates=options.train_updates, steps_per_replay=1)
+    saved = os.environ.pop("FOXHUNT_CHECKPOINT_URL", None)  # never write the job's checkpoints
+    began = time.perf_counter()
+    try:
+        config = train_config(recipe, plan, options, device)
+        with tempfile.TemporaryDirectory(prefix="foxhunt-bench-train-") as run_dir:
+            summary = run_training(config, Path(run_dir), show_progress=False, out=lambda line: None)
+        result.plan = summary["plan"]
+        result.steps_per_replay = config.run.steps_per_replay if result.plan != "eager" else 1
+        result.seconds = summary["wall_seconds"]
+        result.setup_s = time.perf_counter() - began - summary["wall_seconds"]
+        result.updates_per_s = summary["step"] / summary["wall_seconds"]
+        result.ms_per_update = 1e3 / result.updates_per_s
+        result.breakdown_ms = dict(summary["breakdown_ms"])
+        result.train_return_mean = summary.get("train_return_mean")
+    except Exception as error:  # a plan that cannot train is reported, not hidden
+        result.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    finally:
+        if saved is not None:
+            os.environ["FOXHUNT_CHECKPOINT_URL"] = saved
+    return result
+
+
+def run_train_rows(options: BenchOptions, device: torch.device, log: Callable[[str], None]) -> list[TrainResult]:
+    """The `train` rows: each recipe of `options.train` with each of `options.train_plans`."""
+    results = []
+    for recipe in options.train:
+        for plan in options.train_plans:
+            reason = unavailable_reason(plan, device)
+            if reason is not None:  # never time eager under a GPU plan's name
+                results.append(TrainResult(recipe, plan, options.train_updates, 1, error=f"not run: {reason}"))
+                log(f"[train {recipe}] {plan}: not run: {reason}")
+                continue
+            result = time_training(recipe, plan, options, device)
+            results.append(result)
+            timing = (
+                f"{result.updates_per_s:.1f} updates/s (setup {result.setup_s:.1f}s)" if result.updates_per_s else ""
+            )
+            log(f"[train {recipe}] {plan} K={result.steps_per_replay}: {result.error or timing}")
+    return results
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -354,11 +466,13 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
                         }
                     )
         del replay
+    train = run_train_rows(options, device, log)
     return {
         "environment": environment(device),
         "options": asdict(options),
         "results": [asdict(result) for result in results],
         "timer_overhead": overhead,
+        "train": [asdict(result) for result in train],
     }
 
 
@@ -384,7 +498,31 @@ def format_table(document: dict[str, Any]) -> str:
             f"timer overhead [{row['config']} {row['method']}]: {row['ms_timer_on']:.3f} ms on, "
             f"{row['ms_timer_off']:.3f} ms off ({row['overhead_pct']:+.2f}%)"
         )
+    lines.extend(format_train_rows(document.get("train", [])))
     return "\n".join(lines)
+
+
+COLLECTION = ("act", "env", "store")
+
+
+def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The `train` rows: updates/s of real training and its per-update split into collection and update."""
+    if not rows:
+        return []
+    lines = [
+        f"{'train':<8} {'plan':<9} {'K':>3} {'updates':>7} {'updates/s':>10} {'ms/update':>10} "
+        f"{'collect ms':>10} {'update ms':>10}"
+    ]
+    for r in rows:
+        head = f"{r['recipe']:<8} {r['plan']:<9} {r['steps_per_replay']:>3} {r['updates']:>7}"
+        if r["error"]:
+            lines.append(f"{head} failed: {r['error']}")
+            continue
+        parts = {name: ms for name, ms in r["breakdown_ms"].items() if name != "step"}
+        collect = sum(ms for name, ms in parts.items() if name in COLLECTION)
+        update = sum(ms for name, ms in parts.items() if name not in COLLECTION)
+        lines.append(f"{head} {r['updates_per_s']:>10.1f} {r['ms_per_update']:>10.3f} {collect:>10.3f} {update:>10.3f}")
+    return lines
 
 
 def plot(document: dict[str, Any], path: Path) -> None:

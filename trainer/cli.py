@@ -86,6 +86,11 @@ def bench(
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png, bench.md.")] = Path("bench-out"),
     skip: Annotated[list[str] | None, typer.Option(help="config:method not to run, e.g. full:compile.")] = None,
     override: OverrideOption = None,
+    train: Annotated[
+        str, typer.Option(help="Recipes for `train` rows (real training, collection included): cartpole.")
+    ] = "",
+    train_plans: Annotated[str, typer.Option(help="Comma-separated plans for the train rows.")] = "eager,zerocopy",
+    train_updates: Annotated[int, typer.Option(help="Updates per train row.")] = 4000,
 ) -> None:
     """Time every plan beside eager and torch.compile on the pinned model; print the table, write JSON/PNG/MD."""
     import shlex
@@ -107,6 +112,9 @@ def bench(
         timer_overhead=timer_overhead,
         overrides=override or [],
         skip=skip or [],
+        train=[r for r in train.split(",") if r],
+        train_plans=[p for p in train_plans.split(",") if p],
+        train_updates=train_updates,
     )
     if device not in ("auto", "cpu", "cuda"):
         raise fail(f"--device must be auto, cpu or cuda, got {device!r}")

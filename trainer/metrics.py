@@ -115,9 +115,10 @@ class TrainerMetrics:
         # The histogram is exposed through _StepSeconds so a timer can be drained just before it is read.
         self.step_seconds = Histogram(
             "foxhunt_train_step_seconds",
-            "Time of one step's component. plan: eager|graph|dual|fused|zerocopy; component: sample, "
-            "spectral, forward_backward, clip_prune, adam, ema, attention, iql, iqn, "
-            "causal, guard, priority (eager), graph, aux_stream (graphed plans), step (the whole step).",
+            "Time of one step's component. plan: eager|graph|dual|fused|zerocopy; component: act, env, "
+            "store (collection, online training), sample, spectral, forward_backward, clip_prune, adam, ema, "
+            "attention, iql, iqn, causal, guard, priority (eager), graph, aux_stream (graphed plans), step "
+            "(the whole step: one plan call of run.steps_per_replay updates on graphed plans, collection included).",
             ["plan", "component"],
             buckets=STEP_BUCKETS,
             registry=None,

@@ -17,16 +17,25 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 import torch
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 STEP = "step"
 """The whole-step span recorded by `end_step`, from `begin_step` (or the first section) to its end."""
 
 DEFAULT_READER = "loop"
 """The reader `drain()` serves unless told otherwise."""
+
+COLLECT_COMPONENTS: tuple[str, ...] = ("act", "env", "store")
+"""Collection's components in online training, before the update: the policy's forward (`act`), the rest
+of a collect call (the epsilon draw and stepping the environments, `env`) and writing the rows into the
+replay (`store`)."""
 
 EAGER_COMPONENTS: tuple[str, ...] = (
     "sample",
@@ -280,24 +289,70 @@ class _Section:
             self._step.spans.append((self._name, self._start, self._timer._mark(), True))
 
 
+class Interleaved:
+    """Time a block as component `outer`, except the calls made through `wrap(fn)`, timed as `inner`.
+
+    The spans do not overlap, so the two components add up to the block: e.g. a collect call is `env`
+    around the policy's forward, `act`, which the source calls in the middle of it.
+    """
+
+    def __init__(self, timer: StepTimer, outer: str, inner: str) -> None:
+        self.timer, self.outer, self.inner = timer, outer, inner
+        self._open: _Section | None = None
+
+    def _start(self) -> None:
+        self._open = self.timer.section(self.outer)
+        self._open.__enter__()
+
+    def _stop(self) -> None:
+        if self._open is not None:
+            self._open.__exit__(None, None, None)
+            self._open = None
+
+    def __enter__(self) -> Interleaved:
+        self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def wrap(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """`fn`, timed as `inner` and left out of `outer`."""
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            self._stop()
+            try:
+                with self.timer.section(self.inner):
+                    return fn(*args, **kwargs)
+            finally:
+                self._start()
+
+        return call
+
+
 def _order(names: list[str]) -> list[str]:
-    known = [n for n in EAGER_COMPONENTS + GRAPH_COMPONENTS if n in names]
+    known = [n for n in COLLECT_COMPONENTS + EAGER_COMPONENTS + GRAPH_COMPONENTS if n in names]
     known = list(dict.fromkeys(known))
     return known + sorted(n for n in names if n not in known and n != STEP)
 
 
 def format_breakdown(plan: str, means_ms: Mapping[str, float]) -> str:
-    """The log line: sample, the fused rest, guard, then every component (3 decimals, ms).
+    """The log line: sample, the fused rest, guard, collection (when timed), then every component (ms).
 
-    `fused` is everything that is neither sample nor guard (nor the whole-step span): the part the
-    plan fuses. The whole step follows the per-step list as `step=`.
+    `fused` is the update's part that is neither sample nor guard (nor collection, nor the whole-step
+    span): the part the plan fuses. `collect` is act + env + store, shown when the step collected.
+    The whole step follows the per-step list as `step=`.
     """
     components = [name for name in means_ms if name != STEP]
-    fused = sum(ms for name, ms in means_ms.items() if name not in ("sample", "guard", STEP))
+    apart = ("sample", "guard", STEP, *COLLECT_COMPONENTS)
+    fused = sum(ms for name, ms in means_ms.items() if name not in apart)
     per_step = " ".join(f"{name}={means_ms[name]:.3f}ms" for name in _order(components))
     if STEP in means_ms:
         per_step = f"{per_step} {STEP}={means_ms[STEP]:.3f}ms".strip()
+    collect = ""
+    if any(name in means_ms for name in COLLECT_COMPONENTS):
+        collect = f" collect={sum(means_ms.get(name, 0.0) for name in COLLECT_COMPONENTS):.3f}ms"
     return (
         f"Training step breakdown: sample={means_ms.get('sample', 0.0):.3f}ms fused={fused:.3f}ms "
-        f"guard={means_ms.get('guard', 0.0):.3f}ms (per-step: {per_step}) plan={plan}"
+        f"guard={means_ms.get('guard', 0.0):.3f}ms{collect} (per-step: {per_step}) plan={plan}"
     )

@@ -37,10 +37,10 @@ from trainer.data import make_source
 from trainer.data.gym_source import linear_epsilon
 from trainer.metrics import Exporter, TrainerMetrics, build_info, push, resolve_metrics_port, serve
 from trainer.model import ModelDims, greedy_action
-from trainer.plans import make_plan
+from trainer.plans import make_plan, resolve_plan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
-from trainer.timing import StepTimer, format_breakdown
+from trainer.timing import Interleaved, StepTimer, format_breakdown
 
 EXIT_TERMINATED = 143
 MODEL_NAME = "c51-branching"
@@ -126,7 +126,8 @@ class Run:
     replay: ReplayBuffer
     source: Any
     timer: StepTimer
-    plan: Any
+    plan_name: str
+    """The plan that runs: `run.plan`, or eager where that cannot run here (with a warning)."""
     generator: torch.Generator
     explore_generator: torch.Generator
     checkpointer: Checkpointer
@@ -135,6 +136,8 @@ class Run:
     wall_seconds: float = 0.0
     last_report: dict[str, Any] = field(default_factory=dict)
     best: BestPolicy = field(default_factory=BestPolicy)
+    plan: Any = None
+    """Built by `start_plan` once the replay holds its warm-up (graph plans capture on real samples)."""
 
     def act_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
         views = self.state.main.views(self.state.online)
@@ -164,11 +167,11 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
     generator = torch.Generator(device=device).manual_seed(config.run.seed)
     replay = ReplayBuffer(config, spec, device, generator)
     timer = StepTimer(device)
-    plan = make_plan(config.run.plan, state, replay, config, timer, generator)
+    plan_name = resolve_plan(config.run.plan, device)
     checkpoint_url = os.environ.get("FOXHUNT_CHECKPOINT_URL") or str(run_dir / "checkpoints")
     explore_generator = torch.Generator(device=device).manual_seed(config.run.seed + 1)
     metrics = TrainerMetrics(
-        CollectorRegistry(), plan=plan.name, info=build_info(plan=plan.name, model=MODEL_NAME, device=str(device))
+        CollectorRegistry(), plan=plan_name, info=build_info(plan=plan_name, model=MODEL_NAME, device=str(device))
     )
     metrics.attach_timer(timer)
     metrics.gpu_memory(device)
@@ -181,7 +184,7 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
         replay,
         source,
         timer,
-        plan,
+        plan_name,
         generator,
         explore_generator,
         Checkpointer(checkpoint_url),
@@ -246,8 +249,32 @@ def fill_replay(run: Run) -> None:
         run.replay.add(run.source.collect(None, 1.0, run.explore_generator))
 
 
+def start_plan(run: Run) -> None:
+    """Build the plan: after the replay is filled (or restored), as graph plans capture on real samples."""
+    if len(run.replay) == 0:
+        raise ValueError("the plan is built after the replay's warm-up: fill_replay first")
+    run.plan = make_plan(run.plan_name, run.state, run.replay, run.config, run.timer, run.generator)
+
+
+def collect(run: Run, act: Callable[[Tensor], Tensor], updates: int) -> None:
+    """The rows of the next `updates` updates: `data.env_steps_per_update` per update, epsilon-greedy
+    at that update's step. Timed as `act` (the policy), `env` (the rest of a collect call: the
+    epsilon draw, stepping the environments) and `store` (writing the rows into the replay)."""
+    data = run.config.data
+    for step in range(run.step, run.step + updates):
+        epsilon = linear_epsilon(step, data.epsilon_start, data.epsilon_end, data.epsilon_decay_steps)
+        for _ in range(data.env_steps_per_update):
+            with Interleaved(run.timer, "env", "act") as split:
+                rows = run.source.collect(split.wrap(act), epsilon, run.explore_generator)
+            with run.timer.section("store"):
+                run.replay.add(rows)
+
+
 def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> dict[str, Any]:
-    means = run.timer.means_ms(window=run.config.run.log_every)
+    # The timer's steps are plan calls of K updates each: report per update.
+    per_call = run.plan.steps_per_call
+    window = max(1, run.config.run.log_every // per_call)
+    means = {name: ms / per_call for name, ms in run.timer.means_ms(window=window).items()}
     step_ms = means.pop("step", sum(means.values()))
     out(format_breakdown(run.plan.name, means))
     progress = {
@@ -319,6 +346,7 @@ def run_training(
     if resume and restore_checkpoint(run):
         out(f"resumed from checkpoint at step {run.step}")
     fill_replay(run)
+    start_plan(run)
     termination = _Termination()
     termination.install()
     port = resolve_metrics_port(config.run.metrics_port)
@@ -339,22 +367,18 @@ def run_training(
             bar.close()
             out(f"terminated at step {run.step}: checkpoint written")
             raise SystemExit(EXIT_TERMINATED)
+        advanced = run.plan.steps_per_call
         if online:
-            act = run.act_fn()
-            for _ in range(config.data.env_steps_per_update):
-                epsilon = linear_epsilon(
-                    run.step, config.data.epsilon_start, config.data.epsilon_end, config.data.epsilon_decay_steps
-                )
-                run.replay.add(run.source.collect(act, epsilon, run.explore_generator))
+            collect(run, run.act_fn(), advanced)
         output = run.plan.run(run.step)
         run.timer.end_step()
-        run.step += run.plan.steps_per_call
-        run.metrics.steps_done(run.plan.steps_per_call)
-        bar.update(run.plan.steps_per_call)
-        if run.step % STEPS_PER_EPOCH == 0:
+        run.step += advanced
+        run.metrics.steps_done(advanced)
+        bar.update(advanced)
+        if crossed(run.step, advanced, STEPS_PER_EPOCH):
             run.metrics.epoch_done(time.perf_counter() - epoch_started)
             epoch_started = time.perf_counter()
-        if run.step % config.run.log_every == 0 or run.step >= config.run.steps:
+        if crossed(run.step, advanced, config.run.log_every) or run.step >= config.run.steps:
             run.wall_seconds = time.perf_counter() - started
             losses = {name: float(value) for name, value in output.losses.items()}
             progress = report(run, losses, say)
@@ -362,10 +386,10 @@ def run_training(
                 on_report(progress)
             bar.set_postfix({name: f"{value:.3g}" for name, value in losses.items() if name in ("c51", "iqn")})
         if config.run.eval_every and (
-            crossed(run.step, run.plan.steps_per_call, config.run.eval_every) or run.step >= config.run.steps
+            crossed(run.step, advanced, config.run.eval_every) or run.step >= config.run.steps
         ):
             evaluate_for_selection(run, say)
-        if run.step % config.run.checkpoint_every == 0 and run.step < config.run.steps:
+        if crossed(run.step, advanced, config.run.checkpoint_every) and run.step < config.run.steps:
             run.wall_seconds = time.perf_counter() - started
             save_checkpoint(run)
     bar.close()

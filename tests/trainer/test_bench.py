@@ -183,3 +183,50 @@ def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
         for name, tensor in eager.items()
     }
     assert {name: error for name, error in errors.items() if error > 1e-4} == {}
+
+
+SMALL_CARTPOLE = [
+    "model.hidden=16",
+    "model.head_hidden=8",
+    "model.iqn_hidden=8",
+    "model.iqn_embed=8",
+    "model.iqn_taus=2",
+    "model.iqn_target_taus=2",
+    "data.learning_starts=32",
+    "run.batch_size=16",
+]
+
+
+def test_train_rows_time_real_training_with_collection_on_cpu(tmp_path: Path) -> None:
+    options = tiny_options(
+        configs=[],
+        train=["cartpole"],
+        train_plans=["eager", "zerocopy"],
+        train_updates=20,
+        train_overrides=SMALL_CARTPOLE,
+    )
+    check_options(options)
+    document = run_bench(options, torch.device("cpu"), log=lambda line: None)
+    eager, zerocopy = document["train"]
+    assert eager["error"] is None and eager["plan"] == "eager" and eager["updates"] == 20
+    assert eager["updates_per_s"] == pytest.approx(1e3 / eager["ms_per_update"])
+    assert eager["updates_per_s"] == pytest.approx(20 / eager["seconds"])
+    assert all(eager["breakdown_ms"][name] > 0 for name in ("act", "env", "store", "sample", "adam"))
+    assert zerocopy["error"].startswith("not run: plan 'zerocopy' needs a CUDA GPU")
+    table = format_table(document)
+    assert "updates/s" in table and "zerocopy" in table and "failed: not run" in table
+    paths = write_outputs(document, tmp_path, "python -m trainer bench --train cartpole")
+    assert json.loads(paths[0].read_text())["train"][0]["plan"] == "eager"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"train": ["pong"]}, "unknown train names pong"),
+        ({"train": ["cartpole"], "train_plans": ["warp"]}, "unknown train names warp"),
+        ({"train": ["cartpole"], "train_updates": 25, "steps_per_replay": 10, "steps": 10}, "train updates"),
+    ],
+)
+def test_bad_train_options_are_one_line_errors(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_options(tiny_options(**changes))

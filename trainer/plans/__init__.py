@@ -45,6 +45,15 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     return None
 
 
+def resolve_plan(name: str, device: torch.device) -> str:
+    """`name` if it can run on `device`, else "eager" with a `PlanFallbackWarning` naming why."""
+    reason = unavailable_reason(name, device)
+    if reason is not None:
+        warnings.warn(f"{reason}: falling back to the eager plan", PlanFallbackWarning, stacklevel=3)
+        return "eager"
+    return name
+
+
 def make_plan(
     name: str,
     state: TrainState,
@@ -53,10 +62,9 @@ def make_plan(
     timer: SectionTimer,
     generator: torch.Generator,
 ) -> Plan:
-    reason = unavailable_reason(name, state.atoms.device)
-    if reason is not None:
-        warnings.warn(f"{reason}: falling back to the eager plan", PlanFallbackWarning, stacklevel=2)
-        name = "eager"
+    """Plan `name` (or eager, see `resolve_plan`). Graph plans capture on real samples: build them
+    once `replay` holds transitions (the training loop does, after its warm-up to learning_starts)."""
+    name = resolve_plan(name, state.atoms.device)
     module, cls = _IMPLEMENTATIONS[name]
     plan_class = getattr(importlib.import_module(module), cls)
     return plan_class(state, replay, config, timer, generator)

@@ -9,6 +9,7 @@ touched, so capturing leaves the training state exactly as it found it.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from itertools import product
 from typing import TYPE_CHECKING, ClassVar, TypeVar
@@ -49,6 +50,21 @@ def matmul_precision(tf32: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+Pattern = tuple[StepFlags, ...]
+"""The StepFlags of the K updates one replay of a sampling graph runs."""
+
+
+def flag_patterns(config: TrainConfig, k: int) -> list[Pattern]:
+    """The distinct StepFlags sequences of K-step windows starting at multiples of K."""
+    period = k
+    if config.loss.vaccine:
+        period = math.lcm(period, config.loss.vaccine_every)
+    if config.loss.causal:
+        period = math.lcm(period, config.loss.causal_every)
+    patterns = (tuple(StepFlags.for_step(start + i, config) for i in range(k)) for start in range(0, period, k))
+    return list(dict.fromkeys(patterns))
 
 
 def flag_variants(config: TrainConfig) -> list[StepFlags]:

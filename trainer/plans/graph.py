@@ -1,26 +1,43 @@
-"""Phase 1: the whole update in ONE CUDA graph per periodic variant.
+"""Phase 1: the whole update in ONE CUDA graph per periodic variant, sampling included.
 
-Spectral norm, forward, CQL, budget clipping, pruning, Adam, IQL, attention, the guard, the target
-EMA and the priority write-back are captured from `train_step` over static buffers (a static Batch
-and static Draws), so a step is: sample into the static batch, fill the draws, replay one graph.
-No host sync anywhere: Adam's bias correction reads `state.updates` on the device, the guard skips
-with `torch.where`. Vaccine (every 10th step) and causal (every 100th) are separate captured
-variants, picked on the host from the step number (`StepFlags.for_step`).
+PER sampling from the device sum-tree, the gathers of rows and attention windows straight from the
+GPU replay, HER relabelling, the random draws, then spectral norm, forward, CQL, budget clipping,
+pruning, Adam, IQL, attention, the guard, the target EMA and the priority write-back are captured
+from `ReplayBuffer.sample_into`, `Draws.fill_` and `train_step` over static buffers, K =
+`run.steps_per_replay` times per graph. A replay is one host call (`step_base.fill_`, the replay);
+the host's work between replays is collecting: acting, stepping the environments and writing the
+new rows into the replay's static storage, on the same stream, so the next replay samples them.
+
+- The replay's and the draws' generators are registered with each graph, so every replay continues
+  their random streams: the same numbers eager code draws from the same state.
+- The step number reaches the graph as a device scalar (`step_base` + k), for PER's beta schedule.
+- No host sync anywhere: Adam's bias correction reads `state.updates` on the device, the guard skips
+  with `torch.where`.
+- Periodic work (vaccine every 10th step, causal every 100th): one graph per pattern of StepFlags over
+  the K steps, picked on the host from the step number (`flag_patterns`).
+- A HER goal reward that calls the host cannot be captured: such runs sample outside the graph (one
+  update per replay, with a warning), as do the equivalence tests' `update(batch, draws, step)`, which
+  replays update-only graphs on batches they give.
+- Capturing warms the body up on real data, so a plan is built once the replay holds transitions
+  (`trainer.train` builds it after the warm-up to `learning_starts`).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
+from typing import NamedTuple
 
 import torch
 
 from trainer.batch import Batch
 from trainer.config import TrainConfig
 from trainer.plans._capture import (
+    Pattern,
     Snapshot,
     StreamRouter,
     capture,
-    flag_variants,
+    flag_patterns,
     matmul_precision,
     require_cuda,
     unique_generators,
@@ -30,11 +47,17 @@ from trainer.state import TrainState
 from trainer.step import NO_TIMER, Draws, Hyper, SectionTimer, StepFlags, StepOutput, train_step
 
 
+class GraphKey(NamedTuple):
+    """One captured graph: K sampled updates (`sampled`), or one update on a given batch."""
+
+    sampled: bool
+    flags: Pattern
+
+
 class GraphPlan:
-    """Sampling stays eager (outside the graph); the rest of the step is one graph replay."""
+    """Sampling and the update in one graph replay, K updates per replay."""
 
     name = "graph"
-    steps_per_call = 1
     tf32 = False
     """Capture with TF32 matrix products (the fused plans)."""
     streams = False
@@ -51,19 +74,35 @@ class GraphPlan:
         self.device = state.atoms.device
         require_cuda(self.name, self.device)
         self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
+        self.sample_in_graph = self.can_sample_in_graph(replay)
+        self.steps_per_call = config.run.steps_per_replay if self.sample_in_graph else 1
+        self.step_base = torch.zeros((), dtype=torch.int64, device=self.device)
         self.hp = self.hyper(config)
         self.batch = replay.empty_batch(config.run.batch_size)
         self.draws = Draws.empty(state.dims, config.run.batch_size, self.device)
-        # Valid values for the warm-up before the first real fill (empty memory may hold any index).
+        # Valid values for a fed graph's warm-up before its first real fill (empty memory may hold any index).
         self.draws.tau.fill_(0.5)
         self.draws.tau_target.fill_(0.5)
         self.draws.perm.copy_(torch.arange(config.run.batch_size, device=self.device))
         self.router = StreamRouter(self.device) if self.streams else None
         self.pool = torch.cuda.graph_pool_handle()
         self.capture_stream = torch.cuda.Stream(self.device)
-        self.graphs: dict[object, tuple[torch.cuda.CUDAGraph, StepOutput]] = {}
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, StepOutput]] = {}
         self.last_losses: dict[str, float] = {}
         self.prepare()
+
+    def can_sample_in_graph(self, replay: ReplayBuffer) -> bool:
+        """Whether sampling can be captured; if not, warn and sample outside the graph."""
+        her = replay.her
+        if her is None or her.goal.capturable:
+            return True
+        warnings.warn(
+            f"plan {self.name!r}: this env's HER goal reward calls the host, so sampling runs outside the "
+            "graph (one update per replay)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
 
     # ---- what one captured graph runs -------------------------------------------------------
 
@@ -87,17 +126,26 @@ class GraphPlan:
             self.router.join()
         return output
 
-    def variants(self) -> list[object]:
-        """Keys of the graphs to capture: one per StepFlags the schedule can produce."""
-        return list(flag_variants(self.config))
+    def body(self, key: GraphKey) -> StepOutput:
+        """What graph `key` runs: per update, sample and draw (when sampled), update, write back."""
+        output: StepOutput | None = None
+        for i, flags in enumerate(key.flags):
+            if key.sampled:
+                self.replay.sample_into(self.batch, self.step_base + i)
+                self.draws.fill_(self.generator)
+            output = self.update_body(flags)
+        assert output is not None
+        return output
 
-    def body(self, key: object) -> StepOutput:
-        assert isinstance(key, StepFlags)
-        return self.update_body(key)
+    def variants(self) -> list[GraphKey]:
+        """Keys of the graphs the schedule produces, captured up front."""
+        if self.sample_in_graph:
+            return [GraphKey(True, pattern) for pattern in flag_patterns(self.config, self.steps_per_call)]
+        return [GraphKey(False, pattern) for pattern in flag_patterns(self.config, 1)]
 
     def generators(self) -> list[torch.Generator]:
-        """Generators the captured body draws from (none: sampling and draws run outside the graph)."""
-        return []
+        """Generators the captured bodies draw from (the replay's and the draws')."""
+        return unique_generators(self.replay.generator, self.generator)
 
     # ---- capture and replay -----------------------------------------------------------------
 
@@ -105,10 +153,12 @@ class GraphPlan:
         """Capture every variant the schedule can produce, before the first step is timed."""
         self.capture_keys(self.variants())
 
-    def capture_keys(self, keys: list[object]) -> None:
+    def capture_keys(self, keys: list[GraphKey]) -> None:
         """Capture `keys`; the warm-up's writes to state, priorities and generators are undone."""
-        generators = unique_generators(*self.generators()) if self.generators() else []
-        snapshot = Snapshot(self.state, self.replay, unique_generators(self.generator, *generators))
+        if len(self.replay) == 0:
+            raise ValueError(f"plan {self.name!r} captures on real samples: build it once the replay holds transitions")
+        generators = self.generators()
+        snapshot = Snapshot(self.state, self.replay, generators)
         with matmul_precision(self.tf32):
             for key in keys:
                 body = functools.partial(self.body, key)
@@ -116,26 +166,33 @@ class GraphPlan:
         snapshot.restore()
         torch.cuda.synchronize(self.device)
 
-    def graph_for(self, key: object) -> tuple[torch.cuda.CUDAGraph, StepOutput]:
+    def graph_for(self, key: GraphKey) -> tuple[torch.cuda.CUDAGraph, StepOutput]:
         """The graph of `key`, captured now if the schedule reached a variant not captured up front."""
         if key not in self.graphs:
             self.capture_keys([key])
         return self.graphs[key]
 
     def run(self, step: int) -> StepOutput:
-        with self.timer.section("sample"):
-            self.replay.sample_into(self.batch, step)
-            self.draws.fill_(self.generator)
-        graph, output = self.graph_for(StepFlags.for_step(step, self.config))
+        if not self.sample_in_graph:
+            with self.timer.section("sample"):
+                self.replay.sample_into(self.batch, step)
+                self.draws.fill_(self.generator)
+            graph, output = self.graph_for(GraphKey(False, (StepFlags.for_step(step, self.config),)))
+            with self.timer.section("graph"):
+                graph.replay()
+            return output
+        flags = tuple(StepFlags.for_step(step + i, self.config) for i in range(self.steps_per_call))
+        graph, output = self.graph_for(GraphKey(True, flags))
         with self.timer.section("graph"):
+            self.step_base.fill_(step)
             graph.replay()
         return output
 
     def update(self, batch: Batch, draws: Draws, step: int) -> StepOutput:
-        """Replay step `step`'s update graph on a given batch and draws (equivalence tests feed eager's)."""
+        """Replay step `step`'s update-only graph on a given batch and draws (equivalence tests feed eager's)."""
         self.batch.copy_(batch)
         for name in ("tau", "tau_target", "perm"):
             getattr(self.draws, name).copy_(getattr(draws, name))
-        graph, output = self.graph_for(StepFlags.for_step(step, self.config))
+        graph, output = self.graph_for(GraphKey(False, (StepFlags.for_step(step, self.config),)))
         graph.replay()
         return output

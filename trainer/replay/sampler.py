@@ -146,6 +146,11 @@ class PrioritizedSampler:
             index = self._invert_cdf(cdf, strata * (total / batch_size))  # [B]
         # w_i = (N * P(i))^-beta, normalised by the batch maximum
         prob = self.tree[index + self.leaves] / total  # [B]
+        # beta from a device step whether `step` is an int (eager) or a tensor (in a graph), so both
+        # round alike: the device divides by a scalar through its reciprocal, and pow by a host scalar
+        # takes special-cased kernels (-0.5, -1).
+        if not isinstance(step, Tensor):
+            step = torch.full((), step, dtype=torch.int64, device=self.device)
         weight = (self.size.to(torch.float64) * prob).pow(-self.beta(step))  # [B]
         return index, (weight / weight.max()).to(torch.float32)
 

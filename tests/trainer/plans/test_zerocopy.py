@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.trainer.plans.test_fallback import SMALL
 from trainer.config import build_config
-from trainer.plans.zerocopy import flag_patterns
+from trainer.plans._capture import flag_patterns
 from trainer.step import StepFlags
 
 PLAIN, VACCINE, BOTH = StepFlags(), StepFlags(vaccine=True), StepFlags(vaccine=True, causal=True)

@@ -118,6 +118,16 @@ def test_importance_weights_match_formula() -> None:
     assert weight.dtype == torch.float32 and float(weight.max()) == 1.0
 
 
+@pytest.mark.parametrize("step", [0, 17, 50, 99, 100, 250])
+def test_a_tensor_step_gives_the_same_weights_as_an_int_bit_for_bit(step: int) -> None:
+    """Eager passes the step as an int, graphs as a device scalar: the weights must not differ by rounding."""
+    priorities = torch.rand(30, generator=torch.Generator().manual_seed(3), dtype=torch.float64) + 0.05
+    sampler = filled(32, priorities, alpha=0.6)
+    index, weight = sampler.sample(64, step, torch.Generator().manual_seed(4))
+    again, tensor_weight = sampler.sample(64, torch.tensor(step), torch.Generator().manual_seed(4))
+    assert torch.equal(index, again) and torch.equal(weight, tensor_weight)
+
+
 def test_beta_schedule_is_linear_and_clamped() -> None:
     sampler = make(beta_start=0.2, beta_end=0.8)
     assert sampler.beta(0) == pytest.approx(0.2)
