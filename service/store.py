@@ -126,11 +126,14 @@ def encode_cursor(created_at: datetime, job_id: str) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """(created_at as stored, job id) from `encode_cursor`'s text; anything else is InvalidRequest."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, job_id = json.loads(raw)
-        return datetime.fromisoformat(created), str(job_id)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        if not isinstance(created, str) or not isinstance(job_id, str) or "\x00" in job_id:
+            raise ValueError("not a cursor")
+        return _naive(datetime.fromisoformat(created)), job_id  # type: ignore[return-value]
+    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise InvalidRequest(f"invalid cursor {cursor!r}: pass back next_cursor from a previous page") from None
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PlanName = Literal["eager", "graph", "dual", "fused", "zerocopy"]
 PLANS: tuple[str, ...] = ("eager", "graph", "dual", "fused", "zerocopy")
 STEPS_PER_EPOCH = 2000
+INT32_MAX = 2**31 - 1
+"""Bound of every count without a smaller natural one: the store, the trainer and Argo all hold it."""
 
 
 class ConfigError(ValueError):
@@ -24,7 +26,16 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Every section: unknown keys, non-finite floats (NaN, Infinity, 1e400) and NUL in strings are refused."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
 
 
 class ModelConfig(_Section):
@@ -33,8 +44,8 @@ class ModelConfig(_Section):
     hidden: int = Field(256, ge=1, le=8192, description="Trunk width (h_s1, h_s2).")
     head_hidden: int = Field(128, ge=1, le=8192, description="Hidden width of the value/advantage heads.")
     atoms: int = Field(51, ge=2, le=1001, description="C51 atoms N on the support.")
-    v_min: float = Field(-10.0, description="Lowest atom of the value support.")
-    v_max: float = Field(10.0, description="Highest atom of the value support.")
+    v_min: float = Field(-10.0, ge=-1e6, le=1e6, description="Lowest atom of the value support.")
+    v_max: float = Field(10.0, ge=-1e6, le=1e6, description="Highest atom of the value support.")
     iqn_embed: int = Field(64, ge=1, le=1024, description="Cosine features of tau in the IQN embedding.")
     iqn_hidden: int = Field(128, ge=1, le=8192, description="Hidden width of the IQN head.")
     iqn_taus: int = Field(32, ge=1, le=1024, description="Online quantile samples T per state.")
@@ -69,11 +80,11 @@ class LossConfig(_Section):
     attention: bool = Field(True, description="Attention auxiliary predicting the next state (own Adam).")
     ensemble_diversity: float = Field(0.1, ge=0.0, description="Weight of the ensemble diversity penalty.")
     vaccine: bool = Field(False, description="Adversarial (FGSM) robustness penalty every vaccine_every steps.")
-    vaccine_every: int = Field(10, ge=1, description="Steps between vaccine updates.")
+    vaccine_every: int = Field(10, ge=1, le=INT32_MAX, description="Steps between vaccine updates.")
     vaccine_epsilon: float = Field(0.01, ge=0.0, description="FGSM step size on the states.")
     vaccine_weight: float = Field(0.1, ge=0.0, description="Weight of the vaccine penalty (C51 budget).")
     causal: bool = Field(False, description="Causal intervention probe every causal_every steps (no gradient).")
-    causal_every: int = Field(100, ge=1, description="Steps between causal intervention probes.")
+    causal_every: int = Field(100, ge=1, le=INT32_MAX, description="Steps between causal intervention probes.")
 
 
 class OptimConfig(_Section):
@@ -133,13 +144,13 @@ class DataConfig(_Section):
             "which pays when an env step costs more than a process round trip (about 0.1 ms)."
         ),
     )
-    learning_starts: int = Field(1000, ge=0, description="Transitions collected before the first update.")
-    env_steps_per_update: int = Field(1, ge=1, description="Environment steps collected per update step.")
+    learning_starts: int = Field(1000, ge=0, le=INT32_MAX, description="Transitions collected before the first update.")
+    env_steps_per_update: int = Field(1, ge=1, le=4096, description="Environment steps collected per update step.")
     epsilon_start: float = Field(1.0, ge=0.0, le=1.0, description="Initial epsilon of epsilon-greedy.")
     epsilon_end: float = Field(0.05, ge=0.0, le=1.0, description="Final epsilon of epsilon-greedy.")
-    epsilon_decay_steps: int = Field(10_000, ge=1, description="Update steps to anneal epsilon over.")
+    epsilon_decay_steps: int = Field(10_000, ge=1, le=INT32_MAX, description="Update steps to anneal epsilon over.")
     market_features: int = Field(64, ge=14, le=4096, description="Observation features of the market env.")
-    market_horizon: int = Field(200, ge=8, description="Steps per market episode.")
+    market_horizon: int = Field(200, ge=8, le=INT32_MAX, description="Steps per market episode.")
     market_backend: Literal["auto", "numpy", "torch"] = Field(
         "auto",
         description=(
@@ -159,8 +170,8 @@ class DataConfig(_Section):
 class RunConfig(_Section):
     """How long, where, and how the run reports."""
 
-    seed: int = Field(0, ge=0, description="Seed of every random generator.")
-    steps: int = Field(2000, ge=1, description="Update steps in the whole run.")
+    seed: int = Field(0, ge=0, le=INT32_MAX, description="Seed of every random generator.")
+    steps: int = Field(2000, ge=1, le=INT32_MAX, description="Update steps in the whole run.")
     batch_size: int = Field(1024, ge=1, le=1 << 20, description="Transitions per update (B).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' takes a GPU when present.")
     plan: PlanName = Field("eager", description="Execution plan; an unrunnable plan falls back to eager.")
@@ -175,12 +186,13 @@ class RunConfig(_Section):
             "or one Triton kernel that writes the loss and its gradient in one pass."
         ),
     )
-    log_every: int = Field(500, ge=1, description="Steps between breakdown lines.")
-    checkpoint_every: int = Field(1000, ge=1, description="Steps between checkpoints.")
-    eval_episodes: int = Field(10, ge=0, description="Greedy evaluation episodes at the end.")
+    log_every: int = Field(500, ge=1, le=INT32_MAX, description="Steps between breakdown lines.")
+    checkpoint_every: int = Field(1000, ge=1, le=INT32_MAX, description="Steps between checkpoints.")
+    eval_episodes: int = Field(10, ge=0, le=100_000, description="Greedy evaluation episodes at the end.")
     eval_every: int = Field(
         0,
         ge=0,
+        le=INT32_MAX,
         description=(
             "Steps between greedy evaluations that keep the best policy, which is restored before the final "
             "evaluation (0: off, the last policy is evaluated)."

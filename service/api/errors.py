@@ -106,7 +106,14 @@ def _http(request: Request, error: Exception) -> ProblemResponse:
     return problem(error.status_code, "http", title, str(error.detail), request, headers=headers)
 
 
+def _unexpected(request: Request, error: Exception) -> ProblemResponse:
+    """A bug: problem+json 500 that names nothing internal. Starlette re-raises the error after this
+    answer is sent, so the server still logs its traceback."""
+    return problem(500, "internal", "Internal error", "unexpected error; the controller's log has the details", request)
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(Exception, _unexpected)
     app.add_exception_handler(DomainError, _domain)
     app.add_exception_handler(BackendUnavailable, _domain)
     app.add_exception_handler(RequestValidationError, _validation)

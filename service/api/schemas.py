@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from service.domain import JobState
-from trainer.config import PlanName, TrainConfig
+from trainer.config import INT32_MAX, PlanName, TrainConfig
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$")]
 LabelValue = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
 JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+POOL_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+"""A pool's name as the pools file allows it (a DNS label); an empty name is an error, not "the default"."""
+NO_NUL = r"^[^\x00]*$"
+"""Strings the store keeps: PostgreSQL cannot hold a NUL character in text."""
 
 
 def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
+    """A deadline with a timezone that is also a valid UTC time (the store keeps UTC)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
         raise ValueError("deadline needs a timezone, e.g. 2030-01-01T00:00:00Z")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("deadline is out of range: in UTC it must fall within the years 1 to 9999") from None
     return value
 
 
@@ -27,12 +38,16 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config: TrainConfig = Field(default_factory=TrainConfig, description="The trainer's TrainConfig.")
-    model: str = Field("c51-branching", min_length=1, max_length=128, description="Model family to train.")
+    model: str = Field(
+        "c51-branching", min_length=1, max_length=128, pattern=NO_NUL, description="Model family to train."
+    )
     plan: PlanName | None = Field(None, description="Execution plan; overrides config.run.plan when given.")
     commit_sha: str = Field(
         "HEAD", pattern=r"^([0-9a-f]{7,40}|HEAD)$", description="Commit of the trainer code to build and run."
     )
-    pool: str | None = Field(None, max_length=63, description="GPU pool; the first configured pool if omitted.")
+    pool: str | None = Field(
+        None, max_length=63, pattern=POOL_NAME, description="GPU pool; the first configured pool if omitted."
+    )
     epochs: int | None = Field(
         None, ge=1, le=100_000, description="Epochs of 2000 steps; overrides config.run.steps when given."
     )
@@ -98,14 +113,14 @@ class ProgressReport(BaseModel):
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    step: int = Field(ge=0, description="Training steps done.")
-    steps: int | None = Field(None, ge=0, description="Training steps of the whole run.")
-    plan: str | None = Field(None, max_length=64, description="The execution plan that runs.")
+    step: int = Field(ge=0, le=INT32_MAX, description="Training steps done.")
+    steps: int | None = Field(None, ge=0, le=INT32_MAX, description="Training steps of the whole run.")
+    plan: str | None = Field(None, max_length=64, pattern=NO_NUL, description="The execution plan that runs.")
     step_ms: float | None = Field(None, ge=0, description="Mean milliseconds per step over the last window.")
     epoch_seconds: float | None = Field(None, ge=0, description="Seconds per epoch (2000 steps) at that pace.")
-    breakdown_ms: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
-        None, max_length=64, description="Mean milliseconds per step by component."
-    )
+    breakdown_ms: (
+        dict[Annotated[str, StringConstraints(max_length=64, pattern=NO_NUL)], Annotated[float, Field(ge=0)]] | None
+    ) = Field(None, max_length=64, description="Mean milliseconds per step by component.")
     losses: dict[str, float | None] | None = Field(None, max_length=64, description="Last losses by name.")
 
 

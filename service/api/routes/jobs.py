@@ -14,16 +14,28 @@ from pydantic import ValidationError
 from service.api.deps import BackendDep, JobsDep, ProgressJobDep, StoreDep, TenantDep
 from service.api.errors import problems
 from service.api.routes import V1
-from service.api.schemas import JobCreate, JobDetail, JobPage, JobPublic, PhaseEvent, ProgressReport
+from service.api.schemas import NO_NUL, POOL_NAME, JobCreate, JobDetail, JobPage, JobPublic, PhaseEvent, ProgressReport
 from service.backends.base import Backend, BackendError, BackendNotFound
 from service.domain import JobState
+from service.errors import JobNotFound
 from service.store import JobRecord, Store, parse_label_selector
 
-LABEL_SELECTOR = r"^[^,=\s]+=[^,=\s]*(,[^,=\s]+=[^,=\s]*)*$"
+LABEL_SELECTOR = r"^[^,=\s\x00]+=[^,=\s\x00]*(,[^,=\s\x00]+=[^,=\s\x00]*)*$"
+JOB_ID_MAX = 64
 QUEUED_POLL_SECONDS = 0.2
 """How often a log follower of a queued job checks whether it has started."""
 
 router = APIRouter(prefix=f"{V1}/jobs", tags=["jobs"], responses=problems(401, 422))
+
+
+def _job_id(job_id: str) -> str:
+    """The path's job id; one that no job can have (a NUL, too long for the store) is simply not found."""
+    if "\x00" in job_id or len(job_id) > JOB_ID_MAX:
+        raise JobNotFound(job_id[:JOB_ID_MAX].replace("\x00", "\\x00"))
+    return job_id
+
+
+JobId = Annotated[str, Depends(_job_id)]
 
 
 def _public(job: JobRecord) -> JobPublic:
@@ -76,11 +88,11 @@ def list_jobs(
     principal: TenantDep,
     store: StoreDep,
     state: JobState | None = None,
-    pool: Annotated[str | None, Query(max_length=63)] = None,
+    pool: Annotated[str | None, Query(max_length=63, pattern=POOL_NAME)] = None,
     label_selector: Annotated[
         str | None, Query(max_length=1024, pattern=LABEL_SELECTOR, description="key=value[,key=value]")
     ] = None,
-    submitter: Annotated[str | None, Query(max_length=128)] = None,
+    submitter: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=1024)] = None,
 ) -> JobPage:
@@ -99,19 +111,19 @@ def list_jobs(
 
 
 @router.get("/{job_id}", responses=problems(404))
-def get_job(job_id: str, principal: TenantDep, store: StoreDep) -> JobDetail:
+def get_job(job_id: JobId, principal: TenantDep, store: StoreDep) -> JobDetail:
     return _detail(store.get_job(job_id, tenant=principal.visible_tenant))
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, responses=problems(404, 409))
-def cancel_job(job_id: str, principal: TenantDep, jobs: JobsDep) -> JobDetail:
+def cancel_job(job_id: JobId, principal: TenantDep, jobs: JobsDep) -> JobDetail:
     """Graceful stop now, a forced one after the grace period."""
     jobs.cancel(principal, job_id)
     return _detail(jobs.store.get_job(job_id))
 
 
 @router.post("/{job_id}/retry", status_code=status.HTTP_202_ACCEPTED, responses=problems(404, 409, 429))
-def retry_job(job_id: str, principal: TenantDep, jobs: JobsDep) -> JobDetail:
+def retry_job(job_id: JobId, principal: TenantDep, jobs: JobsDep) -> JobDetail:
     """Run a FAILED, CANCELLED or ERROR job again; it resumes from its checkpoint."""
     jobs.retry(principal, job_id)
     return _detail(jobs.store.get_job(job_id))
@@ -144,7 +156,9 @@ def _lines(lines: Iterator[str]) -> Iterator[str]:
     response_class=StreamingResponse,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(404, 503)},
 )
-def job_logs(job_id: str, principal: TenantDep, store: StoreDep, backend: BackendDep, follow: bool = False) -> Response:
+def job_logs(
+    job_id: JobId, principal: TenantDep, store: StoreDep, backend: BackendDep, follow: bool = False
+) -> Response:
     """The job's log; `follow=true` streams until the job ends, waiting first for a queued job to start."""
     job = store.get_job(job_id, tenant=principal.visible_tenant)
     if follow and job.state is JobState.QUEUED:
