@@ -9,18 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_LOCAL_COMMAND: tuple[str, ...] = (
-    sys.executable,
-    "-m",
-    "trainer",
-    "train",
-    "--config",
-    "{config}",
-    "--run-dir",
-    "{run_dir}",
-    "--no-progress",
-    "{resume}",
-)
+DEFAULT_LOCAL_COMMAND: tuple[str, ...] = (sys.executable, "-m", "trainer")
 
 
 class Settings(BaseSettings):
@@ -35,9 +24,12 @@ class Settings(BaseSettings):
     local_command: list[str] = Field(
         default_factory=lambda: list(DEFAULT_LOCAL_COMMAND),
         description=(
-            "Command the local backend runs; {config}, {run_dir}, {job_id} are filled in; "
-            "{resume} becomes --resume on a retry that has a checkpoint."
+            "The trainer program the local backend runs; each step of the job pipeline (trainer/pipeline.py) "
+            "appends its own subcommand and options, as on Argo."
         ),
+    )
+    local_parallel_trials: int = Field(
+        1, ge=1, le=64, description="Hyper-parameter trials a local job runs at once (on the job's one GPU or CPU)."
     )
     local_gpus: int | None = Field(None, ge=0, description="GPUs the local backend may use (None: detect).")
     auth_disabled: bool = Field(False, description="Dev mode: no tokens, every caller is tenant 'default'.")

@@ -1,10 +1,15 @@
 """The default backend: jobs as subprocesses on this machine, recorded in job directories.
 
 Each job has `<jobs_dir>/<job_id>/`: `job.json` (the JobSpec; written last, atomically, so it is the
-commit point of a submission), `config.json`, `log.txt`, the trainer's `progress.json`, and per
-attempt `run-<n>.json` (claimed before launch), `pid-<n>`, `exit-<n>.json` (written by local_supervisor.py
-when the trainer exits) and `cancel-<n>`. A restarted controller reads these files back, so it
-finds running and finished jobs and never starts one twice.
+commit point of a submission), `config.json`, `log.txt`, `run/` (the pipeline's outputs: check/,
+hyperopt/, train/ with the trainer's `progress.json`, status.json), `checkpoints/`, `optuna.db`, and
+per attempt `run-<n>.json` (claimed before launch), `pid-<n>`, `pipeline-<n>.json` (the step running
+now), `exit-<n>.json` (written by local_supervisor.py when the pipeline has ended) and `cancel-<n>`.
+A restarted controller reads these files back, so it finds running and finished jobs and never
+starts one twice.
+
+A job runs the job pipeline (trainer/pipeline.py) through local_pipeline.py: the same steps and
+commands as on Argo, with `command` as the trainer program.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.backends.base import BackendNotFound, BackendUnavailable
+from service.backends.local_pipeline import state_file, train_progress
 from service.domain import BackendStatus, JobSpec, JobState
 
 if TYPE_CHECKING:
@@ -70,7 +76,11 @@ def _now() -> datetime:
 
 
 class LocalBackend:
-    """Runs at most `slots` jobs at once (one per GPU, or one on a CPU-only machine)."""
+    """Runs at most `slots` jobs at once (one per GPU, or one on a CPU-only machine).
+
+    `command` is the trainer program (`python -m trainer`); each pipeline step appends its own arguments.
+    A job's hyper-parameter trials run `parallel_trials` at a time on the job's one slot.
+    """
 
     name = "local"
 
@@ -82,6 +92,7 @@ class LocalBackend:
         gpus: int,
         grace_seconds: float = 30.0,
         poll_seconds: float = 0.2,
+        parallel_trials: int = 1,
     ) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
         self.command = list(command)
@@ -89,6 +100,7 @@ class LocalBackend:
         self.slots = max(gpus, 1)
         self.grace_seconds = grace_seconds
         self.poll_seconds = poll_seconds
+        self.parallel_trials = parallel_trials
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._final: dict[str, tuple[int, BackendStatus]] = {}  # job id -> (job.json mtime, terminal status)
@@ -97,7 +109,11 @@ class LocalBackend:
     def from_settings(cls, settings: Settings) -> LocalBackend:
         gpus = settings.local_gpus if settings.local_gpus is not None else detect_gpus()
         return cls(
-            settings.jobs_dir, command=settings.local_command, gpus=gpus, grace_seconds=settings.cancel_grace_seconds
+            settings.jobs_dir,
+            command=settings.local_command,
+            gpus=gpus,
+            grace_seconds=settings.cancel_grace_seconds,
+            parallel_trials=settings.local_parallel_trials,
         )
 
     # ---- the Backend interface --------------------------------------------------------------------
@@ -241,37 +257,23 @@ class LocalBackend:
             running.append(gpu)
 
     def _launch(self, job_dir: Path, spec: dict[str, Any], gpu: int | None) -> None:
+        """Claim the attempt, then start its supervisor (which runs the pipeline) in a process group of its own."""
         attempt = int(spec.get("attempt", 0))
-        _write_json(job_dir / f"run-{attempt}.json", {"started_at": time.time(), "gpu": gpu})
-        checkpoints = job_dir / "checkpoints"
-        resume = attempt > 0 and checkpoints.is_dir() and any(checkpoints.iterdir())
-        fill = {"config": str(job_dir / "config.json"), "run_dir": str(job_dir), "job_id": spec["job_id"]}
-        command: list[str] = []
-        for part in self.command:
-            if part == "{resume}":
-                command.extend(["--resume"] if resume else [])
-            else:
-                command.append(part.format(**fill))
-        env = {
-            **os.environ,
-            "FOXHUNT_JOB_ID": spec["job_id"],
-            "FOXHUNT_POOL": spec["pool"],
-            "FOXHUNT_COMMIT": spec["commit_sha"],
-            "FOXHUNT_ATTEMPT": str(attempt),
-            "FOXHUNT_CHECKPOINT_URL": str(checkpoints),
-        }
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        launch = {"started_at": time.time(), "gpu": gpu, "parallel_trials": self.parallel_trials}
+        _write_json(job_dir / f"run-{attempt}.json", launch)
+        trials = int(spec.get("hyperopt_trials", 0))
         with open(job_dir / "log.txt", "ab") as log:
-            log.write(f"--- foxhunt: attempt {attempt} starting: {' '.join(command)}\n".encode())
+            log.write(
+                f"--- foxhunt: attempt {attempt} starting: the job pipeline ({trials} hyper-parameter trials) "
+                f"with trainer {' '.join(self.command)}\n".encode()
+            )
             log.flush()
             child = subprocess.Popen(
-                [sys.executable, "-m", _SUPERVISOR, str(job_dir), str(attempt), "--", *command],
+                [sys.executable, "-m", _SUPERVISOR, str(job_dir), str(attempt), "--", *self.command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=env,
             )
         self._children[child.pid] = child
         (job_dir / f"pid-{attempt}").write_text(str(child.pid))
@@ -335,7 +337,7 @@ class LocalBackend:
         # read after the liveness check: a supervisor writes its exit file before it exits
         finished = _read_json(job_dir / f"exit-{attempt}.json")
         cancelled = (job_dir / f"cancel-{attempt}").exists()
-        progress = _read_json(job_dir / "progress.json") or {}
+        progress = _read_json(train_progress(job_dir)) or {}
         status = BackendStatus(
             job_id=job_dir.name,
             state=JobState.PENDING,
@@ -348,16 +350,18 @@ class LocalBackend:
             status.started_at = datetime.fromtimestamp(run["started_at"], UTC)
         if finished is not None:
             code = int(finished["code"])
+            failed = finished.get("step")
             status.finished_at = datetime.fromtimestamp(finished["finished_at"], UTC)
-            status.phase = f"exit {code}"
-            status.state, status.reason, status.message = self._exit_state(job_dir, code, cancelled)
+            status.phase = f"{failed}: exit {code}" if failed and code else f"exit {code}"
+            status.state, status.reason, status.message = self._exit_state(job_dir, finished, cancelled)
         elif run is None:
             if cancelled:
                 status.state, status.reason, status.phase = JobState.CANCELLED, "CancelledBeforeStart", "cancelled"
             else:
                 status.phase = "waiting for a slot"
         elif alive:
-            status.state, status.phase = JobState.RUNNING, "running"
+            current = (_read_json(state_file(job_dir, attempt)) or {}).get("current")
+            status.state, status.phase = JobState.RUNNING, f"running: {current}" if current else "running"
         elif cancelled:
             status.state, status.reason, status.phase = JobState.CANCELLED, "Killed", "killed"
         else:
@@ -365,18 +369,22 @@ class LocalBackend:
             status.message = "the job's process ended without recording an exit code"
         return status
 
-    def _exit_state(self, job_dir: Path, code: int, cancelled: bool) -> tuple[JobState, str | None, str | None]:
-        """0 SUCCEEDED; a signal exit after a cancel CANCELLED; anything else FAILED with the cause."""
+    def _exit_state(
+        self, job_dir: Path, finished: dict[str, Any], cancelled: bool
+    ) -> tuple[JobState, str | None, str | None]:
+        """0 SUCCEEDED; a signal exit after a cancel CANCELLED; anything else FAILED with the failed step's cause."""
+        code = int(finished["code"])
         if code == 0:
             return JobState.SUCCEEDED, "Completed", None
         if cancelled and code in _CANCEL_CODES:
             return JobState.CANCELLED, "Cancelled", f"stopped on request (exit {code})"
-        last = self._last_log_line(job_dir)
+        last = finished.get("last_line") or self._last_log_line(job_dir)
+        step = f"step {finished['step']}: " if finished.get("step") else ""
         if code == 2:
-            return JobState.FAILED, "BadInput", last or "exit code 2"
+            return JobState.FAILED, "BadInput", last or f"{step}exit code 2"
         if code in _CANCEL_CODES:
-            return JobState.FAILED, "Terminated", f"killed by a signal nobody here sent (exit {code})"
-        return JobState.FAILED, "ExitCode", f"exit code {code}" + (f": {last}" if last else "")
+            return JobState.FAILED, "Terminated", f"{step}killed by a signal nobody here sent (exit {code})"
+        return JobState.FAILED, "ExitCode", f"{step}exit code {code}" + (f": {last}" if last else "")
 
     @staticmethod
     def _last_log_line(job_dir: Path) -> str | None:

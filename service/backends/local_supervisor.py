@@ -1,9 +1,10 @@
-"""`python -m service.backends.local_supervisor JOB_DIR ATTEMPT -- COMMAND...`: runs one local job.
+"""`python -m service.backends.local_supervisor JOB_DIR ATTEMPT -- TRAINER...`: runs one local job attempt.
 
-Runs COMMAND, then records its exit code in `JOB_DIR/exit-<ATTEMPT>.json`; that file is how a
-restarted controller learns how a job ended. Standard library only, so it starts (and installs its
-SIGTERM handler) fast: a SIGTERM to the process group reaches the trainer directly, and this process
-outlives it to write the code down.
+Runs the job's pipeline (local_pipeline.py) with TRAINER as the trainer program, then records how it
+ended in `JOB_DIR/exit-<ATTEMPT>.json` (exit code; the failed step and its last line); that file is
+how a restarted controller learns how a job ended. The SIGTERM handler is installed before anything
+else is imported: a SIGTERM to the process group (a cancel) reaches the running step directly, and
+this process outlives it to run the exit handler and write the code down.
 """
 
 from __future__ import annotations
@@ -11,26 +12,33 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 
 def supervise(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m service.backends.local_supervisor JOB_DIR ATTEMPT -- COMMAND...", file=sys.stderr)
+        print("usage: python -m service.backends.local_supervisor JOB_DIR ATTEMPT -- TRAINER...", file=sys.stderr)
         return 2
-    job_dir, attempt, _, *command = argv
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    job_dir, attempt, _, *trainer = argv
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    record: dict[str, object]
     try:
-        code = subprocess.call(command)
-    except OSError as error:
-        print(f"error: cannot start {command[0]}: {error}", flush=True)
-        code = 127
+        from service.backends.local_pipeline import run_job
+
+        outcome = run_job(Path(job_dir), int(attempt), trainer, stop)
+        record = {"code": outcome.code, "step": outcome.step, "last_line": outcome.last_line}
+    except Exception as error:  # the executor itself broke (unreadable job.json, …): recorded, not lost
+        traceback.print_exc()
+        sys.stdout.flush()
+        record = {"code": 1, "step": None, "last_line": f"the local pipeline executor failed: {error!r}"}
     target = Path(job_dir) / f"exit-{attempt}.json"
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"code": code, "finished_at": time.time()}))
+    tmp.write_text(json.dumps({**record, "finished_at": time.time()}))
     os.replace(tmp, target)
     return 0
 

@@ -19,9 +19,9 @@ from service.settings import Settings
 STAND_IN = Path(__file__).with_name("stand_in_trainer.py")
 
 
-def stand_in_command(*extra: str) -> list[str]:
-    """The local backend's command for a real tiny program instead of the trainer."""
-    return [sys.executable, str(STAND_IN), "--config", "{config}", "--run-dir", "{run_dir}", "{resume}", *extra]
+def stand_in_command(*knobs: str) -> list[str]:
+    """The local backend's trainer program: a real tiny program instead of the trainer (knobs: its docstring)."""
+    return [sys.executable, str(STAND_IN), *knobs]
 
 
 def tiny_train_config(steps: int = 3) -> dict[str, Any]:

@@ -1,59 +1,197 @@
-"""A real, tiny program with the trainer's command-line and exit-code contract, for backend tests.
+"""A real, tiny program with the trainer CLI's commands, options and exit codes, for backend tests.
 
-`python stand_in_trainer.py --config C --run-dir D [--sleep S] [--exit N] [--ignore-term] [--resume]`:
-prints the breakdown line, writes progress.json, sleeps, exits N; SIGTERM exits 143 like the trainer
-(unless --ignore-term, which models a job that does not stop gracefully).
+`python stand_in_trainer.py [KNOBS] COMMAND [OPTIONS]`, where COMMAND and OPTIONS are those the job
+pipeline (trainer/pipeline.py) gives the real trainer: `check`, `train`, `report`, `finish`,
+`hyperopt suggest|trial|best`. Every command prints `stand-in: <command> env …` (the FOXHUNT_* and
+CUDA_VISIBLE_DEVICES it got), then does the least the pipeline needs: train writes progress.json,
+summary.json and a checkpoint (in FOXHUNT_CHECKPOINT_URL) and prints the breakdown line; suggest prints
+a JSON list of trial numbers; a trial writes its objective; best writes the best trial's config.
+
+Knobs (before COMMAND): `--sleep S` (train sleeps), `--exit N` with `--exit-in CMD` (default train:
+that command exits N), `--fail-trial N` (repeatable: that trial exits 1), `--trials-together K` (a trial
+waits until K trials have started, and fails if they never do: proves they run at once),
+`--ignore-term` (SIGTERM ignored: a job that does not stop gracefully). SIGTERM otherwise exits 143
+like the trainer.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+BREAKDOWN = {"sample": 0.25, "fused": 1.0, "guard": 0.25}
+TRIALS_TOGETHER_TIMEOUT = 30.0
 
 
-def main() -> int:
+def _write(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--run-dir", required=True)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--exit", type=int, default=0)
+    parser.add_argument("--exit-in", default="train")
+    parser.add_argument("--fail-trial", type=int, action="append", default=[])
+    parser.add_argument("--trials-together", type=int, default=0)
     parser.add_argument("--ignore-term", action="store_true")
-    parser.add_argument("--resume", action="store_true")
-    args = parser.parse_args()
-    if args.ignore_term:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    else:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check")
+    check.add_argument("--config", required=True)
+    check.add_argument("--out", required=True)
+    check.add_argument("--steps", type=int, default=20)
+    train = commands.add_parser("train")
+    train.add_argument("--config", required=True)
+    train.add_argument("--run-dir", required=True)
+    train.add_argument("--resume", action=argparse.BooleanOptionalAction, default=False)
+    train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    report = commands.add_parser("report")
+    report.add_argument("--run-dir", required=True)
+    finish = commands.add_parser("finish")
+    finish.add_argument("--run", required=True)
+    finish.add_argument("--status", required=True)
+    finish.add_argument("--duration", default="0")
+    finish.add_argument("--failures", default="null")
+    hyperopt = commands.add_parser("hyperopt").add_subparsers(dest="hyperopt", required=True)
+    suggest = hyperopt.add_parser("suggest")
+    suggest.add_argument("--storage", required=True)
+    suggest.add_argument("--study", required=True)
+    suggest.add_argument("--trials", type=int, required=True)
+    suggest.add_argument("--config")
+    trial = hyperopt.add_parser("trial")
+    trial.add_argument("--trial", type=int, required=True)
+    trial.add_argument("--storage", required=True)
+    trial.add_argument("--study", required=True)
+    trial.add_argument("--config")
+    trial.add_argument("--run-dir", required=True)
+    best = hyperopt.add_parser("best")
+    best.add_argument("--storage", required=True)
+    best.add_argument("--study", required=True)
+    best.add_argument("--out", required=True)
+    best.add_argument("--config")
+    return parser
+
+
+def _sleep(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _train(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     config = json.loads(Path(args.config).read_text())
     steps = int(config.get("run", {}).get("steps", 1))
-    print(f"stand-in: steps={steps} resume={args.resume}", flush=True)
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
-    (run_dir / "checkpoints" / "last.txt").write_text(str(steps))
+    checkpoints = Path(os.environ.get("FOXHUNT_CHECKPOINT_URL") or run_dir / "checkpoints")
+    resumed = args.resume and (checkpoints / "last.txt").is_file()  # as the trainer: --resume with none starts
+    print(f"stand-in: steps={steps} resume={resumed} config={Path(args.config).name}", flush=True)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    (checkpoints / "last.txt").write_text(str(steps))
     progress = {
         "step": steps,
         "steps": steps,
         "plan": "eager",
         "step_ms": 1.5,
         "epoch_seconds": 3.0,
-        "breakdown_ms": {"sample": 0.25, "fused": 1.0, "guard": 0.25},
+        "breakdown_ms": BREAKDOWN,
         "losses": {"c51": 0.5},
         "guard_skips": 0,
     }
-    (run_dir / "progress.json.tmp").write_text(json.dumps(progress))
-    (run_dir / "progress.json.tmp").replace(run_dir / "progress.json")
+    _write(run_dir / "progress.json", progress)
     print("Training step breakdown: sample=0.250ms fused=1.000ms guard=0.250ms", flush=True)
-    deadline = time.monotonic() + args.sleep
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-    print(f"stand-in: done, exit {args.exit}", flush=True)
-    if args.exit == 2:
-        print("error: bad input for the stand-in", file=sys.stderr, flush=True)
-    return args.exit
+    _sleep(args.sleep)
+    _write(run_dir / "summary.json", {**progress, "trial": config.get("stand_in_best_trial")})
+
+
+def _trial(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "started").touch()
+    if args.trials_together:
+        deadline = time.monotonic() + TRIALS_TOGETHER_TIMEOUT
+        while len(list(run_dir.parent.glob("trial-*/started"))) < args.trials_together:
+            if time.monotonic() > deadline:
+                print(f"stand-in: trial {args.trial} never saw {args.trials_together} trials at once", flush=True)
+                return 1
+            time.sleep(0.02)
+    if args.trial in args.fail_trial:
+        print(f"stand-in: trial {args.trial} failed", flush=True)
+        return 1
+    _write(run_dir / "summary.json", {"trial": args.trial, "value": float(args.trial)})
+    print(f"stand-in: trial {args.trial} value={args.trial}", flush=True)
+    return 0
+
+
+def _best(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    done = [json.loads(p.read_text()) for p in sorted(out.parent.glob("trial-*/summary.json"))]
+    if not done:
+        print("error: the study has no completed trial", file=sys.stderr, flush=True)
+        return 1
+    best = max(done, key=lambda summary: float(summary["value"]))
+    config = json.loads(Path(args.config).read_text()) if args.config else {}
+    _write(out, {**config, "stand_in_best_trial": best["trial"]})
+    print(f"stand-in: best trial {best['trial']}", flush=True)
+    return 0
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    command = args.command if args.command != "hyperopt" else args.hyperopt
+    env = " ".join(
+        f"{key}={os.environ.get(var, '-')}"
+        for key, var in (
+            ("job", "FOXHUNT_JOB_ID"),
+            ("pool", "FOXHUNT_POOL"),
+            ("commit", "FOXHUNT_COMMIT"),
+            ("attempt", "FOXHUNT_ATTEMPT"),
+            ("checkpoint", "FOXHUNT_CHECKPOINT_URL"),
+            ("cuda", "CUDA_VISIBLE_DEVICES"),
+        )
+    )
+    print(f"stand-in: {command} env {env}", flush=True)
+    code = 0
+    if command == "check":
+        _write(Path(args.out) / "check.json", {"ok": True})
+    elif command == "train":
+        _train(args)
+    elif command == "report":
+        summary = json.loads((Path(args.run_dir) / "summary.json").read_text())
+        print("Training step breakdown: sample=0.250ms fused=1.000ms guard=0.250ms", flush=True)
+        print(json.dumps(summary), flush=True)
+    elif command == "finish":
+        record = {
+            "status": args.status,
+            "duration_seconds": float(args.duration),
+            "failures": json.loads(args.failures),
+        }
+        _write(Path(args.run) / "status.json", record)
+        print(json.dumps(record), flush=True)
+    elif command == "suggest":
+        print(json.dumps(list(range(args.trials))), flush=True)
+    elif command == "trial":
+        code = _trial(args)
+    elif command == "best":
+        code = _best(args)
+    if args.exit_in == command:
+        print(f"stand-in: done, exit {args.exit}", flush=True)
+        if args.exit == 2:
+            print("error: bad input for the stand-in", file=sys.stderr, flush=True)
+        return args.exit
+    return code
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def _submit(c: Controller, key: str) -> str:
 
 
 def _starts(settings: Settings, job_id: str) -> int:
-    return (settings.jobs_dir / job_id / "log.txt").read_text().count("starting")
+    return (settings.jobs_dir / job_id / "log.txt").read_text().count("--- foxhunt: attempt ")  # one line per launch
 
 
 def test_jobs_queued_by_a_dead_controller_run_once_after_restart(
@@ -162,7 +162,7 @@ def test_cancel_escalates_to_a_forced_stop_after_the_grace_period(
     c.services.backend.grace_seconds = 60  # type: ignore[attr-defined]  # only the reconciler may force it
     job_id = _submit(c, "k")
     deadline = time.monotonic() + 30
-    while "stand-in:" not in c.request("GET", f"/v1/jobs/{job_id}/logs").text:
+    while "stand-in: steps=" not in c.request("GET", f"/v1/jobs/{job_id}/logs").text:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     c.request("DELETE", f"/v1/jobs/{job_id}")

@@ -24,7 +24,7 @@ def test_defaults_run_the_trainer_locally(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.delenv(name, raising=False)
     settings = Settings()
     assert settings.database_url == "sqlite:///./foxhunt.db" and settings.backend == "local"
-    assert settings.local_command[:4] == [sys.executable, "-m", "trainer", "train"]
+    assert settings.local_command == [sys.executable, "-m", "trainer"] and settings.local_parallel_trials == 1
     assert not settings.auth_disabled
 
 

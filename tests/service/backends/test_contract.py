@@ -1,7 +1,8 @@
 """One behaviour suite for every backend: `local` (real subprocesses) and `argo` (fake API server).
 
 Each job's config carries what its trainer does (`lines` to print, `hold` seconds to run, `exit`
-code). For `local` a tiny script does exactly that; for `argo` a stand-in for Argo's workflow
+code). For `local` a tiny script, the trainer program of every pipeline step, does exactly that in
+its `train` step (the other steps succeed at once); for `argo` a stand-in for Argo's workflow
 controller moves the Workflow through its phases, creates its pod and writes the pod's log.
 """
 
@@ -27,7 +28,9 @@ from tests.service.fake_kube import FakeKube
 
 TRAINER = """
 import json, sys, time
-job = json.load(open(sys.argv[1]))["job"]
+if sys.argv[1] != "train":
+    sys.exit(0)
+job = json.load(open(sys.argv[sys.argv.index("--config") + 1]))["job"]
 for line in job.get("lines", []):
     print(line, flush=True)
 time.sleep(job.get("hold", 0))
@@ -72,7 +75,7 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
         script.write_text(TRAINER)
 
         def local() -> LocalBackend:
-            command = [sys.executable, str(script), "{config}"]
+            command = [sys.executable, str(script)]
             return LocalBackend(tmp_path / "jobs", command=command, gpus=0, grace_seconds=5, poll_seconds=0.05)
 
         yield Harness(local(), local)

@@ -1,4 +1,5 @@
-"""The local backend with a real tiny program as the job: states, exit codes, cancel, limits, restarts."""
+"""The local backend with a real tiny program as the trainer of the job pipeline: states, exit codes,
+cancel, limits, restarts. The pipeline's own order, trials and exit handler: test_local_pipeline.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from service.domain import BackendStatus, JobSpec, JobState
 from tests.service.factories import stand_in_command
 
 
-def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0) -> JobSpec:
+def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0, trials: int = 0) -> JobSpec:
     return JobSpec(
         job_id=job_id,
         tenant="team-a",
@@ -32,6 +33,7 @@ def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0) -> JobSp
         config={"run": {"steps": 3}},
         priority=priority,
         attempt=attempt,
+        hyperopt_trials=trials,
     )
 
 
@@ -80,7 +82,10 @@ def test_a_job_runs_to_success_with_progress_and_logs(tmp_path: Path) -> None:
     assert status.step == 3 and status.epoch_seconds == 3.0 and status.started_at and status.finished_at
     log = "".join(backend.logs("job-1"))
     assert "Training step breakdown: sample=0.250ms" in log
+    started = [line.split(" starting: ")[0] for line in log.splitlines() if " starting: " in line]
+    assert started[1:] == [f"--- foxhunt: step {name}" for name in ("compile", "train", "report", "on-exit")]
     assert json.loads((tmp_path / "job-1" / "config.json").read_text())["run"]["steps"] == 3
+    assert json.loads((tmp_path / "job-1" / "run" / "status.json").read_text())["status"] == "Succeeded"
 
 
 def test_submit_is_idempotent_per_attempt(tmp_path: Path) -> None:
@@ -88,8 +93,7 @@ def test_submit_is_idempotent_per_attempt(tmp_path: Path) -> None:
     backend.submit(spec())
     wait_state(backend, "job-1", TERMINAL)
     backend.submit(spec())
-    assert "attempt 0 starting" in "".join(backend.logs("job-1"))
-    assert "".join(backend.logs("job-1")).count("starting") == 1
+    assert "".join(backend.logs("job-1")).count("attempt 0 starting") == 1
     assert [s.job_id for s in backend.list_statuses()] == ["job-1"]
 
 
@@ -98,9 +102,11 @@ def test_exit_codes_map_to_failed_with_a_reason(tmp_path: Path, code: int, reaso
     backend = make_backend(tmp_path, "--exit", str(code))
     backend.submit(spec())
     status = wait_state(backend, "job-1", TERMINAL)
-    assert (status.state, status.reason) == (JobState.FAILED, reason)
+    assert (status.state, status.reason, status.phase) == (JobState.FAILED, reason, f"train: exit {code}")
     if code == 3:
-        assert status.message == "exit code 3: stand-in: done, exit 3"
+        assert status.message == "step train: exit code 3: stand-in: done, exit 3"
+    if code == 2:
+        assert status.message == "error: bad input for the stand-in"
 
 
 def test_only_one_cpu_job_runs_at_a_time_and_priority_orders_the_queue(
@@ -124,23 +130,15 @@ def test_only_one_cpu_job_runs_at_a_time_and_priority_orders_the_queue(
 
 
 def test_gpu_jobs_get_one_gpu_each(tmp_path: Path, backends: list[LocalBackend]) -> None:
-    backend = LocalBackend(
-        tmp_path,
-        command=[
-            sys.executable,
-            "-c",
-            "import os,time; print('gpu', os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(30)",
-        ],
-        gpus=2,
-        poll_seconds=0.05,
-    )
+    backend = make_backend(tmp_path, "--sleep", "30", gpus=2)
     backends.append(backend)
     for job_id in ("job-a", "job-b", "job-c"):
         backend.submit(spec(job_id))
     wait_state(backend, "job-b", {JobState.RUNNING})
     assert backend.status("job-c").state is JobState.PENDING
-    wait_log(backend, "job-a", "gpu 0")
-    wait_log(backend, "job-b", "gpu 1")
+    wait_log(backend, "job-a", "stand-in: train env job=job-a pool=cpu commit=HEAD attempt=0")
+    wait_log(backend, "job-b", "stand-in: train env job=job-b pool=cpu commit=HEAD attempt=0")
+    assert "cuda=0\n" in "".join(backend.logs("job-a")) and "cuda=1\n" in "".join(backend.logs("job-b"))
 
 
 def test_cancel_is_graceful_first(tmp_path: Path) -> None:
@@ -151,6 +149,11 @@ def test_cancel_is_graceful_first(tmp_path: Path) -> None:
     status = wait_state(backend, "job-1", TERMINAL)
     assert (status.state, status.reason) == (JobState.CANCELLED, "Cancelled")
     assert status.message == "stopped on request (exit 143)"
+    log = "".join(backend.logs("job-1"))
+    assert "--- foxhunt: step train finished: exit 143" in log and "step report starting" not in log
+    assert "--- foxhunt: step on-exit finished: exit 0" in log  # the exit handler ran after the stop
+    record = json.loads((tmp_path / "job-1" / "run" / "status.json").read_text())
+    assert record["status"] == "Failed" and record["failures"][0]["displayName"] == "train"
 
 
 def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
@@ -173,7 +176,7 @@ def test_cancel_before_start_and_unknown_jobs(tmp_path: Path, backends: list[Loc
     assert backend.status("job-b").reason == "CancelledBeforeStart"
     backend.cancel("job-a", force=True)
     wait_state(backend, "job-a", TERMINAL)
-    time.sleep(0.3)
+    backend.list_statuses()  # a scheduling pass with the slot free: the only way job-b could start
     assert backend.status("job-b").state is JobState.CANCELLED  # never started
     assert not (tmp_path / "job-b" / "run-0.json").exists()
     for call in (lambda: backend.status("nope"), lambda: backend.cancel("nope"), lambda: backend.logs("nope")):
@@ -196,7 +199,7 @@ def test_a_restarted_backend_finds_running_and_finished_jobs_and_starts_nothing_
     assert wait_state(second, "job-a", TERMINAL).state is JobState.SUCCEEDED
     third = make_backend(tmp_path)
     assert third.status("job-a").state is JobState.SUCCEEDED
-    assert "".join(third.logs("job-a")).count("starting") == 1
+    assert "".join(third.logs("job-a")).count("attempt 0 starting") == 1
 
 
 def test_a_process_that_vanished_without_exit_code_is_an_error(tmp_path: Path) -> None:
@@ -218,7 +221,11 @@ def test_retry_runs_the_next_attempt_with_resume(tmp_path: Path) -> None:
     assert retried.attempt == 1
     status = wait_state(backend, "job-1", TERMINAL)
     assert status.attempt == 1 and status.state is JobState.FAILED
-    assert "stand-in: steps=3 resume=True" in "".join(backend.logs("job-1"))
+    log = "".join(backend.logs("job-1"))
+    assert "stand-in: steps=3 resume=True" in log  # attempt 0's checkpoint, found where it left it
+    checkpoints = tmp_path / "job-1" / "checkpoints" / "train"
+    for attempt in (0, 1):
+        assert f"stand-in: train env job=job-1 pool=cpu commit=HEAD attempt={attempt} checkpoint={checkpoints} " in log
 
 
 def test_following_an_idle_job_hands_control_back_between_lines(tmp_path: Path) -> None:
@@ -244,7 +251,8 @@ def test_logs_follow_until_the_end_and_watch_reports_changes(tmp_path: Path) -> 
     backend = make_backend(tmp_path, "--sleep", "0.5")
     backend.submit(spec())
     lines = [line for line in backend.logs("job-1", follow=True) if line]  # "" marks an idle poll
-    assert lines[-1] == "stand-in: done, exit 0\n"
+    assert "stand-in: done, exit 0\n" in lines
+    assert lines[-1].startswith("--- foxhunt: step on-exit finished: exit 0")
     backend.submit(spec("job-2"))
     seen = [s.state for s in backend.watch(timeout_seconds=3) if s.job_id == "job-2"]
     assert seen[-1] is JobState.SUCCEEDED
@@ -262,7 +270,19 @@ def test_supervisor_records_exit_codes_and_rejects_bad_usage(tmp_path: Path) -> 
     run = [sys.executable, "-m", "service.backends.local_supervisor"]
     bad = subprocess.run([*run, str(tmp_path), "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+    (tmp_path / "job.json").write_text(spec().model_dump_json())
+    for attempt in (4, 5):
+        (tmp_path / f"run-{attempt}.json").write_text(json.dumps({"started_at": 0, "gpu": None}))
     subprocess.run([*run, str(tmp_path), "4", "--", sys.executable, "-c", "raise SystemExit(7)"], check=True)
     assert json.loads((tmp_path / "exit-4.json").read_text())["code"] == 7
+    assert json.loads((tmp_path / "exit-4.json").read_text())["step"] == "compile"
     subprocess.run([*run, str(tmp_path), "5", "--", str(tmp_path / "missing-binary")], check=True)
     assert json.loads((tmp_path / "exit-5.json").read_text())["code"] == 127
+
+
+def test_supervisor_records_a_broken_executor_as_a_failure(tmp_path: Path) -> None:
+    """No job.json (a wiped job dir): the executor cannot start, and the exit file says so."""
+    run = [sys.executable, "-m", "service.backends.local_supervisor", str(tmp_path), "0", "--", "trainer"]
+    subprocess.run(run, check=True, capture_output=True)
+    record = json.loads((tmp_path / "exit-0.json").read_text())
+    assert record["code"] == 1 and "the local pipeline executor failed" in record["last_line"]

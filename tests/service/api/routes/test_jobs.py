@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -214,7 +215,8 @@ def test_logs_follow_streams_until_the_job_ends(
     with c.client.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": True}, headers=c.headers["alice"]) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         text = "".join(r.iter_text())
-    assert "Training step breakdown: sample=0.250ms" in text and text.endswith("stand-in: done, exit 0\n")
+    assert "Training step breakdown: sample=0.250ms" in text and "stand-in: done, exit 0\n" in text
+    assert text.splitlines()[-1].startswith("--- foxhunt: step on-exit finished: exit 0")
     assert c.wait_for(job_id, timeout=10)["state"] == "SUCCEEDED"
 
 
@@ -232,7 +234,8 @@ def test_logs_follow_on_a_queued_job_waits_for_the_backend_to_start_it(
         assert c.request("GET", f"/v1/jobs/{job_id}").json()["state"] == "QUEUED"
         c.services.reconciler.reconcile_once()  # hands it to the backend
         text = "".join(r.iter_text())
-    assert "Training step breakdown: sample=0.250ms" in text and text.endswith("stand-in: done, exit 0\n")
+    assert "Training step breakdown: sample=0.250ms" in text and "stand-in: done, exit 0\n" in text
+    assert text.splitlines()[-1].startswith("--- foxhunt: step on-exit finished: exit 0")
 
 
 def test_following_a_queued_job_hands_control_back_on_every_poll(
@@ -280,21 +283,32 @@ def test_fifty_concurrent_identical_submissions_make_exactly_one_job(
     assert len(c.services.store.list_jobs(limit=500)[0]) == 1
 
 
-def test_a_real_training_job_runs_end_to_end_on_cpu(
+def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:
-    """The default command: `python -m trainer train` with a tiny market config on the CPU."""
+    """The default trainer program (`python -m trainer`) runs every step of the job pipeline locally, with
+    the commands Argo runs: compile, 2 hyper-parameter trials, best, train from the best config, report
+    and the exit handler, on a tiny market config on the CPU."""
     c = controller_factory(make_settings(tmp_path, local_command=list(DEFAULT_LOCAL_COMMAND)))
-    created = c.request("POST", "/v1/jobs", json={"config": tiny_train_config(steps=4), "pool": "cpu"})
-    assert created.status_code == 201
+    config = tiny_train_config(steps=4)
+    config["run"]["cpu_threads"] = 1
+    body = {"config": config, "pool": "cpu", "hyperopt_trials": 2}
+    created = c.request("POST", "/v1/jobs", json=body)
+    assert created.status_code == 201 and created.json()["hyperopt_trials"] == 2
     job = c.wait_for(created.json()["id"], timeout=240)
     log = c.request("GET", f"/v1/jobs/{job['id']}/logs").text
-    assert job["state"] == "SUCCEEDED", log[-2000:]
+    assert job["state"] == "SUCCEEDED", log[-3000:]
     assert job["step"] == 4 and job["epoch_seconds"] > 0
     assert {"sample", "forward_backward", "adam", "guard"} <= set(job["breakdown_ms"])
-    assert "Training step breakdown: sample=" in log
-    run_dir = tmp_path / "jobs" / job["id"]
-    assert (run_dir / "summary.json").is_file() and any((run_dir / "checkpoints").iterdir())
+    marks = [line.split(" starting: ")[0] for line in log.splitlines() if " starting: " in line]
+    started = [mark.removeprefix("--- foxhunt: step ") for mark in marks if mark.startswith("--- foxhunt: step ")]
+    trials = ["hyperopt-suggest", "hyperopt-trial 0", "hyperopt-trial 1", "hyperopt-best"]
+    assert started == ["compile", *trials, "train", "report", "on-exit"]
+    assert log.count("finished: exit 0 (") == 8 and "Training step breakdown: sample=" in log
+    assert "train --config " + str(tmp_path / "jobs" / job["id"] / "run" / "hyperopt" / "best-config.json") in log
+    job_dir = tmp_path / "jobs" / job["id"]
+    assert (job_dir / "run" / "train" / "summary.json").is_file() and any((job_dir / "checkpoints" / "train").iterdir())
+    assert json.loads((job_dir / "run" / "status.json").read_text())["status"] == "Succeeded"
 
 
 def test_logs_of_a_job_the_backend_has_not_seen_yet_are_empty(
