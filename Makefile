@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run train test lint
+.PHONY: setup run train test lint dashboards dashboards-png
 
 setup: $(STAMP)
 
@@ -23,5 +23,17 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# One pytest-xdist worker per core. loadgroup keeps the tests of a module marked xdist_group on one
+# worker (the Prometheus stack, checkov), so each expensive fixture starts once; the rest balance freely.
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadgroup
+
+# k8s/components/monitoring/dashboards/*.json from their definitions in scripts/dashboards.py
+# (tests/k8s/test_dashboards.py fails when the committed JSON differs from what the code renders).
+dashboards: setup
+	$(PY) scripts/dashboards.py
+
+# docs/dashboards.png: every panel plotted from its own queries against a real Prometheus scraping
+# CPU trainers (about 3 minutes: the stack starts, then gathers 90 s of data).
+dashboards-png: setup
+	$(PY) -m tests.k8s.render_dashboards docs/dashboards.png --seconds 90

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
-import threading
+import tempfile
+from pathlib import Path
 
-_lock = threading.Lock()
+LOCK = Path(tempfile.gettempdir()) / "foxhunt-apt-get.lock"
+"""Held around apt-get: pytest-xdist workers (and threads) installing at once would fight over dpkg's lock."""
+
 _updated = False
 
 
@@ -17,7 +21,11 @@ def ensure_debian_packages(binary: str, *packages: str) -> str:
     found = shutil.which(binary)
     if found:
         return found
-    with _lock:
+    with LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        found = shutil.which(binary)  # another worker may have installed it while this one waited
+        if found:
+            return found
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         if not _updated:
             subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)

@@ -13,6 +13,9 @@ import pytest
 
 from tests.deploy.conftest import ROOT, argo_files
 
+# One checkov run serves every test here (session fixture): under pytest-xdist they share a worker.
+pytestmark = pytest.mark.xdist_group("checkov")
+
 FRAMEWORKS = ("kubernetes", "argo_workflows", "dockerfile")
 
 

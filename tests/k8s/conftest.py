@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.polling import wait_until
+from tests.ports import free_port
 from tests.system_packages import ensure_debian_packages
 from trainer.metrics import push_bench
 
@@ -65,26 +66,8 @@ EPOCH_TIMEOUT = 300.0
 SERVING = re.compile(r"serving metrics on :(\d+)/metrics")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.25) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, OSError) as error:
-            last = error
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+SERVER_NOT_UP = (httpx.HTTPError, OSError)
+"""What asking a server that is still starting raises: a wait goes on through these."""
 
 
 def prometheus_rule_groups() -> list[dict[str, Any]]:
@@ -119,7 +102,7 @@ class Process:
 
     def wait_exit(self, timeout: float) -> int:
         """The exit status, once the process has ended by itself."""
-        wait_for(f"{self.name} to finish", lambda: self.popen.poll() is not None, timeout=timeout)
+        wait_until(lambda: self.popen.poll() is not None, timeout, 0.25, what=f"{self.name} to finish")
         return self.popen.returncode
 
 
@@ -179,7 +162,7 @@ def metrics_port(trainer: Process) -> int:
         trainer.check_alive()
         return SERVING.search(trainer.log.read_text())
 
-    return int(wait_for(f"{trainer.name} to serve /metrics", served, timeout=STARTUP_TIMEOUT)[1])
+    return int(wait_until(served, STARTUP_TIMEOUT, 0.25, what=f"{trainer.name} to serve /metrics")[1])
 
 
 def bench_args(out: Path) -> list[str]:
@@ -217,6 +200,12 @@ class PromStack:
             raise AssertionError(f"range query failed ({response.status_code}): {body.get('error')}\n{expr}")
         return body["data"]
 
+    def rules(self) -> list[dict[str, Any]]:
+        """Every loaded rule with its evaluation state (`health`, `lastError`), from /api/v1/rules."""
+        body = httpx.get(f"{self.url}/api/v1/rules", timeout=10).json()
+        assert body.get("status") == "success", body
+        return [rule for group in body["data"]["groups"] for rule in group["rules"]]
+
     def label_values(self, label: str, match: str) -> list[str]:
         response = httpx.get(f"{self.url}/api/v1/label/{label}/values", params={"match[]": match}, timeout=10)
         body = response.json()
@@ -225,13 +214,18 @@ class PromStack:
         return list(body["data"])
 
 
-@pytest.fixture(scope="session")
-def prometheus_binaries() -> dict[str, str]:
+def install_prometheus() -> dict[str, str]:
+    """The paths of prometheus, the Pushgateway and promtool, installed with apt-get if missing."""
     return {
         "prometheus": ensure_debian_packages("prometheus", "prometheus"),
         "pushgateway": ensure_debian_packages("prometheus-pushgateway", "prometheus-pushgateway"),
         "promtool": ensure_debian_packages("promtool", "prometheus"),
     }
+
+
+@pytest.fixture(scope="session")
+def prometheus_binaries() -> dict[str, str]:
+    return install_prometheus()
 
 
 def _prometheus_config(workdir: Path, targets: list[str], pushgateway: str) -> Path:
@@ -252,12 +246,16 @@ def _prometheus_config(workdir: Path, targets: list[str], pushgateway: str) -> P
     return path
 
 
-@pytest.fixture(scope="module")  # its trainers run until teardown: stop them when the module ends
-def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromStack]:
+@contextmanager
+def running_stack(binaries: dict[str, str], workdir: Path) -> Iterator[PromStack]:
+    """Start the Pushgateway, the trainers, a benchmark and Prometheus in `workdir`; stop them all after.
+
+    Every port comes from tests/ports.py and every file lives in `workdir`, so pytest-xdist workers
+    can each run a stack of their own.
+    """
     from trainer.config import STEPS_PER_EPOCH
     from trainer.train import EXIT_TERMINATED  # what a trainer exits with after SIGTERM (it checkpoints first)
 
-    workdir = tmp_path_factory.mktemp("prometheus")
     processes: list[Process] = []
     stack: PromStack | None = None
     try:
@@ -265,7 +263,7 @@ def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.Tem
         pushgateway = start(
             "pushgateway",
             [
-                prometheus_binaries["pushgateway"],
+                binaries["pushgateway"],
                 f"--web.listen-address=127.0.0.1:{pgw_port}",
                 # Debian's build persists to /var/lib/prometheus/pushgateway.data by default: every
                 # session would load the groups earlier sessions pushed. Keep this one in memory.
@@ -298,7 +296,7 @@ def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.Tem
         prometheus = start(
             "prometheus",
             [
-                prometheus_binaries["prometheus"],
+                binaries["prometheus"],
                 f"--config.file={config}",
                 f"--storage.tsdb.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
@@ -308,8 +306,19 @@ def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.Tem
         processes.append(prometheus)
         trainers = {PUSHED_JOB: pushed, EPOCH_JOB: epoch, FULL_JOB: full}
         stack = PromStack(f"http://127.0.0.1:{prom_port}", pushgateway_url, workdir, trainers)
-        wait_for("the Pushgateway to be ready", lambda: httpx.get(f"{pushgateway_url}/-/ready").is_success)
-        wait_for("Prometheus to be ready", lambda: httpx.get(f"{stack.url}/-/ready").is_success)
+
+        def ready(server: Process, url: str) -> bool:
+            server.check_alive()  # one that could not bind its port exits: say so now, not after the timeout
+            return httpx.get(f"{url}/-/ready").is_success
+
+        wait_until(
+            lambda: ready(pushgateway, pushgateway_url),
+            60,
+            0.25,
+            what="the Pushgateway to be ready",
+            ignore=SERVER_NOT_UP,
+        )
+        wait_until(lambda: ready(prometheus, stack.url), 60, 0.25, what="Prometheus to be ready", ignore=SERVER_NOT_UP)
 
         assert bench.wait_exit(STARTUP_TIMEOUT) == 0, f"the benchmark failed: {bench.tail()}"
         stack.bench = json.loads((workdir / "bench" / "bench.json").read_text())
@@ -322,13 +331,19 @@ def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.Tem
             result = stack.query("min(count_over_time(up[1m])) >= 4 and min(up) == 1 and count(up) == 3")
             return bool(result["result"])
 
-        wait_for("every target to be up and scraped 4 times", scraped_enough)
+        wait_until(scraped_enough, 60, 0.25, what="every target to be up and scraped 4 times", ignore=SERVER_NOT_UP)
         yield stack
     finally:
         statuses = {process.name: process.stop() for process in reversed(processes)}
     crashed = {name: statuses[name] for name in (FULL_JOB, EPOCH_JOB) if statuses.get(name) != EXIT_TERMINATED}
     if stack is not None and crashed:
         pytest.fail(f"scraped trainers did not checkpoint and exit {EXIT_TERMINATED} on SIGTERM: {crashed}")
+
+
+@pytest.fixture(scope="module")  # its trainers run until teardown: stop them when the module ends
+def prom_stack(prometheus_binaries: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromStack]:
+    with running_stack(prometheus_binaries, tmp_path_factory.mktemp("prometheus")) as stack:
+        yield stack
 
 
 def dashboards() -> dict[str, dict[str, Any]]:

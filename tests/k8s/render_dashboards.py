@@ -1,12 +1,16 @@
 """Plot each dashboard panel's data from the panel's own queries, so docs/ shows what Grafana shows.
 
-Used by tests/k8s/test_prometheus.py when FOXHUNT_RENDER_DASHBOARDS names the output PNG.
+`make dashboards-png` runs it: `python -m tests.k8s.render_dashboards docs/dashboards.png --seconds 90`
+starts the same Prometheus stack the tests use (tests/k8s/conftest.py), lets it gather data for that
+many seconds, plots every panel and stops the stack.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from tests.k8s.conftest import PromStack
+from tests.k8s.conftest import ROOT, PromStack, dashboards, install_prometheus, running_stack
 
 SCALE = {"bytes": (1 / 2**20, "MiB"), "ms": (1.0, "ms"), "s": (1.0, "s"), "x": (1.0, "x")}
 
@@ -80,3 +84,23 @@ def render(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, nargs="?", default=ROOT / "docs" / "dashboards.png", help="the PNG to write")
+    parser.add_argument("--seconds", type=float, default=90.0, help="how long to gather data before plotting")
+    args = parser.parse_args(argv)
+    from tests.k8s.test_prometheus import scraped_variables, substitute
+
+    with (
+        tempfile.TemporaryDirectory(prefix="foxhunt-dashboards-") as workdir,
+        running_stack(install_prometheus(), Path(workdir)) as stack,
+    ):
+        time.sleep(args.seconds)  # the plot shows this much history of the running trainers
+        render(stack, dashboards(), lambda expr: substitute(expr, scraped_variables()), args.out, args.seconds)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

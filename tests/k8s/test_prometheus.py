@@ -7,16 +7,13 @@ A panel whose query does not parse, or returns nothing, fails. The only queries 
 are those of CUDA-only metrics while every exporter runs on the CPU (GPU memory); they must still
 parse, and the test checks the exporters really are CPU ones.
 
-Set FOXHUNT_RENDER_DASHBOARDS=docs/dashboards.png to also plot the panels' data from the same queries
-(FOXHUNT_RENDER_SECONDS sets how much data to gather first; default 60).
+`make dashboards-png` plots the panels' data from the same queries into docs/dashboards.png
+(tests/k8s/render_dashboards.py, on a stack of its own).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,8 +30,13 @@ from tests.k8s.conftest import (
     SCRAPED_POOL,
     PromStack,
     dashboards,
-    wait_for,
+    prometheus_rule_groups,
 )
+from tests.polling import wait_until
+
+# Every test here shares one module-scoped stack (Prometheus, a Pushgateway, four trainer processes):
+# under pytest-xdist they run on one worker, so it starts once.
+pytestmark = pytest.mark.xdist_group("prometheus-stack")
 
 CUDA_ONLY_METRICS = ("foxhunt_train_gpu_memory_bytes",)
 RATE_INTERVAL = "20s"
@@ -69,15 +71,20 @@ def check_dashboard(stack: PromStack, dashboard: dict[str, Any], variables: dict
         found = LABEL_VALUES.match(query)
         assert found, f"variable {name}: expected label_values(selector, label), got {query}"
         match = substitute(found["match"], variables)
-        wait_for(f"variable {name} of {dashboard['uid']}", lambda m=match, f=found: stack.label_values(f["label"], m))
+        wait_until(
+            lambda m=match, f=found: stack.label_values(f["label"], m), 60, 0.25, what=f"{dashboard['uid']}'s ${name}"
+        )
 
     for title, expr in panel_queries(dashboard):
         query = substitute(expr, variables)
         if any(metric in query for metric in CUDA_ONLY_METRICS):
             assert stack.query(query)["result"] == [], f"{title}: CUDA metrics from a CPU exporter?"
             continue
-        result = wait_for(
-            f"panel {title!r} of {dashboard['uid']}: {query}", lambda q=query: stack.query(q)["result"], EPOCH_TIMEOUT
+        result = wait_until(
+            lambda q=query: stack.query(q)["result"],
+            EPOCH_TIMEOUT,
+            0.25,
+            what=f"{title!r} of {dashboard['uid']}: {query}",
         )
         assert all(len(series["value"]) == 2 for series in result)
 
@@ -158,9 +165,11 @@ def test_speed_up_over_eager_is_computed_from_the_bench_push(prom_stack: PromSta
     assert {config for config, _ in measured} == set(BENCH_CONFIGS)
     pushed = {
         (s["metric"]["config"], s["metric"]["plan"]): float(s["value"][1])
-        for s in wait_for(
-            "the benchmark's push",
+        for s in wait_until(
             lambda: prom_stack.query(f'foxhunt_bench_step_seconds{{instance="{BENCH_JOB_ID}"}}')["result"],
+            60,
+            0.25,
+            what="the benchmark's push",
         )
     }
     assert pushed == pytest.approx(measured)
@@ -186,28 +195,27 @@ def test_live_breakdown_adds_up_to_the_step_time(prom_stack: PromStack) -> None:
 
 
 def test_recording_rule_labels_each_job_with_its_pool(prom_stack: PromStack) -> None:
-    series = wait_for(
-        "the recording rule to produce both scraped jobs",
+    series = wait_until(
         lambda: (
             len(r := prom_stack.query(f'foxhunt:train_step_seconds:mean5m{{pool="{SCRAPED_POOL}"}}')["result"]) == 2
             and r
         ),
+        60,
+        0.25,
+        what="the recording rule to produce both scraped jobs",
     )
     assert {s["metric"]["job_id"] for s in series} == set(SCRAPED_JOBS)
-    rules = prom_stack.query("ALERTS")  # alerts evaluate without error on real data
-    assert "result" in rules
 
 
-@pytest.mark.skipif(not os.environ.get("FOXHUNT_RENDER_DASHBOARDS"), reason="set FOXHUNT_RENDER_DASHBOARDS=<png>")
-def test_render_dashboards_png(prom_stack: PromStack) -> None:
-    from tests.k8s.render_dashboards import render
-
-    seconds = float(os.environ.get("FOXHUNT_RENDER_SECONDS", "60"))
-    started = time.time()
-    wait_for("data to accumulate", lambda: time.time() - started >= seconds, timeout=seconds + 30, every=1)
-    render(
-        prom_stack,
-        dashboards(),
-        lambda e: substitute(e, scraped_variables()),
-        Path(os.environ["FOXHUNT_RENDER_DASHBOARDS"]),
+def test_every_rule_evaluates_without_error_on_real_data(prom_stack: PromStack) -> None:
+    """Each recording and alerting rule has been evaluated against the trainers' series, and none failed."""
+    rules = wait_until(
+        lambda: (r := prom_stack.rules()) and all(rule["health"] != "unknown" for rule in r) and r,
+        60,
+        0.25,
+        what="every rule to be evaluated once",
     )
+    failed = {rule["name"]: rule.get("lastError") for rule in rules if rule["health"] != "ok"}
+    assert not failed
+    shipped = {rule.get("alert", rule.get("record")) for group in prometheus_rule_groups() for rule in group["rules"]}
+    assert {rule["name"] for rule in rules} == shipped

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from service.app import create_app
 from service.auth import create_token
 from service.backends.local import LocalBackend
 from service.settings import Settings
+from tests.polling import wait_until
 from tests.service.factories import make_settings
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "ERROR"}
@@ -45,14 +45,17 @@ class Controller:
         return self.client.request(method, path, headers=headers, **kwargs)
 
     def wait_for(self, job_id: str, states: set[str] = TERMINAL, *, timeout: float = 60.0, as_: str = "alice") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
+        seen: list[str] = []
+
+        def reached() -> Any:
             job = self.request("GET", f"/v1/jobs/{job_id}", as_=as_).json()
-            if job["state"] in states:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} stayed {job['state']} (wanted {sorted(states)})")
-            time.sleep(0.1)
+            seen.append(job["state"])
+            return job["state"] in states and job
+
+        try:
+            return wait_until(reached, timeout)
+        except AssertionError:
+            raise AssertionError(f"job {job_id} stayed {seen[-1]} (wanted {sorted(states)})") from None
 
     def close(self) -> None:
         """Stop the app (idempotent); job processes live on, as after a controller crash."""

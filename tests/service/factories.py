@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +13,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from service.settings import Settings
+from tests.polling import wait_until
+from tests.ports import free_port
 
 STAND_IN = Path(__file__).with_name("stand_in_trainer.py")
 
@@ -90,13 +90,6 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     return Settings(_env_file=None, **fields)  # type: ignore[call-arg]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
 def live_server(app: FastAPI) -> Iterator[str]:
     """Serve `app` with uvicorn on a free port in a thread; yields the base URL."""
@@ -104,11 +97,13 @@ def live_server(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
+
+    def started() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError("uvicorn exited before it started serving")
+        return bool(server.started)
+
+    wait_until(started, timeout=30, interval=0.02, what="uvicorn to start")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

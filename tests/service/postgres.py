@@ -1,4 +1,9 @@
-"""A throwaway PostgreSQL server for the store tests: initdb + pg_ctl in a temp dir, on a free port."""
+"""A throwaway PostgreSQL server for the store tests: initdb + pg_ctl in a temp dir, on a free port.
+
+Under pytest-xdist each worker starts its own (session fixture `postgres_admin_url`): its own data
+directory (mkdtemp) and socket directory, and a port no other worker of the run is given
+(tests/ports.py). A start that still loses its port to some other program is retried on a new one.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.service.factories import free_port
+from tests.ports import free_port
 from tests.system_packages import ensure_debian_packages
 
+START_ATTEMPTS = 3
+"""Ports tried before giving up (another program may take a port between the probe and the start)."""
 PG_BIN_DIRS = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin")
 
 
@@ -50,16 +57,19 @@ def postgres_server() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
         shutil.chown(sockets, "postgres")
-    port = free_port()
-    run = dict(check=True, capture_output=True, text=True)
-    subprocess.run(
-        _as_postgres([str(pg_bin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]), **run
-    )  # type: ignore[call-overload]
-    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    subprocess.run(
-        _as_postgres([str(pg_bin / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
-        **run,
-    )  # type: ignore[call-overload]
+    initdb = [str(pg_bin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
+    subprocess.run(_as_postgres(initdb), check=True, capture_output=True, text=True)
+    for attempt in range(START_ATTEMPTS):
+        port = free_port()
+        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        start = [str(pg_bin / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]
+        started = subprocess.run(_as_postgres(start), capture_output=True, text=True, check=False)
+        if started.returncode == 0:
+            break
+        if attempt == START_ATTEMPTS - 1:
+            log = (root / "log").read_text() if (root / "log").exists() else ""
+            shutil.rmtree(root, ignore_errors=True)
+            raise RuntimeError(f"pg_ctl start failed {START_ATTEMPTS} times: {started.stderr}\n{log[-2000:]}")
     try:
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     finally:

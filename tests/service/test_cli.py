@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.settings import Settings
+from tests.polling import wait_until
 from tests.service.conftest import Controller
 from tests.service.factories import live_server, make_settings, stand_in_command
 
@@ -79,10 +79,11 @@ def test_submit_follow_list_show_cancel_retry(served: tuple[Controller, str], tm
         )
     )
     assert again["id"] == job_id
-    deadline = time.monotonic() + 30
-    while json.loads(invoke("jobs", "show", job_id, "--json", "--token", token))["state"] != "SUCCEEDED":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(
+        lambda: json.loads(invoke("jobs", "show", job_id, "--json", "--token", token))["state"] == "SUCCEEDED",
+        timeout=30,
+        what=f"{job_id} to succeed",
+    )
     shown = invoke("jobs", "show", job_id, "--token", token)
     assert "SUCCEEDED" in shown and "breakdown: sample=0.250ms fused=1.000ms guard=0.250ms" in shown
     listed = json.loads(invoke("jobs", "list", "-l", "exp=cli", "--all", "--limit", "1", "--json", "--token", token))
