@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The one script sent to the H200: GPU tests, then the benchmark; logs, JSON and PNG under $OUT.
-# Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of tests,curves,bench,profile or all
+# Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of
+# train,tests,curves,bench,profile or all (train: real CartPole training with every plan, tests/trainer/test_train.py)
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
 set -uo pipefail
 stage="${1:-all}"; shift || true
-[ "$stage" = all ] && stage=tests,curves,bench,profile
+[ "$stage" = all ] && stage=train,tests,curves,bench,profile
 has() { [[ ",$stage," == *",$1,"* ]]; }
 OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -17,6 +18,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' \
   | tee -a "$OUT/device.txt"
 
+if has train; then
+  # every plan trains CartPole from an empty replay; graph = eager bit for bit over 2000 real updates
+  timeout "${TRAIN_TIMEOUT:-300}" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout 280 \
+    tests/trainer/test_train.py 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_train_tests.log" \
+    | grep -E "passed|failed|PASS|FAIL|updates/s|drift|Error|assert" | tail -40
+fi
 if has tests; then
   # curves too: the slow 2000-step TF32 loss-curve test, in the same process (shares compiled kernels)
   marks="gpu and not slow"; has curves && marks="gpu"
