@@ -151,6 +151,12 @@ def submit(
     pool: Annotated[str | None, typer.Option(help="GPU pool.")] = None,
     plan: Annotated[str | None, typer.Option(help="Execution plan.")] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs (2000 steps each).")] = None,
+    hyperopt_trials: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="Hyper-parameter trials before the full run (0: none), on the local backend as on Argo."
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Job name (also makes the submission idempotent).")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Idempotency-Key.")] = None,
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="key=value, repeatable.")] = None,
@@ -172,7 +178,14 @@ def submit(
         if not sep:
             raise _fail(f"label {item!r}: expected key=value", 2)
         labels[key] = value
-    extra = {"pool": pool, "plan": plan, "epochs": epochs, "name": name, "commit_sha": commit_sha}
+    extra = {
+        "pool": pool,
+        "plan": plan,
+        "epochs": epochs,
+        "hyperopt_trials": hyperopt_trials,
+        "name": name,
+        "commit_sha": commit_sha,
+    }
     body.update({k: v for k, v in extra.items() if v is not None})
     if labels:
         body["labels"] = labels

@@ -52,6 +52,21 @@ def test_tokens_are_created_listed_and_revoked_in_the_database(served: tuple[Con
     assert rejected.exit_code == 1 and "401: unknown or revoked token" in rejected.output
 
 
+def test_submit_with_hyperopt_trials_runs_the_search_locally(served: tuple[Controller, str], tmp_path: Path) -> None:
+    controller, _ = served
+    token = controller.headers["alice"]["Authorization"].split()[1]
+    config = tmp_path / "job.yaml"
+    config.write_text("run: {steps: 2}\n")
+    out = invoke("submit", "-c", str(config), "--pool", "cpu", "--hyperopt-trials", "2", "--follow", "--token", token)
+    job_id = out.splitlines()[0].split()[0]
+    for step in ("hyperopt-suggest", "hyperopt-trial 0", "hyperopt-trial 1", "hyperopt-best", "train"):
+        assert f"--- foxhunt: step {step} starting: " in out
+    assert "hyperopt suggest --config " in out and " --trials 2 " in out
+    assert json.loads(invoke("jobs", "show", job_id, "--json", "--token", token))["hyperopt_trials"] == 2
+    refused = runner.invoke(app, ["submit", "--hyperopt-trials", "-1", "--token", token])
+    assert refused.exit_code == 2
+
+
 def test_submit_follow_list_show_cancel_retry(served: tuple[Controller, str], tmp_path: Path) -> None:
     controller, _ = served
     token = controller.headers["alice"]["Authorization"].split()[1]
