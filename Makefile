@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run train test lint dashboards dashboards-png
+.PHONY: setup run train test lint dashboards dashboards-png argo
 
 setup: $(STAMP)
 
@@ -32,6 +32,11 @@ test: setup lint
 # (tests/k8s/test_dashboards.py fails when the committed JSON differs from what the code renders).
 dashboards: setup
 	$(PY) scripts/dashboards.py
+
+# argo/*.yaml from the job pipeline (trainer/pipeline.py) by argo/render.py with Hera
+# (tests/argo/test_render.py fails when the committed YAML differs from what the code renders).
+argo: setup
+	$(PY) -m argo.render
 
 # docs/dashboards.png: every panel plotted from its own queries against a real Prometheus scraping
 # CPU trainers (about 3 minutes: the stack starts, then gathers 90 s of data).

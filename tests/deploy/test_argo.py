@@ -10,11 +10,14 @@ import jsonschema
 import pytest
 import yaml
 
+from service.backends.argo import pod_spec_patch
+from service.pools import Pools, PoolsFile
 from tests.deploy.conftest import ARGO_DIR, K8S_DIR, Doc, argo_doc, argo_files, load_docs
 
 ARGO_GROUP = "argoproj.io"
 GPU_TEMPLATES = ("compile", "hyperopt-trial", "train")
 POOL = "{{workflow.parameters.gpu-pool}}"
+POD_SPEC_PATCH = "{{workflow.parameters.pod-spec-patch}}"
 # Retry only infrastructure failures: Argo's Error phase, or SIGTERM (143) from a drain/reclaim.
 INFRA_ONLY = "lastRetry.status == 'Error' || (lastRetry.status == 'Failed' && asInt(lastRetry.exitCode) == 143)"
 
@@ -80,10 +83,16 @@ def test_the_workflow_the_controller_generates_passes_exactly_the_templates_para
     assert workflow["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
     passed = [p["name"] for p in workflow["spec"]["arguments"]["parameters"]]
     assert sorted(passed) == sorted(p["name"] for p in template["spec"]["arguments"]["parameters"])
-    enum = next(p["enum"] for p in template["spec"]["arguments"]["parameters"] if p["name"] == "plan")
-    from trainer.config import PLANS
 
-    assert sorted(enum) == sorted(PLANS)
+
+def test_no_parameter_overrides_the_config() -> None:
+    """The resolved config is the one carrier of plan and steps: no template argument overrides it."""
+    doc = argo_doc("compile-and-train")
+    declared = {p["name"] for p in doc["spec"]["arguments"]["parameters"]}
+    assert not declared & {"plan", "train-epochs", "model"}, declared
+    for template in (t for t in doc["spec"]["templates"] if "container" in t):
+        args = template["container"]["args"]
+        assert "--override" not in args and "-o" not in args, template["name"]
 
 
 def test_every_workflow_parameter_is_used_by_the_template() -> None:
@@ -99,7 +108,7 @@ def _template(doc: Doc, name: str) -> Doc:
 
 
 def _gpu_templates(doc: Doc) -> list[Doc]:
-    return [t for t in doc["spec"]["templates"] if "nvidia.com/gpu" in str(t.get("container", {}).get("resources"))]
+    return [t for t in doc["spec"]["templates"] if "podSpecPatch" in t]
 
 
 @pytest.mark.parametrize("name", ["compile-and-train", "foxhunt-bench"])
@@ -112,13 +121,13 @@ def test_gpu_pods_select_their_pool_and_expose_metrics(name: str) -> None:
     for template in gpu:
         where = f"{name}/{template['name']}"
         container = template["container"]
-        assert (
-            container["resources"]["limits"]["nvidia.com/gpu"] == container["resources"]["requests"]["nvidia.com/gpu"]
-        )
-        assert template["nodeSelector"] == {"foxhunt.io/pool": POOL}, where
-        tolerated = {(t["key"], t.get("value")) for t in template["tolerations"]}
-        assert {("nvidia.com/gpu", None), ("foxhunt.io/pool", POOL)} <= tolerated, where
+        # Placement is the pool's, from the controller (or the operator): none is written here.
+        assert template["podSpecPatch"] == POD_SPEC_PATCH, where
+        assert "nodeSelector" not in template and "tolerations" not in template, where
+        assert "nvidia.com/gpu" not in str(container["resources"]), where
+        assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"], where
         labels = template["metadata"]["labels"]
+        assert labels["foxhunt.io/pool"] == POOL, where
         assert labels["app.kubernetes.io/name"] == "foxhunt-trainer", where
         if name == "compile-and-train":
             assert labels["kueue.x-k8s.io/queue-name"] == "{{workflow.parameters.queue-name}}", where
@@ -141,9 +150,9 @@ def test_cpu_helpers_request_no_gpu_and_retry_only_on_error() -> None:
     doc = argo_doc("compile-and-train")
     for name in ("hyperopt-suggest", "hyperopt-best", "report", "on-exit"):
         template = _template(doc, name)
-        body = template.get("container") or template["script"]
+        body = template["container"]
         assert "nvidia.com/gpu" not in str(body["resources"]), name
-        assert "nodeSelector" not in template, name
+        assert "nodeSelector" not in template and "podSpecPatch" not in template, name
         assert template["retryStrategy"]["retryPolicy"] == "OnError", name
 
 
@@ -165,7 +174,7 @@ def test_lifecycle_bounds_are_set() -> None:
         assert spec["ttlStrategy"]["secondsAfterSuccess"] > 0 and spec["ttlStrategy"]["secondsAfterFailure"] > 0
         assert spec["securityContext"]["runAsNonRoot"] is True
     spec = argo_doc("compile-and-train")["spec"]
-    assert _template(argo_doc("compile-and-train"), spec["onExit"])["script"]
+    assert _template(argo_doc("compile-and-train"), spec["onExit"])["container"]["args"][0] == "finish"
 
 
 def test_steps_run_compile_then_optional_search_then_train_then_report() -> None:
@@ -203,14 +212,6 @@ def _arg(template: Doc, flag: str) -> Any:
     return args[args.index(flag) + 1]
 
 
-def test_train_steps_per_epoch_match_the_trainer() -> None:
-    from trainer.config import STEPS_PER_EPOCH
-
-    args = _template(argo_doc("compile-and-train"), "train")["container"]["args"]
-    steps = next(a for a in args if a.startswith("run.steps="))
-    assert steps == f"run.steps={{{{=asInt(workflow.parameters['train-epochs']) * {STEPS_PER_EPOCH}}}}}"
-
-
 def test_nightly_cron_runs_the_bench_template_on_a_pool_of_each_overlay(rendered: dict[str, list[Doc]]) -> None:
     cron = argo_doc("foxhunt-bench-nightly")["spec"]
     assert cron["workflowSpec"]["workflowTemplateRef"]["name"] == "foxhunt-bench"
@@ -221,12 +222,14 @@ def test_nightly_cron_runs_the_bench_template_on_a_pool_of_each_overlay(rendered
         pools_map = next(
             d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("foxhunt-pools")
         )
-        pools = {p["name"] for p in yaml.safe_load(pools_map["data"]["pools.yaml"])["pools"]}
+        pools = Pools(PoolsFile.model_validate(yaml.safe_load(pools_map["data"]["pools.yaml"])).pools)
         crons = [d for d in docs if d["kind"] == "CronWorkflow"]
-        pool = next(
-            p["value"] for p in crons[0]["spec"]["workflowSpec"]["arguments"]["parameters"] if p["name"] == "gpu-pool"
-        )
-        assert pool in pools, f"{overlay}: nightly bench pool {pool!r} is not one of {pools}"
+        values = {p["name"]: p["value"] for p in crons[0]["spec"]["workflowSpec"]["arguments"]["parameters"]}
+        pool = values["gpu-pool"]
+        assert pool in {p.name for p in pools}, f"{overlay}: nightly bench pool {pool!r} is not a configured pool"
+        # The pool's own placement with one GPU, exactly as the controller would send it for the pool.
+        placement = pools.get(pool).placement().model_copy(update={"gpus": 1})
+        assert values["pod-spec-patch"] == pod_spec_patch(placement), f"{overlay}: nightly bench placement"
 
 
 def test_kustomize_sets_the_trainer_registry_but_keeps_the_commit_tag(rendered: dict[str, list[Doc]]) -> None:

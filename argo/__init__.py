@@ -1,0 +1,1 @@
+"""Build-time code of the Argo objects: `python -m argo.render` writes the YAML beside it (`make argo`)."""

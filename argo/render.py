@@ -1,0 +1,548 @@
+"""Renders the Argo objects under argo/ from the job pipeline with Hera: `python -m argo.render` (`make argo`).
+
+What a job runs is `trainer.pipeline.PIPELINE`; this module only says how each step runs on Argo:
+its placeholders bound to Argo expressions and paths on the shared volume, its pod (image, env,
+resources, security, labels), its retry policy, and the steps' order. The YAML it writes is
+committed for operators who `kubectl apply -k argo/`, and tests/argo/test_render.py fails when the
+committed files differ from what this renders.
+
+Placement of GPU steps is one parameter, `pod-spec-patch`, applied through `podSpecPatch`: the
+controller sends the pool's nodeSelector, tolerations and GPU resource as a pod spec patch, so the
+pools config drives placement without one template per pool, and a Workflow still only references
+a template and passes parameters (clusters may run Argo with `templateReferencing: Strict`).
+
+Build-time only: Hera is a `dev` dependency, neither image needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import string
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hera.workflows import Container, CronWorkflow, Steps, WorkflowTemplate
+from hera.workflows import Step as ArgoStep
+from hera.workflows import models as m
+from hera.workflows.protocol import Templatable
+
+from service.backends.argo_parameters import PARAMETERS
+from trainer.pipeline import BEST_CONFIG, PIPELINE, Pipeline, Resources, Retry, Step, trainer_args
+
+ARGO_DIR = Path(__file__).resolve().parent
+
+
+def param(name: str) -> str:
+    """An Argo reference to the workflow parameter `name`."""
+    return f"{{{{workflow.parameters.{name}}}}}"
+
+
+def input_param(name: str) -> str:
+    """An Argo reference to the template's input parameter `name`."""
+    return f"{{{{inputs.parameters.{name}}}}}"
+
+
+# The trainer image's ENTRYPOINT (Dockerfile, target trainer), written out so the args below are the
+# trainer's arguments whatever the image's entrypoint becomes.
+TRAINER_COMMAND = ["python", "-m", "trainer"]
+TRAINER_IMAGE = f"foxhunt-trainer:{param('commit-sha')}"
+MAIN_CONTAINER = "main"  # Argo's name for a template's container; the pod spec patch merges on it
+METRICS_PORT = 9400
+SERVICE_ACCOUNT = "foxhunt-workflow"
+CONFIG_FILE = "/inputs/config.json"  # the config parameter as a raw input artifact
+CONFIG_FILE_INPUT = "config-file"  # train's input: the job's config or the search's best
+TRIAL_INPUT = "trial"
+PARALLELISM = m.ConfigMapKeySelector(name="foxhunt-workflow-limits", key="hyperopt-parallelism")
+
+# The pipeline's placeholders (trainer/pipeline.py) as Argo binds them.
+BINDINGS: dict[str, str] = {
+    "config": CONFIG_FILE,
+    "run": f"/data/runs/{param('job-id')}",
+    "checkpoints": f"/data/checkpoints/{param('job-id')}",
+    "storage": "$(FOXHUNT_OPTUNA_STORAGE)",
+    "study": f"foxhunt-{param('job-id')}",
+    "trials": param("hyperopt-trials"),
+    "trial": input_param(TRIAL_INPUT),
+    "status": "{{workflow.status}}",
+    "duration": "{{workflow.duration}}",
+    "failures": "{{workflow.failures}}",
+}
+# Train reads whichever config its caller passes: the job's, or the best one the search wrote.
+TRAIN_BINDINGS = BINDINGS | {"config": input_param(CONFIG_FILE_INPUT)}
+
+# One GPU of the cluster's default resource: what a GPU step gets when nobody passes a placement.
+DEFAULT_POD_SPEC_PATCH = json.dumps(
+    {
+        "containers": [
+            {
+                "name": MAIN_CONTAINER,
+                "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}},
+            }
+        ]
+    },
+    separators=(",", ":"),
+    sort_keys=True,
+)
+# Defaults of compile-and-train's parameters; the controller always passes every one.
+PARAMETER_DEFAULTS: dict[str, str] = {
+    "queue-name": "",
+    "hyperopt-trials": "0",
+    "config": "{}",
+    "pod-spec-patch": DEFAULT_POD_SPEC_PATCH,
+    "progress-token": "",
+}
+
+# CPU and memory of each step class (GPUs come from the pod spec patch). The tiny steps import the
+# trainer package (torch included), which alone takes about 250 MiB.
+RESOURCES: dict[Resources, m.ResourceRequirements] = {
+    "gpu": m.ResourceRequirements(
+        requests={"cpu": m.Quantity(__root__="4"), "memory": m.Quantity(__root__="24Gi")},
+        limits={"memory": m.Quantity(__root__="48Gi")},
+    ),
+    "cpu": m.ResourceRequirements(
+        requests={"cpu": m.Quantity(__root__="250m"), "memory": m.Quantity(__root__="512Mi")},
+        limits={"memory": m.Quantity(__root__="2Gi")},
+    ),
+    "tiny": m.ResourceRequirements(
+        requests={"cpu": m.Quantity(__root__="100m"), "memory": m.Quantity(__root__="512Mi")},
+        limits={"memory": m.Quantity(__root__="1Gi")},
+    ),
+}
+
+# Infrastructure failures only: Argo's Error phase (node lost, pod deleted or preempted) and exit 143
+# (SIGTERM from a drain or spot reclaim, after a last checkpoint). The trainer's own non-zero exits
+# (1, 2) are the job's failure and are not retried.
+INFRASTRUCTURE_ONLY = (
+    "lastRetry.status == 'Error' || (lastRetry.status == 'Failed' && asInt(lastRetry.exitCode) == 143)"
+)
+
+
+def int_or_string(value: int) -> m.IntOrString:
+    """An IntOrString field, written as a string: Argo's JSON schema (schema.json) types them so."""
+    return m.IntOrString(__root__=str(value))
+
+
+def retry_strategy(retry: Retry, *, limit: int, backoff: tuple[str, int, str]) -> m.RetryStrategy:
+    """A step's retry policy; `backoff` is (first delay, factor, longest total)."""
+    duration, factor, max_duration = backoff
+    policy = m.Backoff(duration=duration, factor=int_or_string(factor), max_duration=max_duration)
+    if retry == "on-error":
+        return m.RetryStrategy(limit=int_or_string(limit), retry_policy="OnError", backoff=policy)
+    return m.RetryStrategy(
+        limit=int_or_string(limit),
+        retry_policy="Always",
+        expression=INFRASTRUCTURE_ONLY,
+        backoff=policy,
+        # A retry lands on another node: the one that failed may be the cause.
+        affinity=m.RetryAffinity(node_anti_affinity=m.RetryNodeAntiAffinity()),
+    )
+
+
+PIPELINE_RETRY: dict[Retry, m.RetryStrategy] = {
+    "infrastructure": retry_strategy("infrastructure", limit=3, backoff=("30s", 2, "30m")),
+    "on-error": retry_strategy("on-error", limit=2, backoff=("10s", 2, "5m")),
+}
+
+POD_SECURITY = m.PodSecurityContext(
+    run_as_non_root=True,
+    run_as_user=10001,
+    run_as_group=10001,
+    fs_group=10001,
+    seccomp_profile=m.SeccompProfile(type="RuntimeDefault"),
+)
+CONTAINER_SECURITY = m.SecurityContext(
+    allow_privilege_escalation=False,
+    read_only_root_filesystem=True,
+    capabilities=m.Capabilities(drop=["ALL"]),
+)
+VOLUMES = [
+    m.Volume(name="data", persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(claim_name="foxhunt-data")),
+    m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource()),
+]
+MOUNTS = [m.VolumeMount(name="data", mount_path="/data"), m.VolumeMount(name="tmp", mount_path="/tmp")]
+METRICS_PORTS = [m.ContainerPort(name="metrics", container_port=METRICS_PORT, protocol="TCP")]
+POD_GC = m.PodGC(strategy="OnPodCompletion", delete_delay_duration="1h")  # failed pods stay an hour for logs
+TTL = m.TTLStrategy(seconds_after_success=86400, seconds_after_failure=604800)
+APP_LABELS = {"app.kubernetes.io/name": "foxhunt-trainer"}
+
+
+def env(name: str, value: str) -> m.EnvVar:
+    return m.EnvVar(name=name, value=value)
+
+
+def config_map_env(name: str, *, optional: bool) -> m.EnvVar:
+    """`name` from the same key of the foxhunt-trainer-env ConfigMap."""
+    ref = m.ConfigMapKeySelector(name="foxhunt-trainer-env", key=name, optional=optional or None)
+    return m.EnvVar(name=name, value_from=m.EnvVarSource(config_map_key_ref=ref))
+
+
+OPTUNA_STORAGE = m.EnvVar(
+    name="FOXHUNT_OPTUNA_STORAGE",
+    value_from=m.EnvVarSource(secret_key_ref=m.SecretKeySelector(name="foxhunt-optuna", key="storage-url")),
+)
+HOME = env("HOME", "/tmp")  # the root filesystem is read-only
+
+
+def kernel_cache(below: str) -> list[m.EnvVar]:
+    """Inductor and Triton caches on the shared volume, per pool (GPU type) and `below`."""
+    root = f"/data/kernel-cache/{param('gpu-pool')}/{below}"
+    return [env("TORCHINDUCTOR_CACHE_DIR", f"{root}/inductor"), env("TRITON_CACHE_DIR", f"{root}/triton")]
+
+
+def placeholders(step: Step) -> set[str]:
+    """The placeholder names `step` uses, in its arguments or its checkpoint location."""
+    parts = [*step.argv, step.checkpoint_url or ""]
+    return {field for part in parts for _, field, _, _ in string.Formatter().parse(part) if field}
+
+
+def step_env(step: Step, values: dict[str, str]) -> list[m.EnvVar]:
+    """A pipeline step's environment: the trainer's identity, metrics and progress on GPU steps."""
+    out: list[m.EnvVar] = []
+    if step.resources == "gpu":
+        out += [
+            env("FOXHUNT_JOB_ID", param("job-id")),
+            env("FOXHUNT_POOL", param("gpu-pool")),
+            env("FOXHUNT_COMMIT", param("commit-sha")),
+            env("FOXHUNT_METRICS_PORT", str(METRICS_PORT)),
+        ]
+        if step.checkpoint_url:
+            out.append(env("FOXHUNT_CHECKPOINT_URL", step.checkpoint_url.format(**values)))
+        out += [
+            config_map_env("FOXHUNT_PUSHGATEWAY_URL", optional=True),
+            config_map_env("FOXHUNT_PROGRESS_URL", optional=True),
+            env("FOXHUNT_PROGRESS_TOKEN", param("progress-token")),
+            # Warmed by compile, reused by trials and train: same GPU type, same code.
+            *kernel_cache(param("commit-sha")),
+        ]
+    if step.optuna:
+        out.append(OPTUNA_STORAGE)
+    return [*out, HOME]
+
+
+def pod_labels(step: str, *, job: bool, queue: bool) -> dict[str, str]:
+    labels = APP_LABELS | {"app.kubernetes.io/part-of": "foxhunt"}
+    if job:
+        labels["foxhunt.io/job-id"] = param("job-id")
+    labels |= {"foxhunt.io/pool": param("gpu-pool"), "foxhunt.io/step": step}
+    if queue:
+        labels["kueue.x-k8s.io/queue-name"] = param("queue-name")
+    return labels
+
+
+def container(
+    step: Step,
+    *,
+    args: list[str],
+    env: list[m.EnvVar],
+    retry: m.RetryStrategy,
+    labels: dict[str, str],
+    inputs: m.Inputs | None = None,
+    image_pull_policy: str = "IfNotPresent",
+    synchronization: m.Synchronization | None = None,
+) -> Container:
+    """The template running `trainer <args>` for `step`, placed by the pod spec patch when it needs a GPU."""
+    gpu = step.resources == "gpu"
+    return Container(
+        name=step.name,
+        active_deadline_seconds=int_or_string(step.deadline_seconds),
+        labels=labels,
+        pod_spec_patch=param("pod-spec-patch") if gpu else None,
+        synchronization=synchronization,
+        retry_strategy=retry,
+        inputs=inputs,
+        image=TRAINER_IMAGE,
+        image_pull_policy=image_pull_policy,
+        command=TRAINER_COMMAND,
+        args=args,
+        env=env,
+        ports=METRICS_PORTS if gpu else None,
+        resources=RESOURCES[step.resources],
+        security_context=CONTAINER_SECURITY,
+        volume_mounts=MOUNTS,
+    )
+
+
+def pipeline_template(step: Step, values: dict[str, str]) -> Container:
+    """A pipeline step's template, its arguments bound by `values`."""
+    used = placeholders(step)
+    parameters = [m.Parameter(name=TRIAL_INPUT)] if "trial" in used else []
+    if values["config"] == input_param(CONFIG_FILE_INPUT):
+        parameters.append(m.Parameter(name=CONFIG_FILE_INPUT))
+    artifacts = [m.Artifact(name="config", path=CONFIG_FILE, raw=m.RawArtifact(data=param("config")))]
+    inputs = m.Inputs(parameters=parameters or None, artifacts=artifacts if "config" in used else None)
+    semaphore = m.SemaphoreRef(config_map_key_ref=PARALLELISM)
+    return container(
+        step,
+        args=step.command(values),
+        env=step_env(step, values),
+        retry=PIPELINE_RETRY[step.retry],
+        labels=pod_labels(step.name, job=True, queue=step.resources == "gpu"),
+        inputs=inputs if inputs.parameters or inputs.artifacts else None,
+        # Trials of every job share the pools: a semaphore in the foxhunt-workflow-limits ConfigMap
+        # bounds how many run at once (Argo takes no `parallelism` from a parameter, argo-workflows#1780).
+        synchronization=m.Synchronization(semaphores=[semaphore]) if step.name == PIPELINE.trial.name else None,
+    )
+
+
+def main_steps(pipeline: Pipeline) -> list[Steps]:
+    """The entrypoint: check, then the search when trials > 0, train (or train-best), report."""
+    search, no_search = f"{param('hyperopt-trials')} > 0", f"{param('hyperopt-trials')} == 0"
+    best_config = BEST_CONFIG.format(**BINDINGS)
+    main = Steps(
+        name="main",
+        sub_steps=[
+            ArgoStep(name=pipeline.check.name, template=pipeline.check.name),
+            ArgoStep(name="hyperopt", template="hyperopt", when=search),
+            [
+                ArgoStep(
+                    name=pipeline.train.name,
+                    template=pipeline.train.name,
+                    when=no_search,
+                    arguments=[m.Parameter(name=CONFIG_FILE_INPUT, value=BINDINGS["config"])],
+                ),
+                ArgoStep(
+                    name=f"{pipeline.train_best.name}-best",
+                    template=pipeline.train.name,
+                    when=search,
+                    arguments=[m.Parameter(name=CONFIG_FILE_INPUT, value=best_config)],
+                ),
+            ],
+            ArgoStep(name=pipeline.report.name, template=pipeline.report.name),
+        ],
+    )
+    hyperopt = Steps(
+        name="hyperopt",
+        sub_steps=[
+            ArgoStep(name="suggest", template=pipeline.suggest.name),
+            ArgoStep(
+                name="trial",
+                template=pipeline.trial.name,
+                # suggest prints the trial numbers as a JSON list on stdout.
+                with_param="{{steps.suggest.outputs.result}}",
+                arguments=[m.Parameter(name=TRIAL_INPUT, value="{{item}}")],
+                # A crashed trial is recorded as failed in the study; the search goes on without it.
+                continue_on=m.ContinueOn(failed=True),
+            ),
+            ArgoStep(name="best", template=pipeline.best.name),
+        ],
+    )
+    return [main, hyperopt]
+
+
+def workflow_spec_fields() -> dict[str, Any]:
+    """What every Workflow of ours shares: identity, lifecycle bounds, security and the shared volume."""
+    return {
+        "service_account_name": SERVICE_ACCOUNT,
+        "automount_service_account_token": False,
+        "executor": m.ExecutorConfig(service_account_name=SERVICE_ACCOUNT),
+        "pod_gc": POD_GC,
+        "ttl_strategy": TTL,
+        "security_context": POD_SECURITY,
+        "volumes": VOLUMES,
+    }
+
+
+def compile_and_train(pipeline: Pipeline = PIPELINE) -> WorkflowTemplate:
+    """The job's WorkflowTemplate: every pipeline step, run as the pipeline orders them."""
+    templates: list[m.Template | Templatable] = [*main_steps(pipeline)]
+    for step in pipeline.steps():
+        templates.append(pipeline_template(step, TRAIN_BINDINGS if step is pipeline.train else BINDINGS))
+    parameters = [
+        m.Parameter(name=name, description=description, value=PARAMETER_DEFAULTS.get(name))
+        for name, description in PARAMETERS.items()
+    ]
+    return WorkflowTemplate(
+        name="compile-and-train",
+        labels=APP_LABELS | {"app.kubernetes.io/component": "workflow"},
+        entrypoint="main",
+        on_exit=pipeline.on_exit.name,
+        arguments=parameters,
+        active_deadline_seconds=259200,  # a stuck job cannot hold GPUs for ever (3 days)
+        templates=templates,
+        **workflow_spec_fields(),
+    )
+
+
+BENCH = Step(
+    name="bench",
+    argv=trainer_args("bench", device="cuda", out="{out}"),
+    resources="gpu",
+    deadline_seconds=5400,
+    retry="infrastructure",
+    description="Every plan timed on one GPU of the pool; bench.json on the volume, the table to the Pushgateway.",
+)
+BENCH_BINDINGS = {"out": f"/data/bench/{param('gpu-pool')}/{{{{workflow.name}}}}"}
+BENCH_PARAMETERS = {
+    "gpu-pool": "Pool to benchmark: the foxhunt.io/pool label of its pods and the folder of its results.",
+    "commit-sha": "Image tag of foxhunt-trainer (a commit sha, or `main` for the latest build of main).",
+    "pod-spec-patch": (
+        "The pool's placement as a pod spec patch (JSON): nodeSelector, tolerations and the GPU resource "
+        "of the main container. The default asks for one nvidia.com/gpu anywhere."
+    ),
+}
+BENCH_DEFAULTS = {"commit-sha": "main", "pod-spec-patch": DEFAULT_POD_SPEC_PATCH}
+
+
+def bench() -> WorkflowTemplate:
+    """The benchmark: `trainer bench` on one GPU of a pool, run by operators and nightly."""
+    template = container(
+        BENCH,
+        args=BENCH.command(BENCH_BINDINGS),
+        env=[
+            env("FOXHUNT_POOL", param("gpu-pool")),
+            env("FOXHUNT_COMMIT", param("commit-sha")),
+            env("FOXHUNT_METRICS_PORT", str(METRICS_PORT)),
+            # Required: a benchmark whose table reaches no dashboard is not worth the GPU time.
+            config_map_env("FOXHUNT_PUSHGATEWAY_URL", optional=False),
+            *kernel_cache("bench"),
+            HOME,
+        ],
+        # A failing benchmark is a result, not something to hide behind a retry.
+        retry=retry_strategy("infrastructure", limit=2, backoff=("1m", 2, "20m")),
+        labels=pod_labels(BENCH.name, job=False, queue=False),
+        image_pull_policy="Always",  # `main` moves
+    )
+    return WorkflowTemplate(
+        name="foxhunt-bench",
+        labels=APP_LABELS | {"app.kubernetes.io/component": "benchmark"},
+        entrypoint=BENCH.name,
+        arguments=[
+            m.Parameter(name=name, description=description, value=BENCH_DEFAULTS.get(name))
+            for name, description in BENCH_PARAMETERS.items()
+        ],
+        active_deadline_seconds=7200,
+        templates=[template],
+        **workflow_spec_fields(),
+    )
+
+
+# The nightly run's pool and placement; the overlays replace both (k8s/overlays/*/kustomization.yaml).
+NIGHTLY_POOL = "h100"
+
+
+def bench_nightly() -> CronWorkflow:
+    """The nightly benchmark of the latest main build on one pool."""
+    values = {"gpu-pool": NIGHTLY_POOL} | BENCH_DEFAULTS
+    return CronWorkflow(
+        name="foxhunt-bench-nightly",
+        labels=APP_LABELS | {"app.kubernetes.io/component": "benchmark"},
+        schedules=["0 3 * * *"],
+        timezone="UTC",
+        concurrency_policy="Forbid",
+        starting_deadline_seconds=3600,
+        successful_jobs_history_limit=3,
+        failed_jobs_history_limit=7,
+        workflow_template_ref=m.WorkflowTemplateRef(name="foxhunt-bench"),
+        arguments=[m.Parameter(name=name, value=values[name]) for name in BENCH_PARAMETERS],
+    )
+
+
+def nightly_document() -> dict[str, Any]:
+    doc: dict[str, Any] = bench_nightly().to_dict()
+    # Hera has no field for it: the labels of the Workflows the CronWorkflow creates.
+    doc["spec"]["workflowMetadata"] = {"labels": APP_LABELS | {"app.kubernetes.io/component": "benchmark"}}
+    return doc
+
+
+HEADER = "# Generated from trainer/pipeline.py by argo/render.py (`make argo`): do not edit by hand.\n"
+
+COMPILE_AND_TRAIN_NOTES = """\
+# One training job, the pipeline of trainer/pipeline.py: compile (the job's plan on this GPU type,
+# warming the kernel caches), an optional Optuna search fanned out as parallel pods (suggest, trials,
+# best), the full training run, a report; the exit handler records the outcome.
+# The controller submits Workflows with `workflowTemplateRef: {name: compile-and-train}` and passes
+# only the parameters below (names fixed in service/backends/argo_parameters.py): the resolved config
+# is the one carrier of plan, steps and seeds. GPU steps are placed by `pod-spec-patch` (podSpecPatch):
+# the pool's nodeSelector, tolerations and GPU resource from the controller's pools config, so the
+# cluster can run Argo with templateReferencing: Strict and a new pool needs no new template.
+#
+# Paths on the shared `foxhunt-data` volume (ReadWriteMany), all fixed per job, never per pod or retry:
+#   /data/checkpoints/<job-id>/train           FOXHUNT_CHECKPOINT_URL of the full run (retries resume)
+#   /data/checkpoints/<job-id>/trial-<n>       one per hyper-parameter trial
+#   /data/runs/<job-id>/...                    check/, hyperopt/, train/, best-config.json, status.json
+#   /data/kernel-cache/<pool>/<commit-sha>/    Inductor + Triton caches: warmed by compile, reused by
+#                                              trials and train (same GPU type, same code)
+#
+# Steps (each runs `python -m trainer <args>`):
+"""
+
+BENCH_NOTES = """\
+# The benchmark: `python -m trainer bench` on one GPU of a pool. It runs every plan, writes bench.json
+# under the shared volume and pushes the table to the Prometheus Pushgateway (FOXHUNT_PUSHGATEWAY_URL),
+# so the dashboards show each plan's step time per commit and pool.
+# Run by hand with the pool's placement (the default pod-spec-patch asks for one nvidia.com/gpu on any node):
+#   argo submit -n foxhunt --from workflowtemplate/foxhunt-bench -p gpu-pool=h100 -p commit-sha=<sha> \\
+#     -p pod-spec-patch='{"nodeSelector":{"foxhunt.io/pool":"h100"},"tolerations":[{"key":"nvidia.com/gpu",
+#       "operator":"Exists","effect":"NoSchedule"}],"containers":[{"name":"main","resources":
+#       {"requests":{"nvidia.com/gpu":"1"},"limits":{"nvidia.com/gpu":"1"}}}]}'
+# and nightly by the CronWorkflow in bench-nightly.yaml.
+"""
+
+NIGHTLY_NOTES = """\
+# Nightly benchmark of the latest main build on one pool, so a step-time regression shows on the
+# dashboard the morning after it lands. Overlays set the pool and its placement
+# (k8s/overlays/*/kustomization.yaml; a test checks the placement is the pool's from its pools.yaml).
+"""
+
+
+def step_notes(pipeline: Pipeline) -> str:
+    """One comment paragraph per step: its name and what it does."""
+    paragraphs = [
+        textwrap.fill(f"{step.name}: {step.description}", 112, initial_indent="#   ", subsequent_indent="#     ")
+        for step in pipeline.steps()
+    ]
+    return "\n".join(paragraphs) + "\n"
+
+
+def name_first(node: Any) -> Any:
+    """`node` with each mapping's `name` first, as people read Argo YAML; other keys keep Hera's order."""
+    if isinstance(node, dict):
+        keys = sorted(node, key=lambda key: key != "name")
+        return {key: name_first(node[key]) for key in keys}
+    if isinstance(node, list):
+        return [name_first(item) for item in node]
+    return node
+
+
+def to_yaml(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(name_first(doc), sort_keys=False, width=120, allow_unicode=True)
+
+
+def render(pipeline: Pipeline = PIPELINE) -> dict[str, str]:
+    """File name under argo/ -> its text."""
+    return {
+        "compile-and-train.yaml": HEADER
+        + COMPILE_AND_TRAIN_NOTES
+        + step_notes(pipeline)
+        + to_yaml(compile_and_train(pipeline).to_dict()),
+        "bench.yaml": HEADER + BENCH_NOTES + to_yaml(bench().to_dict()),
+        "bench-nightly.yaml": HEADER + NIGHTLY_NOTES + to_yaml(nightly_document()),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m argo.render", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ARGO_DIR, help="Folder to write the YAML into (default argo/).")
+    parser.add_argument("--check", action="store_true", help="Write nothing; exit 1 if a file is out of date.")
+    options = parser.parse_args(argv)
+    stale = []
+    for name, text in render().items():
+        path = options.out / name
+        if options.check:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date (run `make argo`): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
