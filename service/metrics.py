@@ -16,7 +16,15 @@ REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BACKEND_OPERATIONS = ("submit", "status", "list", "cancel", "logs", "watch", "ping")
 BACKEND_CAUSES = ("unavailable", "not_found", "other")
 API_RETRY_CAUSES = ("connection", "server_error", "throttled")
-RECOVERY_CAUSES = ("resubmitted", "cancel_resent", "cancel_forced", "lost", "deadline", "watch_restarted")
+RECOVERY_CAUSES = (
+    "resubmitted",
+    "cancel_resent",
+    "cancel_forced",
+    "lost",
+    "deadline",
+    "watch_restarted",
+    "bad_job",
+)
 
 
 class _JobsByState(Collector):
@@ -106,7 +114,8 @@ class ControllerMetrics:
         )
         self.recoveries = Counter(
             "foxhunt_reconcile_recoveries_total",
-            "Reconciler repairs by cause (resubmitted, cancel_resent, cancel_forced, lost, deadline, watch_restarted).",
+            "Reconciler repairs by cause (resubmitted, cancel_resent, cancel_forced, lost, deadline, watch_restarted, "
+            "bad_job: a queued job that could not be handed to the backend, set to ERROR so the pass goes on).",
             ["cause"],
             registry=registry,
         )

@@ -3,6 +3,14 @@
 The backend is the source of truth for running jobs. Two threads: one submits and runs a full
 list-based pass every interval (or when woken); one follows backend.watch for prompt updates. An
 unreachable backend is counted and retried; it never makes a job fail.
+
+One bad job never stops a pass. A queued job that cannot be handed to the backend (its pool was
+removed from the pools file, the backend rejects its spec, building the backend object raises) is
+set to ERROR with a reason (UnknownPool, SubmitRejected) and the pass goes on with the other jobs.
+A per-job call that fails otherwise (a cancel the backend refuses) is logged, counted in
+foxhunt_backend_errors_total and retried next pass, while the other jobs are handled. Only an
+unreachable backend or store fails a whole pass; `failing` turns true after FAILING_PASSES failed
+passes in a row, and /readyz then answers 503.
 """
 
 from __future__ import annotations
@@ -14,12 +22,15 @@ from datetime import UTC, datetime
 
 from service.backends.base import Backend, BackendError, BackendNotFound, BackendUnavailable
 from service.domain import JobSpec, JobState
-from service.errors import InvalidTransition
+from service.errors import InvalidTransition, UnknownPool
 from service.metrics import ControllerMetrics
 from service.pools import Pools
 from service.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
+
+FAILING_PASSES = 3
+"""Failed passes in a row after which the reconciler counts as failing (and /readyz says 503)."""
 
 
 def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
@@ -60,6 +71,8 @@ class Reconciler:
         self.interval = interval_seconds
         self.grace = grace_seconds
         self.last_success: float | None = None
+        self.failed_passes = 0
+        self.last_error: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -68,6 +81,13 @@ class Reconciler:
 
     def wake(self) -> None:
         self._wake.set()
+
+    @property
+    def failing(self) -> str | None:
+        """Why the reconciler counts as failing (FAILING_PASSES failed passes in a row), or None."""
+        if self.failed_passes < FAILING_PASSES:
+            return None
+        return f"the last {self.failed_passes} reconcile passes failed; last error: {self.last_error}"
 
     def start(self) -> None:
         self._stop.clear()
@@ -92,16 +112,25 @@ class Reconciler:
         backend.list_statuses(). True on success."""
         with self._pass_lock:
             started = time.monotonic()
-            self._expire_deadlines()  # the store alone: deadlines pass while the backend is down too
             try:
+                self._expire_deadlines()  # the store alone: deadlines pass while the backend is down too
                 self._submit_queued()
                 self._sync()
             except BackendUnavailable as error:
                 log.warning("backend unavailable during reconcile: %s", error)
+                self._pass_failed(error)
                 return False
+            except Exception as error:
+                self._pass_failed(error)
+                raise
+            self.failed_passes, self.last_error = 0, None
             self.last_success = time.monotonic()
             self.metrics.reconcile_seconds.observe(self.last_success - started)
             return True
+
+    def _pass_failed(self, error: Exception) -> None:
+        self.failed_passes += 1
+        self.last_error = f"{type(error).__name__}: {error}"
 
     def _call_failed(self, operation: str, error: BackendError) -> None:
         cause = (
@@ -125,16 +154,32 @@ class Reconciler:
                     continue
                 self.metrics.record_recovery("deadline")
 
+    def _bad_job(self, job: JobRecord, reason: str, message: str) -> None:
+        """A queued job that can never be handed over as it is: ERROR with the reason, and the pass goes on."""
+        log.warning("job %s cannot be submitted (%s): %s", job.id, reason, message)
+        self.store.set_state(job.id, JobState.ERROR, reason=reason, message=message)
+        self.metrics.record_recovery("bad_job")
+
     def _submit_queued(self) -> None:
         for job in self.store.jobs_to_submit():
             try:
-                status = self.backend.submit(spec_for(job, self.pools))
+                spec = spec_for(job, self.pools)
+            except UnknownPool as error:  # the pool left the pools file while the job waited
+                self._bad_job(job, "UnknownPool", str(error))
+                continue
+            try:
+                status = self.backend.submit(spec)
             except BackendUnavailable as error:
                 self._call_failed("submit", error)
                 raise
             except BackendError as error:
                 self._call_failed("submit", error)
-                self.store.set_state(job.id, JobState.ERROR, reason="SubmitRejected", message=str(error))
+                self._bad_job(job, "SubmitRejected", str(error))
+                continue
+            except Exception as error:  # building the backend's object failed (e.g. a ValueError)
+                log.exception("submitting job %s raised", job.id)
+                self.metrics.record_backend_error("submit", "other")
+                self._bad_job(job, "SubmitRejected", f"the backend could not take the job: {error}")
                 continue
             if job.submitted_attempt == job.attempt:
                 self.metrics.record_recovery("resubmitted")
@@ -190,6 +235,10 @@ class Reconciler:
         except BackendUnavailable as error:
             self._call_failed("cancel", error)
             raise
+        except Exception as error:  # refused for this one job: the others still get theirs; retried next pass
+            log.warning("cancel of job %s failed: %s", job.id, error)
+            self._call_failed("cancel", error if isinstance(error, BackendError) else BackendError(str(error)))
+            return
         self._cancel_sent.add(key)
         if force:
             self.store.mark_cancel_forced(job.id)

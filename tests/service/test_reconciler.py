@@ -13,9 +13,11 @@ from service.app import create_app
 from service.backends.base import BackendError, BackendUnavailable
 from service.backends.local import LocalBackend
 from service.domain import BackendStatus, JobSpec
+from service.reconciler import FAILING_PASSES
 from service.settings import Settings
+from tests.polling import wait_until
 from tests.service.conftest import Controller
-from tests.service.factories import make_settings, stand_in_command
+from tests.service.factories import POOLS_YAML, make_settings, stand_in_command
 
 
 class Unreachable:
@@ -217,5 +219,109 @@ def test_a_submission_the_backend_rejects_is_an_error_with_its_message(tmp_path:
         assert job["message"] == "Workflow is invalid: spec.arguments"
         registry = c.services.metrics.registry
         assert registry.get_sample_value("foxhunt_backend_errors_total", {"operation": "submit", "cause": "other"})
+    finally:
+        c.close()
+
+
+# ---- one bad job never stops a pass ----------------------------------------------------------------
+
+
+def test_a_queued_job_whose_pool_was_removed_fails_alone(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "30"), run_reconciler=False)
+    pools_file = settings.pools_file
+    assert pools_file is not None
+    pools_file.write_text(POOLS_YAML + "  - {name: spare, gpu_type: cpu, gpus_per_node: 1, default_quota_gpus: 8}\n")
+    first = controller_factory(settings)
+    running = _submit(first, "running")
+    assert first.services.reconciler.reconcile_once()  # handed to the backend before the restart
+    stranded = first.request("POST", "/v1/jobs", json={"pool": "spare", "config": {"run": {"steps": 2}}}).json()["id"]
+    waiting = _submit(first, "waiting")
+    first.close()
+    pools_file.write_text(POOLS_YAML)  # the operator removed pool "spare"; then the controller restarts
+    second = controller_factory(settings.model_copy(update={"run_reconciler": True}))
+    job = second.wait_for(stranded, timeout=30)
+    assert (job["state"], job["reason"]) == ("ERROR", "UnknownPool")
+    assert "unknown pool 'spare'" in job["message"]
+    second.wait_for(running, {"RUNNING"}, timeout=30)
+    assert second.request("DELETE", f"/v1/jobs/{running}").status_code == 202  # the cancel reaches it
+    assert second.wait_for(running, timeout=30)["state"] == "CANCELLED"
+    second.wait_for(waiting, {"RUNNING"}, timeout=30)  # the next queued job starts in the freed slot
+    assert second.request("GET", "/readyz").status_code == 200
+    registry = second.services.metrics.registry
+    assert registry.get_sample_value("foxhunt_reconcile_recoveries_total", {"cause": "bad_job"}) == 1
+
+
+class _Picky(LocalBackend):
+    """A real local backend that raises on the jobs a test marks: as a bug in building the backend's
+    object would (submit), or as an API that refuses one patch would (cancel)."""
+
+    refuse_cancel: set[str]
+
+    def submit(self, spec: JobSpec) -> BackendStatus:
+        if spec.labels.get("bad") == "submit":
+            raise ValueError(f"Invalid value: {spec.tenant!r}: a label value must be 63 characters or less")
+        return super().submit(spec)
+
+    def cancel(self, job_id: str, *, force: bool = False) -> None:
+        if job_id in self.refuse_cancel:
+            raise BackendError("admission webhook denied the request")
+        super().cancel(job_id, force=force)
+
+
+def test_a_job_the_backend_cannot_take_fails_alone_and_a_refused_cancel_holds_up_no_other(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "30"), cancel_grace_seconds=30.0)
+    backend = _Picky.from_settings(settings)
+    assert isinstance(backend, _Picky)
+    backend.refuse_cancel = set()
+    c = Controller(create_app(settings, backend=backend))
+    try:
+        body = {"pool": "cpu", "config": {"run": {"steps": 2}}, "labels": {"bad": "submit"}}
+        bad = c.request("POST", "/v1/jobs", json=body).json()["id"]
+        stubborn, other = _submit(c, "stubborn"), _submit(c, "other")
+        job = c.wait_for(bad, timeout=30)
+        assert (job["state"], job["reason"]) == ("ERROR", "SubmitRejected") and "label value" in job["message"]
+        c.wait_for(stubborn, {"RUNNING"}, timeout=30)
+        backend.refuse_cancel.add(stubborn)
+        for job_id in (stubborn, other):
+            assert c.request("DELETE", f"/v1/jobs/{job_id}").status_code == 202
+        assert c.wait_for(other, timeout=30)["state"] == "CANCELLED"  # its cancel went out after the refused one
+        registry = c.services.metrics.registry
+        refused = {"operation": "cancel", "cause": "other"}
+        wait_until(lambda: registry.get_sample_value("foxhunt_backend_errors_total", refused), 30, what="a refusal")
+        assert c.request("GET", f"/v1/jobs/{stubborn}").json()["state"] == "RUNNING"
+        assert c.request("GET", "/readyz").status_code == 200  # the passes themselves succeed
+        backend.refuse_cancel.clear()
+        assert c.wait_for(stubborn, timeout=30)["state"] == "CANCELLED"
+    finally:
+        c.close()
+        c.kill_jobs()
+
+
+class _BuggyList(LocalBackend):
+    """list_statuses raises what no handler expects, until `fixed`."""
+
+    fixed = False
+
+    def list_statuses(self) -> list[BackendStatus]:
+        if not self.fixed:
+            raise KeyError("status")
+        return super().list_statuses()
+
+
+def test_readyz_is_503_while_passes_keep_failing(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    backend = _BuggyList.from_settings(settings)
+    assert isinstance(backend, _BuggyList)
+    c = Controller(create_app(settings, backend=backend))
+    try:
+        failing = wait_until(
+            lambda: (r := c.request("GET", "/readyz")).status_code == 503 and r.json(), 30, what="readyz to fail"
+        )
+        assert failing["detail"].startswith(f"reconciler failing: the last {FAILING_PASSES}")
+        assert "KeyError" in failing["detail"]
+        backend.fixed = True
+        wait_until(lambda: c.request("GET", "/readyz").status_code == 200, 30, what="readyz to recover")
     finally:
         c.close()
