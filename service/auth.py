@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 
 from pydantic import BaseModel
@@ -11,6 +12,8 @@ from service.errors import Unauthorized
 from service.store import Store, TokenInfo
 
 TOKEN_PREFIX = "fxh_"
+TENANT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A tenant name is a DNS label (RFC 1123): it becomes a Kubernetes label value and part of object names."""
 
 
 class Principal(BaseModel):
@@ -35,6 +38,13 @@ def create_token(store: Store, *, name: str, tenant: str, admin: bool = False) -
     """A new token: (secret, stored info). The secret is not kept anywhere."""
     if not tenant.strip() or not name.strip():
         raise ValueError("token name and tenant must not be empty")
+    if not TENANT_NAME.match(tenant):
+        raise ValueError(
+            f"invalid tenant name {tenant!r}: use at most 63 lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit (e.g. team-a)"
+        )
+    if "\x00" in name or len(name) > 128:
+        raise ValueError("token name must be at most 128 characters, without NUL")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     return secret, store.add_token(token_hash=hash_token(secret), name=name, tenant=tenant, admin=admin)
 

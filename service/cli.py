@@ -283,7 +283,9 @@ def _store() -> Any:
 
 @token_app.command("create")
 def token_create(
-    tenant: Annotated[str, typer.Option(help="Tenant the token acts for.")],
+    tenant: Annotated[
+        str, typer.Option(help="Tenant the token acts for: a DNS label (lower-case letters, digits, '-').")
+    ],
     name: Annotated[str, typer.Option(help="Who or what holds the token.")],
     admin: Annotated[bool, typer.Option(help="Sees and cancels every tenant's jobs.")] = False,
     as_json: AsJson = False,

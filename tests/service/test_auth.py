@@ -61,3 +61,27 @@ def test_empty_names_are_refused(store: Store) -> None:
 def test_admin_sees_every_tenant() -> None:
     assert Principal(tenant="ops", name="root", admin=True).visible_tenant is None
     assert Principal(tenant="team-a", name="alice").visible_tenant == "team-a"
+
+
+@pytest.mark.parametrize("tenant", ["Team A", "team_a", "-team", "team-", "a" * 64, "équipe", "team\x00a", "TEAM"])
+def test_a_tenant_name_that_is_no_dns_label_is_refused_and_no_token_is_stored(store: Store, tenant: str) -> None:
+    with pytest.raises(ValueError, match="invalid tenant name"):
+        create_token(store, name="ci", tenant=tenant)
+    assert store.list_tokens() == []
+    for good in ("team-a", "a", "0", "a" * 63):
+        create_token(store, name="ci", tenant=good)
+
+
+def test_token_create_on_the_command_line_says_why_a_tenant_name_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    monkeypatch.setenv("FOXHUNT_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    refused = CliRunner().invoke(app, ["token", "create", "--tenant", "Team A", "--name", "ci"])
+    assert refused.exit_code == 2
+    assert "error: invalid tenant name 'Team A'" in refused.output and "e.g. team-a" in refused.output
+    created = CliRunner().invoke(app, ["token", "create", "--tenant", "team-a", "--name", "ci"])
+    assert created.exit_code == 0 and created.output.startswith("fxh_")
