@@ -178,7 +178,13 @@ class RunConfig(_Section):
     cpu_threads: int | None = Field(
         None, ge=1, le=1024, description="torch CPU threads (None: torch's default); small CPU models run best on 1."
     )
-    steps_per_replay: int = Field(1, ge=1, le=1000, description="Steps per graph replay (zerocopy plan).")
+    steps_per_replay: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="Updates per graph replay on the graph plans (graph, dual, fused, zerocopy); the loop collects "
+        "that many updates' rows before each replay.",
+    )
     iqn_loss_kernel: Literal["inductor", "triton"] = Field(
         "inductor",
         description=(
