@@ -1,13 +1,21 @@
-# syntax=docker/dockerfile:1.7
 # Two images from one file:
 #   docker build --target service -t foxhunt-service:$(git rev-parse HEAD) .
 #   docker build --target trainer -t foxhunt-trainer:$(git rev-parse HEAD) .
 # The Argo templates pull the trainer by commit sha, so tag it with the full sha.
-# Base images are pinned by exact tag (Python 3.11.13 on Debian bookworm; PyTorch 2.11.0 with
-# CUDA 12.8 and cuDNN 9); pin by digest in your registry mirror if you need immutability.
+# BuildKit is needed (RUN --mount; the default builder since Docker 23, DOCKER_BUILDKIT=1 before). No
+# `# syntax=` line: the builder's own Dockerfile frontend is enough, so nothing is pulled but the bases.
+#
+# The two base images are build arguments. Their defaults are the public images, pinned by exact tag
+# (Python 3.11.13 on Debian bookworm; PyTorch 2.11.0 with CUDA 12.8 and cuDNN 9); pin by digest in
+# your registry mirror if you need immutability. Any base works that has, on PATH, a Python 3.11 with
+# `python -m venv` (PYTHON_IMAGE), or with pip and a torch the `trainer` group accepts (PYTORCH_IMAGE);
+# both need bash, apt-get and groupadd/useradd. scripts/images.sh builds such bases with no registry of
+# images at all (Debian bookworm from debootstrap, CPU torch) and then both targets; see docs/deploy.md.
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+ARG PYTORCH_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 
 # ---------------------------------------------------------------- service: build a venv
-FROM python:3.11.13-slim-bookworm AS service-build
+FROM ${PYTHON_IMAGE} AS service-build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
@@ -19,7 +27,7 @@ RUN --mount=type=bind,target=/src,rw \
     pip install --no-cache-dir "./[service]"
 
 # ---------------------------------------------------------------- service: runtime
-FROM python:3.11.13-slim-bookworm AS service
+FROM ${PYTHON_IMAGE} AS service
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="foxhunt-service" \
@@ -44,7 +52,7 @@ ENTRYPOINT ["foxhunt"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
 
 # ---------------------------------------------------------------- trainer
-FROM pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime AS trainer
+FROM ${PYTORCH_IMAGE} AS trainer
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="foxhunt-trainer" \
