@@ -193,7 +193,7 @@ def finish(
     failures: Annotated[str, typer.Option(help="The failed steps, as JSON (Argo's workflow.failures).")] = "null",
 ) -> None:
     """The exit handler: records the outcome beside the run, so it outlives the job's pods and objects."""
-    from trainer.train import write_json_atomic
+    from trainer.jsonfile import write_json_atomic
 
     try:
         failed: object = json.loads(failures or "null")

@@ -11,7 +11,6 @@ last policy is often not its best, and which one it is can turn on float roundin
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -35,6 +34,7 @@ from trainer.checkpoint import Checkpoint, Checkpointer, decode_generator, encod
 from trainer.config import STEPS_PER_EPOCH, TrainConfig, dump_config
 from trainer.data import make_source
 from trainer.data.gym_source import linear_epsilon
+from trainer.jsonfile import write_json_atomic
 from trainer.metrics import Exporter, TrainerMetrics, build_info, push, resolve_metrics_port, serve
 from trainer.model import ModelDims, greedy_action
 from trainer.plans import make_plan, resolve_plan
@@ -65,12 +65,6 @@ def resolve_device(choice: str) -> torch.device:
     if choice in ("auto", "cuda") and torch.cuda.is_available():
         return torch.device("cuda")
     return torch.device("cpu")
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 class _Termination:
@@ -300,7 +294,7 @@ def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> di
     finished = getattr(run.source, "finished_returns", None)
     if finished:
         progress["train_return_mean"] = float(np.mean(finished[-20:]))
-    write_json_atomic(run.run_dir / "progress.json", progress)
+    write_json_atomic(run.run_dir / "progress.json", progress, indent=2)
     run.last_report = progress
     return progress
 
@@ -412,7 +406,7 @@ def run_training(
         "device": str(run.device),
         "parameters": run.state.parameter_count(),
     }
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_json_atomic(run_dir / "summary.json", summary, indent=2)
     pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
     if pushgateway:
         push(run.metrics.registry, pushgateway, run.metrics.info_labels["job_id"])
@@ -449,5 +443,5 @@ def run_check(config: TrainConfig, out_dir: Path, steps: int) -> dict[str, Any]:
         "seconds": time.perf_counter() - started,
         "step_ms": summary.get("step_ms"),
     }
-    write_json_atomic(out_dir / "check.json", result)
+    write_json_atomic(out_dir / "check.json", result, indent=2)
     return result

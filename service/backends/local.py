@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from service.backends.base import BackendNotFound, BackendUnavailable
 from service.backends.local_pipeline import state_file, train_progress
 from service.domain import BackendStatus, JobSpec, JobState
+from trainer.jsonfile import read_json_object, write_json_atomic
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -54,21 +54,6 @@ def detect_gpus() -> int:
     except (subprocess.SubprocessError, OSError):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomic: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _now() -> datetime:
@@ -122,14 +107,14 @@ class LocalBackend:
         """Record the job; it starts when a slot is free. Same job id and attempt: the existing job."""
         job_dir = self._dir(spec.job_id)
         with self._locked():
-            existing = _read_json(job_dir / "job.json")
+            existing = read_json_object(job_dir / "job.json")
             if existing is not None and int(existing.get("attempt", 0)) >= spec.attempt:
                 return self._status(job_dir)
             if existing is not None and not self._status(job_dir).state.terminal:
                 return self._status(job_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
-            _write_json(job_dir / "config.json", spec.config)
-            _write_json(job_dir / "job.json", {**spec.model_dump(mode="json"), "submitted_at": time.time()})
+            write_json_atomic(job_dir / "config.json", spec.config)
+            write_json_atomic(job_dir / "job.json", {**spec.model_dump(mode="json"), "submitted_at": time.time()})
         self._schedule()
         return self._status(job_dir)
 
@@ -150,7 +135,7 @@ class LocalBackend:
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         """SIGTERM to the job's process group, SIGKILL after the grace period (at once with `force`)."""
         job_dir = self._dir(job_id)
-        spec = _read_json(job_dir / "job.json")
+        spec = read_json_object(job_dir / "job.json")
         if spec is None:
             raise BackendNotFound(f"local backend has no job {job_id}")
         attempt = int(spec.get("attempt", 0))
@@ -238,11 +223,11 @@ class LocalBackend:
         for job_dir in self._job_dirs():
             if self._cached(job_dir) is not None:
                 continue
-            spec = _read_json(job_dir / "job.json")
+            spec = read_json_object(job_dir / "job.json")
             if spec is None:
                 continue
             attempt = int(spec.get("attempt", 0))
-            run = _read_json(job_dir / f"run-{attempt}.json")
+            run = read_json_object(job_dir / f"run-{attempt}.json")
             if run is not None:
                 if self._live_pid(job_dir, attempt) is not None:
                     running.append(run.get("gpu"))
@@ -260,7 +245,7 @@ class LocalBackend:
         """Claim the attempt, then start its supervisor (which runs the pipeline) in a process group of its own."""
         attempt = int(spec.get("attempt", 0))
         launch = {"started_at": time.time(), "gpu": gpu, "parallel_trials": self.parallel_trials}
-        _write_json(job_dir / f"run-{attempt}.json", launch)
+        write_json_atomic(job_dir / f"run-{attempt}.json", launch)
         trials = int(spec.get("hyperopt_trials", 0))
         with open(job_dir / "log.txt", "ab") as log:
             log.write(
@@ -330,14 +315,14 @@ class LocalBackend:
         return status
 
     def _read_status(self, job_dir: Path) -> BackendStatus:
-        spec = _read_json(job_dir / "job.json") or {}
+        spec = read_json_object(job_dir / "job.json") or {}
         attempt = int(spec.get("attempt", 0))
-        run = _read_json(job_dir / f"run-{attempt}.json")
+        run = read_json_object(job_dir / f"run-{attempt}.json")
         alive = run is not None and self._live_pid(job_dir, attempt) is not None
         # read after the liveness check: a supervisor writes its exit file before it exits
-        finished = _read_json(job_dir / f"exit-{attempt}.json")
+        finished = read_json_object(job_dir / f"exit-{attempt}.json")
         cancelled = (job_dir / f"cancel-{attempt}").exists()
-        progress = _read_json(train_progress(job_dir)) or {}
+        progress = read_json_object(train_progress(job_dir)) or {}
         status = BackendStatus(
             job_id=job_dir.name,
             state=JobState.PENDING,
@@ -360,7 +345,7 @@ class LocalBackend:
             else:
                 status.phase = "waiting for a slot"
         elif alive:
-            current = (_read_json(state_file(job_dir, attempt)) or {}).get("current")
+            current = (read_json_object(state_file(job_dir, attempt)) or {}).get("current")
             status.state, status.phase = JobState.RUNNING, f"running: {current}" if current else "running"
         elif cancelled:
             status.state, status.reason, status.phase = JobState.CANCELLED, "Killed", "killed"

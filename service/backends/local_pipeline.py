@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from trainer.jsonfile import write_json_atomic
 from trainer.pipeline import PIPELINE, TRIAL, Pipeline, Step
 
 RUN = "run"
@@ -100,12 +101,6 @@ class _Failure:
             "exitCode": str(self.code),
             "message": self.message,
         }
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -293,7 +288,7 @@ class PipelineRun:
 
     def _record(self, current: str | None) -> None:
         with self._lock:
-            _write_json(state_file(self.job_dir, self.attempt), {"current": current, "done": self._done})
+            write_json_atomic(state_file(self.job_dir, self.attempt), {"current": current, "done": self._done})
 
     def _last_line(self) -> str | None:
         """The log's last line that is not one of ours: the step's own last word, for a failure message."""

@@ -9,14 +9,14 @@ this process outlives it to run the exit handler and write the code down.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 import threading
 import time
 import traceback
 from pathlib import Path
+
+from trainer.jsonfile import write_json_atomic
 
 
 def supervise(argv: list[str]) -> int:
@@ -36,10 +36,7 @@ def supervise(argv: list[str]) -> int:
         traceback.print_exc()
         sys.stdout.flush()
         record = {"code": 1, "step": None, "last_line": f"the local pipeline executor failed: {error!r}"}
-    target = Path(job_dir) / f"exit-{attempt}.json"
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**record, "finished_at": time.time()}))
-    os.replace(tmp, target)
+    write_json_atomic(Path(job_dir) / f"exit-{attempt}.json", {**record, "finished_at": time.time()})
     return 0
 
 
