@@ -1,4 +1,4 @@
-"""`python -m trainer …` (console script `foxhunt-trainer`): train, check, report, finish, bench, hyperopt.
+"""`python -m trainer …` (console script `foxhunt-trainer`): train, check, report, finish, bench, sweep, hyperopt.
 
 The job pipeline (trainer/pipeline.py) runs these commands; its arguments are built from the options here.
 
@@ -207,6 +207,42 @@ def finish(
     run.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run / "status.json", record)
     typer.echo(json.dumps(record))
+
+
+@app.command()
+def sweep(
+    seeds: Annotated[str, typer.Option(help="Seeds to train, e.g. 4,5,6,7,8 or 4-8.")],
+    out: Annotated[Path, typer.Option(help="Folder: seed-<n>/ per run, sweep.json and sweep.md.")],
+    config: ConfigOption = None,
+    override: OverrideOption = None,
+    jobs: Annotated[int, typer.Option(min=1, help="Trainings at a time (one process each).")] = 1,
+    threshold: Annotated[
+        float | None, typer.Option(help="Every seed's final greedy mean return must reach this, e.g. 475.")
+    ] = None,
+    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between progress lines.")] = 10.0,
+) -> None:
+    """Train the config once per seed in parallel processes (run.cpu_threads=1 unless overridden) and write
+    a table of each seed's final greedy return, best-policy step, training return, wall time and command.
+
+    Exit code: 0 when every seed finished (and reached --threshold if given), 1 when a seed's process
+    failed, 3 when every seed finished but one is below the threshold, 2 on bad input."""
+    from trainer.sweep import SweepOptions, exit_code, format_markdown, install_stop_signals, parse_seeds, run_sweep
+
+    try:
+        if config is None:
+            raise ConfigError("--config is required: the recipe to train on every seed")
+        options = SweepOptions(
+            config=config, seeds=parse_seeds(seeds), out=out, jobs=jobs, overrides=override or [],
+            threshold=threshold, poll_seconds=poll,
+        )  # fmt: skip
+        document = run_sweep(options, lambda line: typer.echo(line, err=True), install_stop_signals())
+    except ConfigError as error:
+        raise fail(str(error)) from None
+    typer.echo(format_markdown(document), nl=False)
+    code = exit_code(document)
+    if code:
+        typer.echo(f"error: {document['verdict']['text']}", err=True)
+        raise typer.Exit(code)
 
 
 hyperopt_app = typer.Typer(no_args_is_help=True, help="Optuna hyper-parameter search (docs/hyperopt.md).")
