@@ -82,6 +82,11 @@ def create_app(
     backend = backend if backend is not None else build_backend(settings)
     pools_config = build_pools(settings, backend)
     metrics = ControllerMetrics(registry if registry is not None else CollectorRegistry())
+    elector = None
+    if settings.leader_election_enabled and settings.run_reconciler:
+        from service.leader import LeaderElector
+
+        elector = LeaderElector.from_settings(settings, on_change=lambda _leading: reconciler.wake())
     reconciler = Reconciler(
         store,
         backend,
@@ -89,6 +94,7 @@ def create_app(
         metrics,
         interval_seconds=settings.reconcile_interval_seconds,
         grace_seconds=settings.cancel_grace_seconds,
+        leader=elector,
     )
     metrics.watch_store(store.counts_by_state)
     metrics.watch_reconciler(lambda: reconciler.last_success)
@@ -107,11 +113,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if settings.run_reconciler:
+            if elector is not None:
+                elector.start()
             reconciler.start()
         try:
             yield
         finally:
             reconciler.stop()
+            if elector is not None:
+                elector.stop()  # after the last pass: then the Lease is released
             store.dispose()
 
     app = FastAPI(

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Protocol
 
 from service.backends.base import Backend, BackendError, BackendNotFound, BackendUnavailable
 from service.domain import JobSpec, JobState
@@ -31,6 +32,13 @@ log = logging.getLogger(__name__)
 
 FAILING_PASSES = 3
 """Failed passes in a row after which the reconciler counts as failing (and /readyz says 503)."""
+
+
+class Leadership(Protocol):
+    """Whether this replica may reconcile now (service/leader.py's LeaderElector holds a Lease for it)."""
+
+    @property
+    def leading(self) -> bool: ...
 
 
 def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
@@ -63,6 +71,7 @@ class Reconciler:
         *,
         interval_seconds: float,
         grace_seconds: float,
+        leader: Leadership | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -70,6 +79,7 @@ class Reconciler:
         self.metrics = metrics
         self.interval = interval_seconds
         self.grace = grace_seconds
+        self.leader = leader
         self.last_success: float | None = None
         self.failed_passes = 0
         self.last_error: str | None = None
@@ -81,6 +91,11 @@ class Reconciler:
 
     def wake(self) -> None:
         self._wake.set()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica runs the passes: always without leader election, else while it holds the Lease."""
+        return self.leader is None or self.leader.leading
 
     @property
     def failing(self) -> str | None:
@@ -252,21 +267,25 @@ class Reconciler:
 
     def _pass_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                self.reconcile_once()
-            except Exception:  # a bug in one pass must not stop reconciliation for good
-                log.exception("reconcile pass failed")
+            if self.leading:  # another replica's passes otherwise; it is woken when the Lease becomes ours
+                try:
+                    self.reconcile_once()
+                except Exception:  # a bug in one pass must not stop reconciliation for good
+                    log.exception("reconcile pass failed")
             self._wake.wait(self.interval)
             self._wake.clear()
 
     def _watch_loop(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
+            if not self.leading:
+                self._stop.wait(self.interval)
+                continue
             try:
                 for status in self.backend.watch(timeout_seconds=self.interval):
+                    if self._stop.is_set() or not self.leading:
+                        break
                     self.store.apply_status(status)
-                    if self._stop.is_set():
-                        return
                 backoff = 0.5
             except BackendUnavailable as error:
                 self._call_failed("watch", error)

@@ -50,8 +50,29 @@ class Settings(BaseSettings):
             "changing it invalidates the tokens of running Workflows. Unset: progress reports are refused."
         ),
     )
+    leader_election: bool | None = Field(
+        None,
+        description=(
+            "Take a coordination.k8s.io/v1 Lease before reconciling, so that of several controller replicas only "
+            "the holder runs reconcile passes (all serve the API). None: on with the argo backend, off otherwise."
+        ),
+    )
+    leader_election_lease: str = Field("foxhunt-controller", description="Name of the Lease, in argo_namespace.")
+    leader_election_lease_seconds: int = Field(
+        15, ge=1, le=3600, description="How long a Lease not renewed stays its holder's (leaseDurationSeconds)."
+    )
+    leader_election_renew_deadline_seconds: float = Field(
+        10.0, gt=0.0, description="A holder that could not renew for this long stops reconciling (< lease)."
+    )
+    leader_election_retry_seconds: float = Field(
+        2.0, gt=0.0, description="Period of the renewals, and of the other replicas' tries (< renew deadline)."
+    )
     host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")
+
+    @property
+    def leader_election_enabled(self) -> bool:
+        return self.backend == "argo" if self.leader_election is None else self.leader_election
 
     @field_validator("database_url")
     @classmethod

@@ -88,6 +88,7 @@ def test_controller_role_is_least_privilege(rendered: dict[str, list[Doc]]) -> N
         expected = {("argoproj.io", "workflows", v) for v in ("create", "get", "list", "watch", "patch")}
         expected |= {("argoproj.io", "workflowtemplates", v) for v in ("get", "list")}
         expected |= {("", r, v) for r in ("pods", "pods/log") for v in ("get", "list", "watch")}
+        expected |= {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}  # leader election
         assert granted == expected, overlay
         assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], overlay
         binding = _one(docs, "RoleBinding", "foxhunt-controller")

@@ -652,7 +652,9 @@ def test_end_to_end_placement_progress_cancel_and_retry(fake_kube: FakeKube, tmp
     """Submit over REST to a controller on the Argo backend; the Workflow carries the pool's placement
     and the resolved config; a real trainer, given what a pod gets, reports progress that shows on the
     job while it runs; cancel stops the Workflow; retry's Workflow resumes from the job's checkpoint."""
-    settings = make_settings(tmp_path, backend="argo", progress_secret=PROGRESS_SECRET, cancel_grace_seconds=600)
+    settings = make_settings(
+        tmp_path, backend="argo", progress_secret=PROGRESS_SECRET, cancel_grace_seconds=600, leader_election=False
+    )
     app = create_app(settings, backend=argo_backend(fake_kube))
     secret, _ = create_token(app.state.services.store, name="alice", tenant="team-a")
     pods: list[Pod] = []

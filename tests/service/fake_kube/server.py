@@ -1,9 +1,10 @@
 """An HTTP-level fake of the Kubernetes API server, for the calls the Argo backend makes.
 
 Speaks the REST protocol the official `kubernetes` client speaks, so the client runs unchanged:
-Workflows (create, get, list, watch, merge patch, delete), pods (list, get) and pods/log (with
-follow). Faults are injected per request (5xx, dropped connections, a commit whose answer is lost)
-and tests drive workflows through their phases with the helper methods of `FakeKube`.
+Workflows (create, get, list, watch, merge patch, delete), pods (list, get), pods/log (with
+follow) and coordination.k8s.io Leases (create, get, replace with resourceVersion conflicts). Faults
+are injected per request (5xx, dropped connections, a commit whose answer is lost) and tests drive
+workflows through their phases with the helper methods of `FakeKube`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.service.fake_kube.state import ApiError, Obj, State, matches, merge_p
 
 GROUP_PREFIX = "/apis/argoproj.io/v1alpha1/namespaces/"
 CORE_PREFIX = "/api/v1/namespaces/"
+LEASE_PREFIX = "/apis/coordination.k8s.io/v1/namespaces/"
 KINDS = {"workflows": ("argoproj.io/v1alpha1", "Workflow"), "pods": ("v1", "Pod")}
 TERMINAL_PHASES = ("Succeeded", "Failed", "Error")
 
@@ -106,6 +108,14 @@ class FakeKube:
     def watch_requests(self) -> list[dict[str, str]]:
         """Query parameters of every Workflow watch request, in order."""
         return [q for m, p, q in self.requests if m == "GET" and p.endswith("/workflows") and "watch" in q]
+
+    # ---- leases -------------------------------------------------------------------------------
+    def lease(self, name: str) -> Obj | None:
+        """The Lease `name` as stored, or None."""
+        try:
+            return self.state.get("leases", self.namespace, name)
+        except ApiError:
+            return None
 
     # ---- workflows ----------------------------------------------------------------------------
     def workflow(self, name: str) -> Obj:
@@ -199,6 +209,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
     # ---- plumbing -----------------------------------------------------------------------------
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -246,6 +259,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _route(self, method: str, path: str, query: dict[str, str], body: bytes) -> tuple[int, Obj | None]:
+        if path.startswith(LEASE_PREFIX):
+            return self._lease(method, path[len(LEASE_PREFIX) :].split("/"), body)
         if path.startswith(GROUP_PREFIX):
             parts = path[len(GROUP_PREFIX) :].split("/")
         elif path.startswith(CORE_PREFIX):
@@ -276,6 +291,27 @@ class _Handler(BaseHTTPRequestHandler):
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
 
     # ---- resources ----------------------------------------------------------------------------
+    def _lease(self, method: str, parts: list[str], body: bytes) -> tuple[int, Obj]:
+        """Leases as the API server keeps them: a replace must carry the current resourceVersion."""
+        state = self.fake.state
+        if len(parts) < 2 or parts[1] != "leases" or len(parts) > 3:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({parts})")
+        namespace, name = parts[0], parts[2] if len(parts) == 3 else None
+        if name is None and method == "POST":
+            return 201, state.create("leases", namespace, _json_body(body))
+        if name is not None and method == "GET":
+            return 200, state.get("leases", namespace, name)
+        if name is not None and method == "PUT":
+            obj = _json_body(body)
+            with state.cond:  # compare-and-swap on a resourceVersion sent, as the API server does
+                current = state.get("leases", namespace, name)
+                sent = obj.get("metadata", {}).get("resourceVersion")
+                if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                    message = f'Operation cannot be fulfilled on leases "{name}": the object has been modified'
+                    raise ApiError(409, "Conflict", message)
+                return 200, state.replace("leases", namespace, name, obj)
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on leases")
+
     def _valid_workflow(self, obj: Obj) -> Obj:
         if obj.get("apiVersion") != "argoproj.io/v1alpha1" or obj.get("kind") != "Workflow":
             raise ApiError(400, "BadRequest", "the API version/kind in the body do not match workflows")
