@@ -50,6 +50,7 @@ def test_the_argo_backend_runs_jobs_through_the_kubernetes_api_across_a_restart(
             backend="argo",
             kubeconfig=_kubeconfig(tmp_path / "kubeconfig", kube.url),
             argo_namespace="foxhunt",
+            progress_secret="progress-secret-of-the-app-test-0123456789",
         )
         first = controller_factory(settings)
         body = {"config": {"run": {"steps": 2}}, "pool": "h200", "labels": {"exp": "argo"}}
