@@ -42,3 +42,15 @@ argo: setup
 # CPU trainers (about 3 minutes: the stack starts, then gathers 90 s of data).
 dashboards-png: setup
 	$(PY) -m tests.k8s.render_dashboards docs/dashboards.png --seconds 90
+
+# Both images with no registry of images: local stand-ins for the two base images (Debian from
+# debootstrap, this machine's CPU torch), then both targets (scripts/images.sh; root, debootstrap and a
+# running Docker engine; docs/deploy.md has an operator's commands with the public bases).
+.PHONY: images test-images
+images:
+	scripts/images.sh
+
+# The images test (pytest marker `images`, off in `make test`; CI runs it after the suite): a Docker
+# engine of its own builds both images with scripts/images.sh and runs them as the manifests do.
+test-images: setup
+	$(PY) -m pytest -m images

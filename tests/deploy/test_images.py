@@ -1,0 +1,310 @@
+"""Both images built and run for real, with no registry of images (marker `images`: `make test-images`, CI).
+
+A Docker engine of our own (Debian's docker.io, data under a temporary folder, no bridge, no iptables)
+builds both targets with scripts/images.sh, on local stand-ins for the two base images. Then:
+- the service image serves /healthz and takes a job from `foxhunt submit` on the local backend, as
+  k8s/base's Deployment runs it: user 10001, read-only root filesystem, no capabilities, /tmp a volume;
+- the trainer image runs every step of the job pipeline (trainer/pipeline.py) on a tiny CPU config as
+  the Argo templates run it: their command, the pipeline's arguments, the template's environment,
+  user 10001, read-only root, /data and /tmp as volumes, the config at /inputs/config.json;
+- the service image holds no torch, and each image's size and build time are reported.
+Everything stays on loopback: builds and the service use `--network host`, the trainer steps
+`--network none` (they need no network at all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.deploy.conftest import ARGO_DIR, ROOT, load_docs
+from tests.polling import wait_until
+from tests.ports import free_port
+from tests.system_packages import ensure_debian_packages
+from trainer.pipeline import PIPELINE, Step
+
+# The first test builds both images in its setup (about 4 minutes here, more on a loaded machine).
+pytestmark = [pytest.mark.images, pytest.mark.timeout(1800)]
+
+# Debian docker.io's own client: it builds with the engine's BuildKit. A newer client elsewhere on PATH
+# needs the buildx plugin for that, which Debian bookworm does not package.
+DOCKER = "/usr/bin/docker"
+TAG = "images-test"
+SERVICE, TRAINER = f"foxhunt-service:{TAG}", f"foxhunt-trainer:{TAG}"
+USER = "10001:10001"  # runAsUser/runAsGroup of k8s/base's Deployment and of the Argo templates
+# What `securityContext` asks of every container: no privilege escalation, no capabilities, read-only root.
+HARDENED = ["--user", USER, "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+
+JOB = "job-images"
+# The Argo workflow parameters that the templates' env and args refer to, as a controller would pass them.
+WORKFLOW_PARAMETERS = {"job-id": JOB, "gpu-pool": "cpu", "commit-sha": TAG, "progress-token": "", "queue-name": ""}
+STORAGE = "sqlite:////data/optuna.db"  # the shared volume stands in for the Optuna database
+SECRETS = {"FOXHUNT_OPTUNA_STORAGE": STORAGE}  # required secret-backed env of the templates, bound here
+TRIALS = 2
+# The pipeline's placeholders bound to the pod's paths, as argo/render.py binds them.
+VALUES = {
+    "config": "/inputs/config.json",
+    "run": f"/data/runs/{JOB}",
+    "checkpoints": f"/data/checkpoints/{JOB}",
+    "storage": STORAGE,
+    "study": f"foxhunt-{JOB}",
+    "trials": str(TRIALS),
+    "status": "Succeeded",
+    "duration": "12.5",
+    "failures": "null",
+}
+TINY: dict[str, Any] = {
+    "model": {
+        "hidden": 16, "head_hidden": 16, "atoms": 11, "iqn_embed": 8, "iqn_hidden": 16, "iqn_taus": 4,
+        "iqn_target_taus": 4, "iql_hidden": 8, "attn_window": 4, "attn_dim": 8, "attn_heads": 2, "attn_ffn": 16,
+    },
+    "replay": {"capacity": 256},
+    "run": {"steps": 8, "batch_size": 16, "device": "cpu", "cpu_threads": 1, "eval_episodes": 1, "log_every": 4,
+            "checkpoint_every": 4},
+    "data": {"source": "market", "learning_starts": 32, "market_features": 16, "market_horizon": 16, "num_envs": 2},
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A docker client bound to our own engine."""
+
+    host: str
+
+    def __call__(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [DOCKER, *args], env={**os.environ, "DOCKER_HOST": self.host}, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+        if check:
+            assert result.returncode == 0, f"docker {' '.join(args)}: {result.stdout[-3000:]}{result.stderr[-3000:]}"
+        return result
+
+
+def _terminal(config: pytest.Config, line: str) -> None:
+    """One line on the terminal, whatever pytest captures (the build times and sizes are the report)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """dockerd as the issue runs it, its data under a temporary folder; stopped and removed at the end."""
+    dockerd = ensure_debian_packages("dockerd", "docker.io")
+    ensure_debian_packages("debootstrap", "debootstrap")
+    root = tmp_path_factory.mktemp("docker")
+    socket = f"unix://{root}/engine.sock"
+    log = (root / "dockerd.log").open("w")
+    process = subprocess.Popen(
+        [
+            dockerd, "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=overlay2",
+            f"--data-root={root}/data", f"--exec-root={root}/exec", f"--pidfile={root}/dockerd.pid", f"--host={socket}",
+        ],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    client = Engine(socket)
+    try:
+
+        def up() -> bool:
+            if process.poll() is not None:
+                log_tail = (root / "dockerd.log").read_text()[-3000:]
+                raise AssertionError(f"dockerd exited {process.returncode}: {log_tail}")
+            return client("version", timeout=30, check=False).returncode == 0
+
+        wait_until(up, timeout=120, interval=0.5, what="dockerd to answer")
+        yield client
+    finally:
+        for container in client("ps", "-aq", check=False).stdout.split():
+            client("rm", "-f", container, check=False)
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+        # The engine leaves its netns mounted under the exec root; unmount what is ours, deepest first.
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        for mount in sorted((m for m in mounts if m.startswith(f"{root}/")), reverse=True):
+            subprocess.run(["umount", mount], capture_output=True, timeout=60)
+        # Gigabytes of layers in many small files: rm is several times faster than shutil.rmtree here.
+        # Not checked: a mount the engine left behind (its netns) must not fail the run.
+        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], capture_output=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def images(engine: Engine, pytestconfig: pytest.Config) -> dict[str, int]:
+    """scripts/images.sh: both stand-in bases, then both targets. Returns each image's size in MB."""
+    env = {**os.environ, "DOCKER": DOCKER, "DOCKER_HOST": engine.host, "TAG": TAG}
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "images.sh")], env=env, capture_output=True, text=True, timeout=1500
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    report = [line for line in result.stdout.splitlines() if line.startswith("images: ")]
+    for line in report:
+        _terminal(pytestconfig, line)
+    return {m[1]: int(m[2]) for m in (re.match(r"images: (\S+) size (\d+) MB", line) for line in report) if m}
+
+
+def test_both_targets_build_and_every_size_is_reported(images: dict[str, int]) -> None:
+    assert set(images) == {"foxhunt-base/python:3.11-bookworm", "foxhunt-base/pytorch:2.13.0-cpu", SERVICE, TRAINER}
+    # The point of the split: the controller's image is a fraction of the trainer's.
+    assert images[SERVICE] < images[TRAINER] / 3, images
+
+
+@pytest.mark.parametrize("image", [SERVICE, TRAINER])
+def test_images_run_as_the_non_root_user(engine: Engine, images: dict[str, int], image: str) -> None:
+    user = engine("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
+    assert user == USER
+
+
+def test_service_image_holds_no_torch(engine: Engine, images: dict[str, int]) -> None:
+    probe = "import importlib.util as u; print([m for m in ('torch', 'triton', 'numpy') if u.find_spec(m)])"
+    result = engine("run", "--rm", "--network", "none", *HARDENED, "--entrypoint", "python", SERVICE, "-c", probe)
+    assert result.stdout.strip() == "[]"
+    # ...while the same probe does find torch in the trainer image, so the probe can tell.
+    result = engine("run", "--rm", "--network", "none", *HARDENED, "--entrypoint", "python", TRAINER, "-c", probe)
+    assert "torch" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def service(engine: Engine, images: dict[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The service image on the local backend, as the Deployment runs it; yields its base URL."""
+    tmp = tmp_path_factory.mktemp("service-tmp")
+    tmp.chmod(0o1777)  # the emptyDir at /tmp: the only writable place
+    port = free_port()
+    name = "foxhunt-service-test"
+    engine(
+        "run", "-d", "--name", name, "--network", "host", *HARDENED, "-v", f"{tmp}:/tmp",
+        "-e", "FOXHUNT_BACKEND=local", "-e", "FOXHUNT_AUTH_DISABLED=true",
+        SERVICE, "serve", "--host", "127.0.0.1", "--port", str(port),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            state = engine("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+            if state != "running":
+                raise AssertionError(f"service container {state}: {engine('logs', name, check=False).stderr[-3000:]}")
+            return httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+
+        wait_until(healthy, timeout=120, interval=0.5, what="/healthz", ignore=(httpx.TransportError,))
+        yield url
+    finally:
+        engine("rm", "-f", name, check=False)
+
+
+def test_service_serves_healthz_as_the_deployment_runs_it(engine: Engine, service: str) -> None:
+    response = httpx.get(f"{service}/healthz", timeout=5)
+    assert response.status_code == 200
+    # The container really is user 10001 on a read-only root: nothing but the /tmp volume is writable.
+    probe = engine("exec", "foxhunt-service-test", "sh", "-c", "id -u; touch /opt/x 2>&1; touch /tmp/x && echo tmp ok")
+    lines = probe.stdout.splitlines()
+    assert lines[0] == "10001"
+    assert "Read-only file system" in lines[1]
+    assert lines[2] == "tmp ok"
+
+
+def test_service_takes_a_job_from_foxhunt_submit(service: str, tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    foxhunt = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "foxhunt"
+    submitted = subprocess.run(
+        [str(foxhunt), "submit", "--config", str(config), "--name", "images-test", "--api-url", service, "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    fetched = httpx.get(f"{service}/v1/jobs/{job['id']}", timeout=5)
+    assert fetched.status_code == 200
+    assert fetched.json()["config"]["run"]["steps"] == TINY["run"]["steps"]
+
+
+def _templates() -> dict[str, dict[str, Any]]:
+    """The container templates of argo/compile-and-train.yaml, by name."""
+    (template,) = [d for d in load_docs(ARGO_DIR / "compile-and-train.yaml") if d["kind"] == "WorkflowTemplate"]
+    return {t["name"]: t for t in template["spec"]["templates"] if "container" in t}
+
+
+def _bind(text: str, inputs: dict[str, str]) -> str:
+    """An Argo expression's value here: workflow parameters and the template's inputs."""
+    text = re.sub(r"\{\{workflow\.parameters\.([\w-]+)\}\}", lambda m: WORKFLOW_PARAMETERS[m[1]], text)
+    return re.sub(r"\{\{inputs\.parameters\.([\w-]+)\}\}", lambda m: inputs[m[1]], text)
+
+
+def _environment(container: dict[str, Any], inputs: dict[str, str]) -> list[str]:
+    """`-e` options for a template's env: plain values bound; secrets from SECRETS; optional refs left unset."""
+    out = []
+    for var in container.get("env", []):
+        if "value" in var:
+            out += ["-e", f"{var['name']}={_bind(var['value'], inputs)}"]
+            continue
+        (ref,) = var["valueFrom"].values()
+        if var["name"] in SECRETS:
+            out += ["-e", f"{var['name']}={SECRETS[var['name']]}"]
+        else:
+            assert ref.get("optional"), f"{var['name']}: a required reference this test does not bind"
+    return out
+
+
+def _run_step(engine: Engine, step: Step, data: Path, tmp: Path, config: Path, **extra: str) -> str:
+    """`step`'s command in the trainer image as its Argo template runs it; returns its stdout."""
+    container = _templates()[step.name]["container"]
+    assert container["command"] == ["python", "-m", "trainer"], container["command"]
+    args = step.command(VALUES | extra)
+    result = engine(
+        "run", "--rm", "--network", "none", *HARDENED,
+        "-v", f"{data}:/data", "-v", f"{tmp}:/tmp", "-v", f"{config}:/inputs/config.json:ro",
+        *_environment(container, extra), "--entrypoint", container["command"][0], TRAINER, *container["command"][1:],
+        *args, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{step.name}: {' '.join(args)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def test_trainer_image_runs_every_pipeline_step(engine: Engine, images: dict[str, int], tmp_path: Path) -> None:
+    data, tmp = tmp_path / "data", tmp_path / "tmp"
+    for volume in (data, tmp):
+        volume.mkdir()
+        volume.chmod(0o1777)  # fsGroup 10001 makes the volumes writable to the pod's user
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    run = data / "runs" / JOB
+    ran = []
+
+    _run_step(engine, PIPELINE.check, data, tmp, config)
+    assert json.loads((run / "check" / "check.json").read_text())
+    ran.append(PIPELINE.check.name)
+
+    suggested = json.loads(_run_step(engine, PIPELINE.suggest, data, tmp, config).strip().splitlines()[-1])
+    assert suggested == list(range(TRIALS))
+    for trial in suggested:
+        _run_step(engine, PIPELINE.trial, data, tmp, config, trial=str(trial))
+    assert (data / "checkpoints" / JOB / "trial-0").is_dir()
+    _run_step(engine, PIPELINE.best, data, tmp, config)
+    assert json.loads((run / "hyperopt" / "best-config.json").read_text())["run"]["steps"] == TINY["run"]["steps"]
+    ran += [PIPELINE.suggest.name, PIPELINE.trial.name, PIPELINE.best.name]
+
+    _run_step(engine, PIPELINE.train, data, tmp, config)
+    assert (data / "checkpoints" / JOB / "train").is_dir()
+    assert json.loads((run / "train" / "summary.json").read_text())
+    summary = _run_step(engine, PIPELINE.report, data, tmp, config).strip().splitlines()[-1]
+    assert json.loads(summary)["steps"] == TINY["run"]["steps"]
+    _run_step(engine, PIPELINE.on_exit, data, tmp, config)
+    assert json.loads((run / "status.json").read_text())["status"] == "Succeeded"
+    ran += [PIPELINE.train.name, PIPELINE.report.name, PIPELINE.on_exit.name]
+
+    assert ran == [step.name for step in PIPELINE.steps()]  # every step, in the pipeline's order
