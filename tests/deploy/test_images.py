@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,7 +222,7 @@ def test_service_serves_healthz_as_the_deployment_runs_it(engine: Engine, servic
 def test_service_takes_a_job_from_foxhunt_submit(service: str, tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(TINY))
-    foxhunt = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "foxhunt"
+    foxhunt = Path(sys.executable).parent / "foxhunt"  # the client from this checkout, on the host
     submitted = subprocess.run(
         [str(foxhunt), "submit", "--config", str(config), "--name", "images-test", "--api-url", service, "--json"],
         capture_output=True, text=True, timeout=60,
