@@ -48,9 +48,12 @@ def _pip_installs(stage: str) -> list[list[str]]:
     return commands
 
 
-def test_hadolint_passes() -> None:
+@pytest.mark.parametrize(
+    "dockerfile", [DOCKERFILE, ROOT / "scripts" / "images" / "pytorch.Dockerfile"], ids=lambda path: path.name
+)
+def test_hadolint_passes(dockerfile: Path) -> None:
     hadolint = Path(sys.executable).parent / "hadolint"
-    result = subprocess.run([str(hadolint), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([str(hadolint), str(dockerfile)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
