@@ -63,7 +63,7 @@ python_base() {
   # apt-get inside the builds trust what the host trusts; pip is told to use the system store.
   if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
     cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
-    chroot "$rootfs" update-ca-certificates >/dev/null
+    chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
   fi
   printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$rootfs/etc/pip.conf"
   # Slim: no package cache, lists, docs or translations (python:*-slim drops the same).
@@ -79,9 +79,10 @@ python_base() {
 pytorch_base() {
   local context="$work/torch"
   mkdir -p "$context"
-  # The wheel as this machine's pip finds it (its find-links, its index), without torch's dependencies:
-  # those are installed from the index inside the build.
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$context" "torch==${TORCH_VERSION}"
+  # The wheel as this machine's pip finds it (its find-links, its index), for the stand-in's Python 3.11
+  # and without torch's dependencies: those are installed from the index inside the build.
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 --dest "$context" \
+    "torch==${TORCH_VERSION}"
   "$DOCKER" build --quiet --network host --build-arg PYTHON_IMAGE="$PYTHON_BASE" \
     --build-arg TORCH_VERSION="$TORCH_VERSION" -f "$ROOT/scripts/images/pytorch.Dockerfile" -t "$PYTORCH_BASE" \
     "$context" >/dev/null
