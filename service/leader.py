@@ -20,11 +20,12 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
+from service.kube import kube_configuration
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,15 +70,10 @@ class LeaderElector:
     @classmethod
     def from_settings(cls, settings: Settings, on_change: Callable[[bool], None] | None = None) -> LeaderElector:
         """The kubeconfig file if the settings name one, the in-cluster service account otherwise."""
-        configuration = client.Configuration()
         try:
-            if settings.kubeconfig:
-                config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
-            else:
-                config.load_incluster_config(client_configuration=configuration)
+            configuration = kube_configuration(settings)
         except (ConfigException, OSError) as error:
             raise ValueError(f"leader election cannot load the Kubernetes configuration: {error}") from error
-        configuration.retries = 0  # the next try is the retry
         return cls(
             client.CoordinationV1Api(client.ApiClient(configuration)),
             namespace=settings.argo_namespace,

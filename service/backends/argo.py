@@ -44,7 +44,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import urllib3
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
@@ -53,6 +53,7 @@ from service.backends.argo_parameters import workflow_parameters
 from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
 from service.backends.idle_ticks import with_idle_ticks
 from service.domain import BackendStatus, JobSpec, JobState, Placement
+from service.kube import kube_configuration
 from service.progress import progress_token
 
 if TYPE_CHECKING:
@@ -234,15 +235,10 @@ class ArgoBackend:
             raise BackendError(
                 "FOXHUNT_PROGRESS_SECRET is required with the argo backend (shared by every controller replica)"
             )
-        configuration = client.Configuration()
         try:
-            if settings.kubeconfig:
-                config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
-            else:
-                config.load_incluster_config(client_configuration=configuration)
+            configuration = kube_configuration(settings)
         except (ConfigException, OSError) as error:
             raise BackendError(f"cannot load the Kubernetes configuration: {error}") from error
-        configuration.retries = 0  # our backoff is the one retry layer
         return cls(
             settings.argo_namespace,
             client.ApiClient(configuration),
