@@ -11,6 +11,7 @@
 # `python -m venv` (PYTHON_IMAGE), or with pip and a torch the `trainer` group accepts (PYTORCH_IMAGE);
 # both need bash, apt-get and groupadd/useradd. scripts/images.sh builds such bases with no registry of
 # images at all (Debian bookworm from debootstrap, CPU torch) and then both targets; see docs/deploy.md.
+# checkov:skip=CKV_DOCKER_7: the base images are build arguments whose defaults pin exact version tags, checked by tests/deploy/test_dockerfile.py
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 ARG PYTORCH_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 
