@@ -192,6 +192,14 @@ class RunConfig(_Section):
             "or one Triton kernel that writes the loss and its gradient in one pass."
         ),
     )
+    precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(
+        "auto",
+        description=(
+            "Matrix-product precision of the update: 'auto' is the plan's own (TF32 for fused and zerocopy, "
+            "float32 otherwise); 'bf16' runs the networks' matrix products and attention in bfloat16 "
+            "(autocast, TF32 for the rest) with float32 master weights, Adam and losses."
+        ),
+    )
     log_every: int = Field(500, ge=1, le=INT32_MAX, description="Steps between breakdown lines.")
     checkpoint_every: int = Field(1000, ge=1, le=INT32_MAX, description="Steps between checkpoints.")
     eval_episodes: int = Field(10, ge=0, le=100_000, description="Greedy evaluation episodes at the end.")
