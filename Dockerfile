@@ -23,9 +23,11 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # The source is bind-mounted (read-write, discarded), so it never lands in a layer.
-# The controller installs the `service` group only: no torch in this image.
+# The controller installs the `service` group only: no torch in this image. Exact versions come from
+# the lock (hashes checked); then the project itself, offline, from what the lock installed.
 RUN --mount=type=bind,target=/src,rw \
-    pip install --no-cache-dir "./[service]"
+    pip install --no-cache-dir --require-hashes -r requirements/service.txt \
+    && pip install --no-cache-dir --no-index --no-build-isolation "./[service]"
 
 # ---------------------------------------------------------------- service: runtime
 FROM ${PYTHON_IMAGE} AS service
@@ -71,9 +73,12 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# torch comes from the base image (it satisfies the `trainer` group's torch range, so pip keeps it).
+# Exact versions from the lock (hashes checked), then the project itself, offline. torch is not in the
+# lock (scripts/lock.py says why): it comes from the base image, and the offline install fails unless
+# that torch satisfies the `trainer` group's range.
 RUN --mount=type=bind,target=/src,rw \
-    pip install --no-cache-dir "./[trainer]"
+    pip install --no-cache-dir --require-hashes -r requirements/trainer.txt \
+    && pip install --no-cache-dir --no-index --no-build-isolation "./[trainer]"
 RUN groupadd --gid 10001 foxhunt \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/foxhunt --shell /bin/bash foxhunt \
     && mkdir -p /cache /runs \

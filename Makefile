@@ -3,17 +3,27 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run train test lint dashboards dashboards-png argo
+.PHONY: setup run train test lint lock dashboards dashboards-png argo
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Exact versions from the lock (requirements/dev.txt, hashes checked), then the project itself, offline
+# and without build isolation: that second install fails if the lock lacks anything pyproject.toml asks for.
+# torch is not in the lock (scripts/lock.py says why): the CPU build comes from this machine's local
+# wheel (its own few dependencies, sympy and networkx among them, are the only unpinned packages);
+# GPU images bring their own CUDA build.
+$(STAMP): pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# The CPU build of torch (from this machine's local wheel); GPU images bring their own CUDA build.
+	$(PY) -m pip install -q pip==26.3
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[trainer,service,dev]"
+	$(PY) -m pip install -q --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install -q --no-index --no-build-isolation -e ".[trainer,service,dev]"
+	$(PY) -m pip check
 	touch $(STAMP)
+
+# requirements/{dev,service,trainer}.txt from pyproject.toml (scripts/lock.py; needs the package index).
+lock: setup
+	$(PY) scripts/lock.py
 
 # The main job on the embedded default: a short training run, printing its step breakdown.
 run: setup
