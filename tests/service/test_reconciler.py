@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -116,11 +115,13 @@ def test_an_unreachable_backend_never_fails_a_job(tmp_path: Path) -> None:
     c = Controller(create_app(settings, backend=backend, registry=registry))
     try:
         job_id = _submit(c, "k")
-        deadline = time.monotonic() + 30
         labels = {"operation": "submit", "cause": "unavailable"}
-        while (registry.get_sample_value("foxhunt_backend_errors_total", labels) or 0) < 3:  # several passes
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(  # several passes
+            lambda: (registry.get_sample_value("foxhunt_backend_errors_total", labels) or 0) >= 3,
+            30,
+            0.05,
+            what="three failed submits",
+        )
         job = c.request("GET", f"/v1/jobs/{job_id}").json()
         assert job["state"] == "QUEUED" and job["reason"] is None
         assert c.request("GET", "/readyz").status_code == 503
@@ -146,10 +147,8 @@ def test_a_job_the_backend_lost_is_an_error_not_a_failure(
     backend = c.services.backend
     assert isinstance(backend, LocalBackend)
     backend.cancel(job_id, force=True)
-    deadline = time.monotonic() + 30
-    while not backend.status(job_id).state.terminal:  # its supervisor has stopped writing to the dir
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # Its supervisor has stopped writing to the dir.
+    wait_until(lambda: backend.status(job_id).state.terminal, 30, 0.05, what=f"{job_id} to end")
     shutil.rmtree(settings.jobs_dir / job_id)  # e.g. the jobs dir was wiped
     assert reconciler.reconcile_once()
     job = c.request("GET", f"/v1/jobs/{job_id}").json()
@@ -163,10 +162,9 @@ def test_cancel_escalates_to_a_forced_stop_after_the_grace_period(
     c = controller_factory(make_settings(tmp_path, local_command=command, cancel_grace_seconds=0.5))
     c.services.backend.grace_seconds = 60  # type: ignore[attr-defined]  # only the reconciler may force it
     job_id = _submit(c, "k")
-    deadline = time.monotonic() + 30
-    while "stand-in: steps=" not in c.request("GET", f"/v1/jobs/{job_id}/logs").text:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(
+        lambda: "stand-in: steps=" in c.request("GET", f"/v1/jobs/{job_id}/logs").text, 30, what="the job's first steps"
+    )
     c.request("DELETE", f"/v1/jobs/{job_id}")
     job = c.wait_for(job_id, timeout=30)
     assert (job["state"], job["reason"]) == ("CANCELLED", "Killed")

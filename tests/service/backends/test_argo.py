@@ -34,6 +34,7 @@ from service.backends.base import BackendError, BackendNotFound, BackendUnavaila
 from service.domain import BackendStatus, JobSpec, JobState, Placement
 from service.progress import progress_token
 from service.settings import Settings
+from tests.polling import wait_until
 from tests.service.backends.conftest import PROGRESS_SECRET, argo_backend, job_spec, kube_client
 from tests.service.factories import live_server, make_settings, tiny_train_config
 from tests.service.fake_kube import FakeKube
@@ -67,11 +68,7 @@ def watch_opened(fake_kube: FakeKube, timeout: float = 30.0) -> Callable[[], Non
     so the cluster's changes that follow are ones the watch has to see, however slow the machine."""
 
     def wait() -> None:
-        deadline = time.monotonic() + timeout
-        while not fake_kube.watch_requests():
-            if time.monotonic() > deadline:
-                raise AssertionError("the client never opened a watch")
-            time.sleep(0.01)
+        wait_until(fake_kube.watch_requests, timeout, 0.01, what="the client to open a watch")
 
     return wait
 
@@ -599,14 +596,7 @@ def test_from_settings_without_any_cluster_config(monkeypatch: pytest.MonkeyPatc
 # ---- end to end: the controller, the fake cluster and a real trainer process -------------------
 def eventually(check: Callable[[], object], what: str, timeout: float = 120.0) -> object:
     """Poll `check` until it returns something truthy (the cluster and the trainer are other processes)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return wait_until(check, timeout, what=what)
 
 
 class Pod:

@@ -23,6 +23,7 @@ from service.backends.argo import ArgoBackend
 from service.backends.base import Backend, BackendNotFound
 from service.backends.local import LocalBackend
 from service.domain import BackendStatus, JobSpec, JobState
+from tests.polling import wait_until
 from tests.service.backends.conftest import argo_backend, job_spec
 from tests.service.fake_kube import FakeKube
 
@@ -100,12 +101,11 @@ def spec(job_id: str = "job-1", attempt: int = 0, **job: Any) -> JobSpec:
 def wait_for(
     backend: Backend, job_id: str, done: Callable[[BackendStatus], bool], timeout: float = 15
 ) -> BackendStatus:
-    deadline = time.monotonic() + timeout
-    while True:
+    def status_if_done() -> BackendStatus | None:
         status = backend.status(job_id)
-        if done(status) or time.monotonic() > deadline:
-            return status
-        time.sleep(0.05)
+        return status if done(status) else None
+
+    return wait_until(status_if_done, timeout, 0.05, what=f"{job_id} to reach the awaited status")
 
 
 def test_submit_is_idempotent(harness: Harness) -> None:

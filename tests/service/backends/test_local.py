@@ -18,6 +18,7 @@ import pytest
 from service.backends.base import BackendNotFound
 from service.backends.local import LocalBackend, detect_gpus
 from service.domain import BackendStatus, JobSpec, JobState
+from tests.polling import wait_until
 from tests.service.factories import stand_in_command
 
 
@@ -42,20 +43,15 @@ def make_backend(jobs_dir: Path, *extra: str, gpus: int = 0, grace: float = 5.0)
 
 
 def wait_state(backend: LocalBackend, job_id: str, states: set[JobState], timeout: float = 30.0) -> BackendStatus:
-    deadline = time.monotonic() + timeout
-    while True:
+    def status_if_reached() -> BackendStatus | None:
         status = backend.status(job_id)
-        if status.state in states:
-            return status
-        assert time.monotonic() < deadline, f"{job_id} stayed {status.state}"
-        time.sleep(0.05)
+        return status if status.state in states else None
+
+    return wait_until(status_if_reached, timeout, 0.05, what=f"{job_id} to reach one of {sorted(states)}")
 
 
 def wait_log(backend: LocalBackend, job_id: str, text: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in "".join(backend.logs(job_id)):
-        assert time.monotonic() < deadline, f"{text!r} not in the log of {job_id}"
-        time.sleep(0.05)
+    wait_until(lambda: text in "".join(backend.logs(job_id)), timeout, 0.05, what=f"{text!r} in the log of {job_id}")
 
 
 TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.ERROR}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from service.api.routes import jobs as job_routes
 from service.domain import BackendStatus, JobState
 from service.progress import progress_token
 from service.settings import DEFAULT_LOCAL_COMMAND, Settings
+from tests.polling import wait_until
 from tests.service.conftest import Controller
 from tests.service.factories import live_server, make_settings, stand_in_command, tiny_train_config
 
@@ -27,13 +27,11 @@ def _submit(c: Controller, *, key: str | None = None, as_: str = "alice", **body
 
 
 def _wait_for_log(c: Controller, job_id: str, text: str, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
+    def log_with_text() -> str | None:
         log = c.request("GET", f"/v1/jobs/{job_id}/logs").text
-        if text in log:
-            return log
-        assert time.monotonic() < deadline, f"{text!r} never appeared in the log:\n{log}"
-        time.sleep(0.1)
+        return log if text in log else None
+
+    return wait_until(log_with_text, timeout, what=f"{text!r} in the log of {job_id}")
 
 
 def test_submit_runs_the_job_to_success_with_history_and_breakdown(controller: Controller) -> None:
