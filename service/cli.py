@@ -63,12 +63,17 @@ def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # pipes get whole ids
 
 
+# Said beside a figure whose name alone misleads.
+_NOTES = {"epoch_seconds": "  (projected: 2000 steps at the last reported step time, not the job's run time)"}
+
+
 def _print_job(job: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(job, indent=2))
         return
     for key in (*_JOB_COLUMNS, "message", "phase", "step", "epoch_seconds", "started_at", "finished_at"):
-        typer.echo(f"{key:>14}: {'' if job.get(key) is None else job[key]}")
+        value = job.get(key)
+        typer.echo(f"{key:>14}: {'' if value is None else value}{_NOTES.get(key, '') if value is not None else ''}")
     if job.get("breakdown_ms"):
         parts = " ".join(f"{k}={v:.3f}ms" for k, v in job["breakdown_ms"].items())
         typer.echo(f"{'breakdown':>14}: {parts}")

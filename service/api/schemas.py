@@ -97,7 +97,12 @@ class JobPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     step: int | None = Field(description="Last reported training step.")
-    epoch_seconds: float | None = Field(description="Last reported seconds per epoch.")
+    epoch_seconds: float | None = Field(
+        description=(
+            "A projection, not elapsed time: the wall seconds one epoch (2000 steps) would take at the last "
+            "reported mean step time (step_ms x 2000 / 1000)."
+        )
+    )
     breakdown_ms: dict[str, float] | None = Field(description="Last per-step breakdown, milliseconds by component.")
 
 

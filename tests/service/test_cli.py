@@ -101,6 +101,8 @@ def test_submit_follow_list_show_cancel_retry(served: tuple[Controller, str], tm
     )
     shown = invoke("jobs", "show", job_id, "--token", token)
     assert "SUCCEEDED" in shown and "breakdown: sample=0.250ms fused=1.000ms guard=0.250ms" in shown
+    # The stand-in reports epoch_seconds 3.0; the line says it is a projection, not the job's run time.
+    assert "epoch_seconds: 3.0  (projected: 2000 steps at the last reported step time" in shown
     listed = json.loads(invoke("jobs", "list", "-l", "exp=cli", "--all", "--limit", "1", "--json", "--token", token))
     assert [j["id"] for j in listed] == [job_id]
     assert job_id in invoke("jobs", "list", "--token", token)
