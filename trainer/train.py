@@ -313,6 +313,26 @@ def evaluate_for_selection(run: Run, out: Callable[[str], None]) -> None:
     out(f"evaluation at step {run.step}: mean return {mean_return:.2f} over {len(returns)} episodes ({note})")
 
 
+def market_baselines(run: Run, returns: list[float]) -> dict[str, Any]:
+    """The market's reference policies on the final evaluation's episodes (same seeds, same markets).
+
+    For the market source with a final evaluation: `baseline_returns` and `baseline_means` (heuristic,
+    random) and `margin_over_heuristic` = trained mean - heuristic mean; otherwise nothing.
+    """
+    config = run.config
+    if config.data.source != "market" or not returns:
+        return {}
+    from trainer.data.market_torch import baseline_returns
+
+    played = baseline_returns(run.source.evaluate, len(returns), config.run.seed + FINAL_EVAL_SEED)
+    means = {name: float(np.mean(values)) for name, values in played.items()}
+    return {
+        "baseline_returns": played,
+        "baseline_means": means,
+        "margin_over_heuristic": float(np.mean(returns)) - means["heuristic"],
+    }
+
+
 def crossed(step: int, advanced: int, every: int) -> bool:
     """Whether going from step - advanced to step passed a multiple of `every` (plans may advance > 1)."""
     return step // every > (step - advanced) // every
@@ -395,6 +415,7 @@ def run_training(
             run.state.online.copy_(run.best.online)
         out(f"selected the policy of step {run.best.step} (mean return {run.best.mean_return:.2f})")
     returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
+    baselines = market_baselines(run, returns)
     summary = {
         **run.last_report,
         "step": run.step,
@@ -405,6 +426,7 @@ def run_training(
         "wall_seconds": run.wall_seconds,
         "device": str(run.device),
         "parameters": run.state.parameter_count(),
+        **baselines,
     }
     write_json_atomic(run_dir / "summary.json", summary, indent=2)
     pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
@@ -414,6 +436,12 @@ def run_training(
         exporter.close()
     if returns:
         out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
+    if baselines:
+        means = baselines["baseline_means"]
+        out(
+            f"baselines on the same episodes: heuristic {means['heuristic']:.2f}, random {means['random']:.2f}; "
+            f"margin over the heuristic {baselines['margin_over_heuristic']:+.2f}"
+        )
     return summary
 
 

@@ -275,6 +275,8 @@ def script_evaluations(
         run = build_run(config, run_dir)
 
         def evaluate(greedy_fn: Callable[[torch.Tensor], torch.Tensor], episodes: int, seed: int) -> list[float]:
+            if greedy_fn.__module__ == "trainer.data.market_torch":  # the market's baselines, not the run's policy
+                return [0.0] * episodes
             seen.append(Seen(run.step, seed, run.state.online.clone()))
             if seed == config.run.seed + FINAL_EVAL_SEED:
                 return [0.0] * episodes
@@ -413,6 +415,86 @@ def test_evaluation_is_due_whenever_a_multiple_is_passed(step: int, advanced: in
     assert crossed(step, advanced, 10) is due
 
 
+def test_a_market_run_scores_the_baselines_on_its_own_evaluation_episodes(tmp_path: Path) -> None:
+    from trainer.data import make_source
+    from trainer.data.market_torch import baseline_returns
+
+    config = tiny_config(data={"market_backend": "torch"})
+    lines: list[str] = []
+    summary = run_training(config, tmp_path, show_progress=False, out=lines.append)
+    seed = config.run.seed + FINAL_EVAL_SEED
+    expected = baseline_returns(make_source(config).evaluate, config.run.eval_episodes, seed)
+    assert summary["baseline_returns"] == expected
+    means = summary["baseline_means"]
+    assert means == {name: pytest.approx(sum(values) / len(values)) for name, values in expected.items()}
+    assert summary["margin_over_heuristic"] == pytest.approx(summary["eval_return_mean"] - means["heuristic"])
+    assert means["heuristic"] > means["random"]
+    assert lines[-1].startswith("baselines on the same episodes: heuristic ")
+    assert json.loads((tmp_path / "summary.json").read_text())["baseline_means"] == means
+
+
+def test_only_the_market_has_baselines(tmp_path: Path) -> None:
+    run = build_run(tiny_config(data={"source": "gym", "env_id": "CartPole-v1"}), tmp_path)
+    assert train.market_baselines(run, [10.0, 12.0]) == {}
+    market = build_run(tiny_config(), tmp_path / "market")
+    assert train.market_baselines(market, []) == {}  # no final evaluation, nothing to compare with
+
+
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__float__", "__int__", "__bool__", "__index__")
+"""Tensor methods that bring a value to the host: on a CUDA tensor each one waits for the device."""
+
+
+def test_market_collection_on_the_torch_env_reads_nothing_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acting, stepping and storing 40 updates' rows (two episode ends, HER columns included) read no
+    tensor back to the host except the rows' host-side `last` and `episode_step`, which the source
+    builds on the host: on the GPU the same path is checked with CUDA's sync debug mode."""
+    config = tiny_config(data={"market_backend": "torch"})
+    run = build_run(config, tmp_path)
+    fill_replay(run)
+    collect = run.source.collect
+    made: list[Any] = []  # the rows, kept alive so that ids stay unique
+    host: set[int] = set()
+
+    def tracked(*args: Any) -> Any:
+        rows = collect(*args)
+        made.append(rows)
+        host.update({id(rows.last), id(rows.episode_step)})
+        return rows
+
+    reads: list[str] = []
+
+    def spy_on(name: str) -> Callable[..., Any]:
+        original = getattr(torch.Tensor, name)
+
+        def spy(self: torch.Tensor, *args: Any) -> Any:
+            if id(self) not in host:
+                reads.append(name)
+            return original(self, *args)
+
+        return spy
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, spy_on(name))
+    monkeypatch.setattr(run.source, "collect", tracked)
+    before = len(run.replay)
+    train.collect(run, run.act_fn(), 40)
+    monkeypatch.undo()
+    assert reads == []
+    assert len(made) == 40 and len(run.replay) == before + 40 * config.data.num_envs
+    rows = made[-1]
+    device_columns = [
+        rows.obs,
+        rows.action,
+        rows.reward,
+        rows.next_obs,
+        rows.done,
+        rows.achieved_goal,
+        rows.base_reward,
+    ]
+    assert all(column is not None and column.device == run.device for column in device_columns)
+    assert [rows.last.device.type, rows.episode_step.device.type] == ["cpu", "cpu"]
+
+
 CARTPOLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole.yaml"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -483,3 +565,37 @@ def test_a_real_graph_run_gives_eager_s_parameters_bit_for_bit(tmp_path: Path) -
     drift = {name: float((fused[name] - want).norm() / want.norm().clamp(min=1e-12)) for name, want in eager.items()}
     print(f"fused (TF32) relative drift from eager after 2000 real updates: {json.dumps(drift)}")
     assert all(math.isfinite(value) for value in drift.values())
+
+
+MARKET_GPU = Path(__file__).resolve().parents[2] / "examples" / "market-gpu.yaml"
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync(tmp_path: Path) -> None:
+    """examples/market-gpu.yaml, shortened: the torch market on the GPU, K = 10 updates per zerocopy
+    replay. Acting, stepping and storing (HER columns included) make no synchronising call once warm,
+    across an episode end; then a short real run trains, times collection and scores the baselines."""
+    from trainer.config import load_config
+    from trainer.data.market_torch import TorchMarketSource
+
+    overrides = ["run.steps=600", "run.log_every=200", "run.checkpoint_every=600", "run.eval_every=0"]
+    config = load_config(MARKET_GPU, [*overrides, "run.eval_episodes=10", "replay.capacity=50000"])
+    run = build_run(config, tmp_path / "collect")
+    assert isinstance(run.source, TorchMarketSource) and run.device.type == "cuda"
+    fill_replay(run)
+    start_plan(run)
+    train.collect(run, run.act_fn(), 10)  # warm-up: lazy initialisations
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train.collect(run, run.act_fn(), config.data.market_horizon)  # crosses an episode end
+        run.plan.run(run.step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    summary = run_training(config, tmp_path / "run", show_progress=False, out=lambda line: None)
+    assert summary["plan"] == "zerocopy" and summary["step"] == 600 and summary["device"] == "cuda"
+    assert all(math.isfinite(value) for value in summary["losses"].values())
+    assert all(summary["breakdown_ms"][name] > 0 for name in ("act", "env", "store"))
+    assert set(summary["baseline_means"]) == {"heuristic", "random"}
+    print(f"market zerocopy K=10: {summary['step'] / summary['wall_seconds']:.1f} updates/s; {summary['breakdown_ms']}")

@@ -21,6 +21,7 @@ also end together and the host knows which rows are last without reading the dev
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -314,6 +315,33 @@ def signal_policy(obs: Tensor) -> Tensor:
     view = torch.sign(obs[:, 7:8]) * obs[:, 8:11]  # [N, 3]
     target = torch.clamp(torch.round(view * 2.0) / 2.0, -1.0, 1.0)
     return torch.round((target + 1.0) * 2.0).to(torch.int64)
+
+
+def random_policy(seed: int) -> GreedyFn:
+    """Uniform target levels per asset, drawn from a generator seeded `seed` on the observations' device."""
+    generators: dict[torch.device, torch.Generator] = {}
+
+    def act(obs: Tensor) -> Tensor:
+        generator = generators.get(obs.device)
+        if generator is None:
+            generator = generators[obs.device] = torch.Generator(device=obs.device).manual_seed(seed)
+        return torch.randint(0, len(LEVELS), (obs.shape[0], ASSETS), device=obs.device, generator=generator)
+
+    return act
+
+
+BASELINES = ("heuristic", "random")
+"""The market's reference policies: `signal_policy` (follows the visible signals) and `random_policy`."""
+
+
+def baseline_returns(
+    evaluate: Callable[[GreedyFn, int, int], list[float]], episodes: int, seed: int
+) -> dict[str, list[float]]:
+    """Each baseline's returns over the episodes `evaluate(policy, episodes, seed)` plays (a source's
+    `evaluate`): with the seed of a trained policy's evaluation, the same markets, since the market's
+    draws do not depend on the actions taken (a paired comparison)."""
+    policies = {"heuristic": signal_policy, "random": random_policy(seed)}
+    return {name: evaluate(policies[name], episodes, seed) for name in BASELINES}
 
 
 def market_spec(params: MarketParams) -> EnvSpec:

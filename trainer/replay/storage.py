@@ -94,7 +94,8 @@ class TensorStorage:
 
     def set_episode_len(self, slots: Tensor, length: Tensor) -> None:
         """Back-fill the length of finished episodes at `slots` [M]."""
-        self.episode_len.index_copy_(0, slots.to(self.device), length.to(self.device))
+        dev = self.device
+        self.episode_len.index_copy_(0, slots.to(dev, non_blocking=True), length.to(dev, non_blocking=True))
 
     def set_stream_len(self, length: Tensor) -> None:
         """Steps written so far of each stream's running episode [S]."""

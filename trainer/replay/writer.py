@@ -56,7 +56,8 @@ class RingWriter:
         return min(self.written, self.capacity)
 
     def _store(self, rows: Transitions, serial: np.ndarray, meta: np.ndarray) -> Tensor:
-        slots = torch.from_numpy(serial % self.capacity).to(self.storage.device)
+        # host-built slots: an asynchronous copy (a blocking one would wait for the device's queued work)
+        slots = torch.from_numpy(serial % self.capacity).to(self.storage.device, non_blocking=True)
         self.storage.write(slots, rows, torch.from_numpy(meta))
         self.sampler.on_write(slots, len(self))
         return slots

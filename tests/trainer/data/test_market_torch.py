@@ -24,7 +24,9 @@ from trainer.data.market_torch import (
     MarketState,
     TorchMarket,
     TorchMarketSource,
+    baseline_returns,
     extra_parts,
+    random_policy,
     signal_policy,
 )
 from trainer.replay.buffer import ReplayBuffer
@@ -184,6 +186,23 @@ def test_torch_signal_policy_matches_numpy_and_beats_random_by_a_margin() -> Non
     assert np.mean(signal) > 2.0
     assert np.mean(signal) - np.mean(random) > 8.0  # about 6.7 against -3.7 here
     assert min(signal) > max(random)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_baselines_play_the_evaluation_s_markets_with_seeded_policies(backend: str) -> None:
+    config = build_config(
+        {"data": {"num_envs": 2, "market_features": 20, "market_horizon": 30, "market_backend": backend}}
+    )
+    source = make_source(config, "cpu")
+    played = baseline_returns(source.evaluate, 6, seed=500)
+    assert list(played) == ["heuristic", "random"] and all(len(values) == 6 for values in played.values())
+    assert played == baseline_returns(source.evaluate, 6, seed=500)  # the same seed, the same episodes and draws
+    assert played["heuristic"] == source.evaluate(signal_policy, 6, seed=500)
+    assert np.mean(played["heuristic"]) > np.mean(played["random"])
+    obs = torch.zeros(4, 20)
+    actions = random_policy(1)(obs)
+    assert actions.shape == (4, 3) and actions.dtype == torch.int64 and int(actions.max()) < len(LEVELS)
+    assert torch.equal(actions, random_policy(1)(obs)) and not torch.equal(actions, random_policy(2)(obs))
 
 
 def test_make_source_picks_the_torch_market_by_backend() -> None:
