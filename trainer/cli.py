@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from trainer.config import ConfigError, load_config
+from trainer.config import ConfigError, TrainConfig, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="foxhunt's distributional DQN trainer.")
 
@@ -39,6 +39,20 @@ OverrideOption = Annotated[
 ]
 
 
+def warn_default_config_on_cpu(cfg: TrainConfig) -> None:
+    """Say so when `train` without --config is about to run the default, GPU-sized market run on the CPU."""
+    import torch
+
+    on_cpu = cfg.run.device == "cpu" or not torch.cuda.is_available()
+    if on_cpu and cfg.data.source == "market":
+        typer.echo(
+            f"warning: no --config: the default TrainConfig is a GPU-sized run ({cfg.run.steps} steps of batch "
+            f"{cfg.run.batch_size} on the synthetic market), which takes hours on a CPU; for a short CPU run use "
+            "--config examples/quickstart.yaml",
+            err=True,
+        )
+
+
 @app.command()
 def train(
     config: ConfigOption = None,
@@ -55,6 +69,8 @@ def train(
     reporter = ProgressReporter.from_env()  # in a pod: reports also go to the controller
     try:
         cfg = load_config(config, override or [])
+        if config is None:
+            warn_default_config_on_cpu(cfg)
         on_report = reporter.update if reporter is not None else None
         run_training(cfg, run_dir or default_run_dir(), resume=resume, show_progress=progress, on_report=on_report)
     except (ConfigError, DatasetError) as error:

@@ -359,6 +359,8 @@ def run_training(
     run = build_run(config, run_dir)
     if resume and restore_checkpoint(run):
         out(f"resumed from checkpoint at step {run.step}")
+    elif resume:
+        out(f"--resume: no checkpoint in {run.checkpointer.url}; starting at step 0")
     fill_replay(run)
     start_plan(run)
     termination = _Termination()

@@ -111,3 +111,41 @@ def test_finish_records_the_outcome_beside_the_run(tmp_path: Path) -> None:
     assert record == {"status": "Failed", "duration_seconds": 61.5, "failures": json.loads(failures)}
     bad = invoke("finish", "--run", str(tmp_path), "--status", "Failed", "--duration", "soon")
     assert bad.exit_code == 2
+
+
+# ---- train without --config ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "warned"),
+    [
+        ([], True),  # the default: the market, 2000 steps of batch 1024
+        (["-o", "run.device=cpu", "-o", "run.steps=5"], True),
+        (["-o", "data.source=gym", "-o", "data.env_id=CartPole-v1"], False),
+        (["--config", "examples/quickstart.yaml"], False),
+    ],
+)
+def test_train_without_a_config_warns_before_a_gpu_sized_run_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str], warned: bool
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("the warning is for machines without a GPU")
+    started: list[int] = []
+    monkeypatch.setattr("trainer.train.run_training", lambda config, *a, **k: started.append(config.run.steps))
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    result = invoke("train", *args, "--run-dir", str(tmp_path / "run"), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert len(started) == 1
+    warning = "warning: no --config: the default TrainConfig is a GPU-sized run"
+    assert (warning in result.stderr) is warned, result.stderr
+    if warned:
+        assert f"({started[0]} steps of batch" in result.stderr and "--config examples/quickstart.yaml" in result.stderr
+
+
+def test_resume_on_a_folder_without_a_checkpoint_says_it_starts_at_step_0(tmp_path: Path) -> None:
+    gym = ["-o", "data.source=gym", "-o", "data.env_id=CartPole-v1", "-o", "run.steps=2"]
+    result = invoke("train", *TINY, *gym, "--run-dir", str(tmp_path / "run"), "--resume", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert f"--resume: no checkpoint in {tmp_path / 'run' / 'checkpoints'}; starting at step 0" in result.stdout
+    resumed = invoke("train", *TINY, *gym, "--run-dir", str(tmp_path / "run"), "--resume", "--no-progress")
+    assert "resumed from checkpoint at step 2" in resumed.stdout and "no checkpoint" not in resumed.stdout
