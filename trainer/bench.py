@@ -11,6 +11,10 @@ per-step timing (`StepTimer` on vs off) is measured the same way.
 Methods: the plans of `trainer.plans`, plus `compile`: `torch.compile(train_step,
 mode="reduce-overhead")` (Inductor with its own CUDA graphs) in the eager loop, state buffers marked
 static. `eager` is the project's eager plan, which reads the losses back every step as trainers do.
+A method may carry a precision suffix, `METHOD-fp32|tf32|bf16`, which runs it with `run.precision`
+set so: `compile-bf16` is what a user gets from two flags (TF32 on, bf16 autocast) on top of
+torch.compile, and `zerocopy-bf16` the fastest plan in bf16. Without a suffix a method runs at its
+own precision (`run.precision=auto`: float32, TF32 for fused and zerocopy).
 
 `train` rows (`--train cartpole`): real training as `trainer train` runs it, collection included: a recipe
 from `examples/` trains `train_updates` updates from an empty replay with each of `train_plans` (graph plans
@@ -56,7 +60,11 @@ CONFIGS: dict[str, list[str]] = {
 SAMPLER = ["replay.search=cdf"]
 """Every method samples by the cumulative-sum search: the same draws as the sum-tree descent in
 a tenth of the time on a GPU (trainer/replay/sampler.py)."""
-METHODS: tuple[str, ...] = ("eager", "compile", "graph", "dual", "fused", "zerocopy")
+BASE_METHODS: tuple[str, ...] = ("eager", "compile", "graph", "dual", "fused", "zerocopy")
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16")
+"""Suffixes a method may carry (`zerocopy-bf16`): the `run.precision` it runs with."""
+METHODS: tuple[str, ...] = ("eager", "compile", "compile-bf16", "graph", "dual", "fused", "zerocopy", "zerocopy-bf16")
+"""The default methods: every plan, both torch.compile baselines, and the fastest plan in bf16."""
 EPISODE = 200
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TRAIN_RECIPES: dict[str, Path] = {"cartpole": EXAMPLES / "cartpole.yaml"}
@@ -119,6 +127,25 @@ class TrainResult:
     setup_s: float | None = None
     train_return_mean: float | None = None
     error: str | None = None
+
+
+def split_method(method: str) -> tuple[str, str | None]:
+    """(base method, precision or None): "zerocopy-bf16" -> ("zerocopy", "bf16")."""
+    base, _, precision = method.partition("-")
+    if base not in BASE_METHODS or (precision and precision not in PRECISIONS):
+        raise ValueError(
+            f"unknown bench method {method!r} (methods: {', '.join(BASE_METHODS)}, each with an optional "
+            f"suffix -{'|-'.join(PRECISIONS)})"
+        )
+    return base, precision or None
+
+
+def method_config(config: TrainConfig, method: str) -> TrainConfig:
+    """The configuration `method` runs: `config` with its precision suffix applied."""
+    _, precision = split_method(method)
+    if precision is None:
+        return config
+    return config.model_copy(update={"run": config.run.model_copy(update={"precision": precision})})
 
 
 def bench_config(name: str, options: BenchOptions) -> TrainConfig:
@@ -202,7 +229,8 @@ class CompiledEagerPlan(EagerPlan):
         super().__init__(state, replay, config, timer, generator)
         static = [*state.tensors().values(), *vars(self.batch).values(), *vars(self.draws).values(), state.atoms]
         for tensor in static:
-            torch._dynamo.mark_static_address(tensor)
+            if isinstance(tensor, torch.Tensor):  # Draws also holds a flag
+                torch._dynamo.mark_static_address(tensor)
         self.compiled = torch.compile(train_step, mode=mode)
 
     def train(self, flags: StepFlags) -> StepOutput:
@@ -212,10 +240,11 @@ class CompiledEagerPlan(EagerPlan):
 
 def check_options(options: BenchOptions) -> None:
     """One-line errors for unknown configurations or methods and sizes that cannot run."""
-    unknown = [c for c in options.configs if c not in CONFIGS] + [m for m in options.methods if m not in METHODS]
+    unknown = [c for c in options.configs if c not in CONFIGS] + [m for m in options.methods if not _known(m)]
     if unknown:
         raise ValueError(
-            f"unknown bench names {', '.join(unknown)} (configs: {', '.join(CONFIGS)}; methods: {', '.join(METHODS)})"
+            f"unknown bench names {', '.join(unknown)} (configs: {', '.join(CONFIGS)}; methods: "
+            f"{', '.join(BASE_METHODS)}, each with an optional suffix -{'|-'.join(PRECISIONS)})"
         )
     if min(options.steps, options.repeats, options.batch_size, options.capacity) < 1 or options.warmup < 0:
         raise ValueError("bench sizes must be positive (steps, repeats, batch size, capacity) and warmup >= 0")
@@ -236,6 +265,14 @@ def check_options(options: BenchOptions) -> None:
         )
 
 
+def _known(method: str) -> bool:
+    try:
+        split_method(method)
+    except ValueError:
+        return False
+    return True
+
+
 def build_method(
     method: str,
     state: TrainState,
@@ -244,9 +281,12 @@ def build_method(
     timer: SectionTimer,
     generator: torch.Generator,
 ) -> Plan:
-    if method == "compile":
+    """Method `method` (a precision suffix applied to `config`, see `split_method`) over `state`."""
+    base, _ = split_method(method)
+    config = method_config(config, method)
+    if base == "compile":
         return CompiledEagerPlan(state, replay, config, timer, generator)
-    return make_plan(method, state, replay, config, timer, generator)
+    return make_plan(base, state, replay, config, timer, generator)
 
 
 def _sync(device: torch.device) -> None:
@@ -438,7 +478,8 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
             if f"{name}:{method}" in options.skip:
                 results.append(Result(config=name, method=method, error="skipped (--skip)"))
                 continue
-            reason = unavailable_reason(method, device) if method in PLANS else None
+            base, _ = split_method(method)
+            reason = unavailable_reason(base, device) if base in PLANS else None
             if reason is not None:  # never time eager under a GPU plan's name
                 results.append(Result(config=name, method=method, error=f"not run: {reason}"))
                 log(f"[{name}] {method}: not run: {reason}")
@@ -479,18 +520,18 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
 def format_table(document: dict[str, Any]) -> str:
     """The plan's table: plan, ms/step median and spread, epoch seconds, speed-up, peak memory."""
     lines = [
-        f"{'config':<6} {'method':<9} {'ms/step':>9} {'spread (min-max)':>18} {'epoch s':>8} "
+        f"{'config':<6} {'method':<14} {'ms/step':>9} {'spread (min-max)':>18} {'epoch s':>8} "
         f"{'speed-up':>9} {'peak GiB':>9}"
     ]
     for r in document["results"]:
         if r["error"]:
-            lines.append(f"{r['config']:<6} {r['method']:<9} failed: {r['error']}")
+            lines.append(f"{r['config']:<6} {r['method']:<14} failed: {r['error']}")
             continue
         speed = f"{r['speedup']:.1f}x" if r["speedup"] else "-"
         mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "-"
         spread = f"{r['ms_min']:.3f}-{r['ms_max']:.3f}"
         lines.append(
-            f"{r['config']:<6} {r['method']:<9} {r['ms_median']:>9.3f} {spread:>18} {r['epoch_s']:>8.2f} "
+            f"{r['config']:<6} {r['method']:<14} {r['ms_median']:>9.3f} {spread:>18} {r['epoch_s']:>8.2f} "
             f"{speed:>9} {mem:>9}"
         )
     for row in document["timer_overhead"]:

@@ -4,6 +4,10 @@ Each network's parameters live in ONE contiguous tensor; `ParamLayout.views(flat
 differentiable views. So a gradient is one flat tensor, Adam and the target EMA are a few passes over
 one buffer, and budget clipping is one norm per loss: the shapes the GPU plans need, written once.
 
+Under mixed precision (`trainer.step.mixed_precision`: autocast) the matrix products and attention
+run in bf16 while the parameters stay float32; each network's last layer (`output_layer`) runs in
+float32, so every loss, softmax and projection downstream is float32 whatever the device's autocast lists.
+
 Networks (letters: B batch, K branches, A actions, N atoms, T taus, W window, F features, H hidden):
 - `main`: trunk (F→H→H), C51 dueling heads (value H→h→N, advantage H→h→K·A·N), IQN head
   (cos(τ) → H, ⊙ h_s2, H→h→K·A) and E optional extra advantage heads. Budgeted gradients, EMA target.
@@ -170,6 +174,13 @@ def attn_layout(d: ModelDims) -> ParamLayout:
 # ---------------------------------------------------------------- forward functions (pure)
 
 
+def output_layer(hidden: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """A network's last linear layer, always in float32: under mixed precision its output (logits,
+    quantiles, values) would otherwise be rounded to bf16 before the losses take small differences of it."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return fn.linear(hidden.float(), w, b)
+
+
 def trunk(p: dict[str, Tensor], obs: Tensor) -> Tensor:
     """h_s2 = relu(W2 relu(W1 s + b1) + b2)."""
     h_s1 = fn.relu(fn.linear(obs, p["trunk1_w"], p["trunk1_b"]))  # [B, H]
@@ -178,12 +189,12 @@ def trunk(p: dict[str, Tensor], obs: Tensor) -> Tensor:
 
 def value_logits(p: dict[str, Tensor], h_s2: Tensor) -> Tensor:
     hidden = fn.relu(fn.linear(h_s2, p["value1_w"], p["value1_b"]))  # [B, h]
-    return fn.linear(hidden, p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
+    return output_layer(hidden, p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
 
 
 def advantage_logits(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, h_s2: Tensor, d: ModelDims) -> Tensor:
     hidden = fn.relu(fn.linear(h_s2, w1, b1))  # [B, h]
-    return fn.linear(hidden, w2, b2).view(-1, d.branches, d.actions, d.atoms)  # [B, K, A, N]
+    return output_layer(hidden, w2, b2).view(-1, d.branches, d.actions, d.atoms)  # [B, K, A, N]
 
 
 def c51_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims) -> Tensor:
@@ -195,7 +206,8 @@ def c51_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims) -> Tensor:
 def ensemble_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims) -> Tensor:
     """E extra advantage heads sharing the value stream, batched over heads."""
     hidden = fn.relu(torch.einsum("bh,eoh->ebo", h_s2, p["ens1_w"]) + p["ens1_b"][:, None, :])  # [E, B, h]
-    adv = torch.einsum("ebh,eoh->ebo", hidden, p["ens2_w"]) + p["ens2_b"][:, None, :]  # [E, B, K·A·N]
+    with torch.autocast(h_s2.device.type, enabled=False):  # an output layer: float32, as `output_layer`
+        adv = torch.einsum("ebh,eoh->ebo", hidden.float(), p["ens2_w"]) + p["ens2_b"][:, None, :]  # [E, B, K·A·N]
     adv = adv.view(d.ensemble_heads, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
     value = value_logits(p, h_s2)  # [B, 1, 1, N]
     return torch.stack([dueling_logits(value, adv[e]) for e in range(d.ensemble_heads)])  # [E, B, K, A, N]
@@ -206,12 +218,12 @@ def iqn_quantiles(p: dict[str, Tensor], h_s2: Tensor, tau: Tensor, d: ModelDims)
     phi = fn.relu(fn.linear(cosine_features(tau, d.iqn_embed), p["iqn_embed_w"], p["iqn_embed_b"]))  # [B, T, H]
     mixed = h_s2[:, None, :] * phi  # [B, T, H]
     hidden = fn.relu(fn.linear(mixed, p["iqn1_w"], p["iqn1_b"]))  # [B, T, h]
-    return fn.linear(hidden, p["iqn2_w"], p["iqn2_b"]).view(*tau.shape, d.branches, d.actions)  # [B, T, K, A]
+    return output_layer(hidden, p["iqn2_w"], p["iqn2_b"]).view(*tau.shape, d.branches, d.actions)  # [B, T, K, A]
 
 
 def iql_value(p: dict[str, Tensor], h_s2: Tensor) -> Tensor:
     hidden = fn.relu(fn.linear(h_s2, p["iql1_w"], p["iql1_b"]))  # [B, h]
-    return fn.linear(hidden, p["iql2_w"], p["iql2_b"]).squeeze(-1)  # [B]
+    return output_layer(hidden, p["iql2_w"], p["iql2_b"]).squeeze(-1)  # [B]
 
 
 def attention_predict(p: dict[str, Tensor], window: Tensor, d: ModelDims) -> Tensor:
@@ -226,7 +238,7 @@ def attention_predict(p: dict[str, Tensor], window: Tensor, d: ModelDims) -> Ten
     x = fn.layer_norm(x + fn.linear(attended, p["attn_out_w"], p["attn_out_b"]), (D,), p["attn_ln1_w"], p["attn_ln1_b"])
     ffn = fn.linear(fn.relu(fn.linear(x, p["attn_ffn1_w"], p["attn_ffn1_b"])), p["attn_ffn2_w"], p["attn_ffn2_b"])
     x = fn.layer_norm(x + ffn, (D,), p["attn_ln2_w"], p["attn_ln2_b"])  # [B, W, D]
-    return fn.linear(x.mean(dim=1), p["attn_head_w"], p["attn_head_b"])  # [B, F]
+    return output_layer(x.mean(dim=1), p["attn_head_w"], p["attn_head_b"])  # [B, F]
 
 
 def support(d: ModelDims, device: torch.device) -> Tensor:

@@ -80,6 +80,9 @@ class Hyper:
     sigma_max: float
     # How IQN's pairwise loss runs, not what it is: the fused plans may swap in the Triton kernel.
     quantile_huber: Callable[[Tensor, Tensor, Tensor, float], Tensor] = quantile_huber_loss
+    # The dtype of the networks' matrix products and attention (autocast), None: float32 throughout.
+    # Master weights, gradients, Adam, spectral norm, the C51 projection and every loss stay float32.
+    autocast: torch.dtype | None = None
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -112,6 +115,7 @@ class Hyper:
             target_tau=optim.target_tau,
             spectral_norm=optim.spectral_norm,
             sigma_max=optim.sigma_max,
+            autocast=torch.bfloat16 if config.run.precision == "bf16" else None,
         )
 
 
@@ -138,13 +142,17 @@ class Draws:
     tau: Tensor  # [B, T] online quantile fractions
     tau_target: Tensor  # [B, T'] target quantile fractions
     perm: Tensor  # [B] int64 shuffle for the causal interventions
+    permute: bool = True
+    """Redraw `perm` (a sort of B keys) in `fill_`; off where no step intervenes (causal off), so the
+    sort leaves the step. The keys are drawn either way: the random stream is the same."""
 
     @classmethod
-    def empty(cls, dims: ModelDims, batch_size: int, device: torch.device) -> Draws:
+    def empty(cls, dims: ModelDims, batch_size: int, device: torch.device, permute: bool = True) -> Draws:
         return cls(
             tau=torch.empty(batch_size, dims.iqn_taus, device=device),
             tau_target=torch.empty(batch_size, dims.iqn_target_taus, device=device),
-            perm=torch.empty(batch_size, dtype=torch.int64, device=device),
+            perm=torch.arange(batch_size, dtype=torch.int64, device=device),
+            permute=permute,
         )
 
     def fill_(self, generator: torch.Generator) -> Draws:
@@ -152,7 +160,8 @@ class Draws:
         self.tau.uniform_(generator=generator)
         self.tau_target.uniform_(generator=generator)
         keys = torch.rand(self.perm.shape, generator=generator, device=self.perm.device)  # [B]
-        self.perm.copy_(keys.argsort())
+        if self.permute:
+            self.perm.copy_(keys.argsort())
         return self
 
 
@@ -188,6 +197,14 @@ class Forward(NamedTuple):
     per_sample: Tensor  # [B] the priority source: IQN's per-sample loss if on, else C51's
 
 
+def mixed_precision(hp: Hyper, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """The networks' matrix products and attention in `hp.autocast` (bf16 operands, float32 master
+    weights: their gradients come back through the casts as float32), or a no-op for float32."""
+    if hp.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=hp.autocast)
+
+
 def budget_names(hp: Hyper) -> list[str]:
     """The budgeted losses this configuration computes, in BUDGET_NAMES order."""
     enabled = {"c51": True, "cql": hp.cql, "iqn": hp.iqn, "ensemble": hp.ensemble}
@@ -199,17 +216,18 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
     d, atoms = state.dims, state.atoms
     reward = batch.reward * hp.reward_scale  # [B]
     p, pt = state.main.views(state.online), state.main.views(state.target)
-    # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
-    a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
-    h_target = trunk(pt, torch.cat([batch.obs, batch.next_obs]))  # [2B, H]
-    h_target_obs, h_target_next = h_target.chunk(2)  # 2 × [B, H]
-    next_logits = c51_logits(pt, h_target_next, d)  # [B, K, A, N]
+    with mixed_precision(hp, atoms.device):  # the networks; their outputs are float32
+        # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
+        a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
+        h_target = trunk(pt, torch.cat([batch.obs, batch.next_obs]))  # [2B, H]
+        h_target_obs, h_target_next = h_target.chunk(2)  # 2 × [B, H]
+        next_logits = c51_logits(pt, h_target_next, d)  # [B, K, A, N]
+        z_next = iqn_quantiles(pt, h_target_next, draws.tau_target, d) if hp.iqn else None  # [B, T', K, A]
     index = a_star[:, :, None, None].expand(-1, -1, 1, d.atoms)  # [B, K, 1, N]
     next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
-    target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)  # [B, K, N]
+    target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)  # [B, K, N], float32
     z_target = None
-    if hp.iqn:
-        z_next = iqn_quantiles(pt, h_target_next, draws.tau_target, d)  # [B, T', K, A]
+    if z_next is not None:
         z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)
         z_target = iqn_target(z_next, reward, batch.done, hp.gamma)  # [B, T', K]
     return Targets(target_pmf=target_pmf, h_target_obs=h_target_obs, z_target=z_target)
@@ -293,13 +311,13 @@ def per_loss_gradients(
     batched backward their weight gradients become batched matrix products with a B·T-long
     reduction that cuBLAS runs without split-K, ten times slower on an H200 than one plain backward.
     """
-    with timer.section("forward_backward"):
+    with timer.section("forward_backward"), mixed_precision(hp, state.atoms.device):
         jacobian, fwd = torch.func.jacrev(head_losses, has_aux=True)(state.online, state, batch, flags, hp, targets)
     names = [name for name in budget_names(hp) if name != "iqn"]
     grads = dict(zip(names, jacobian.unbind(0), strict=True))  # name -> [Pm]
     if not hp.iqn:
         return grads, fwd
-    with timer.section("iqn"):
+    with timer.section("iqn"), mixed_precision(hp, state.atoms.device):
         grads["iqn"], (loss, per_sample) = torch.func.grad_and_value(iqn_loss, has_aux=True)(
             state.online, state, batch, draws, hp, targets
         )
@@ -326,7 +344,7 @@ def train_step(
     losses = dict(fwd.losses)
 
     if flags.causal:
-        with timer.section("causal"), torch.no_grad():
+        with timer.section("causal"), torch.no_grad(), mixed_precision(hp, atoms.device):
             # do(s_f := shuffled s_f) for each feature f; effect_f = mean |Q(do) − Q|.
             p = state.main.views(state.online)
             intervened = intervene(batch.obs, draws.perm)  # [F, B, F]
@@ -338,7 +356,7 @@ def train_step(
     checks: list[Tensor] = []
     if hp.iql:
         with timer.section("iql"):
-            with torch.no_grad():
+            with torch.no_grad(), mixed_precision(hp, atoms.device):
                 pt = state.main.views(state.target)
                 q_target = expected_q(c51_logits(pt, targets.h_target_obs, d), atoms)  # [B, K, A]
                 q_target_data = q_target.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
@@ -347,7 +365,8 @@ def train_step(
                 value = iql_value(state.iql.views(params), fwd.h_s2)  # [B]
                 return (weight * expectile_loss(value, q_target_data, hp.expectile)).mean()
 
-            iql_grad, losses["iql"] = torch.func.grad_and_value(iql_loss)(state.iql_params)  # [Pq], []
+            with mixed_precision(hp, atoms.device):
+                iql_grad, losses["iql"] = torch.func.grad_and_value(iql_loss)(state.iql_params)  # [Pq], []
             new, m_q, v_q = adam_update(
                 state.iql_params, iql_grad, state.adam_iql, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
             )
@@ -360,7 +379,8 @@ def train_step(
                 prediction = attention_predict(state.attn.views(params), batch.window, d)  # [B, F]
                 return (weight * next_state_loss(prediction, batch.next_obs)).mean()
 
-            attn_grad, losses["attention"] = torch.func.grad_and_value(attention_loss)(state.attn_params)  # [Pa], []
+            with mixed_precision(hp, atoms.device):
+                attn_grad, losses["attention"] = torch.func.grad_and_value(attention_loss)(state.attn_params)
             new, m_a, v_a = adam_update(
                 state.attn_params, attn_grad, state.adam_attn, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
             )

@@ -62,6 +62,7 @@ def test_pinned_defaults_are_the_issue_model() -> None:
     [
         ({"configs": ["huge"]}, "unknown bench names huge"),
         ({"methods": ["warp"]}, "unknown bench names warp"),
+        ({"methods": ["zerocopy-fp16"]}, "unknown bench names zerocopy-fp16"),
         ({"steps": 0}, "must be positive"),
         ({"steps": 5, "steps_per_replay": 2}, "multiple of steps_per_replay"),
     ],
@@ -69,6 +70,43 @@ def test_pinned_defaults_are_the_issue_model() -> None:
 def test_bad_options_are_one_line_errors(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_options(tiny_options(**changes))
+
+
+def test_a_precision_suffix_sets_the_methods_run_precision() -> None:
+    from trainer.bench import METHODS, method_config, split_method
+
+    assert {"compile", "compile-bf16", "zerocopy", "zerocopy-bf16"} <= set(METHODS)
+    assert split_method("zerocopy-bf16") == ("zerocopy", "bf16") and split_method("compile") == ("compile", None)
+    config = bench_config("core", tiny_options())
+    assert method_config(config, "compile-bf16").run.precision == "bf16"
+    assert method_config(config, "compile") is config and config.run.precision == "auto"
+    with pytest.raises(ValueError, match="unknown bench method 'compile-half'"):
+        split_method("compile-half")
+
+
+def test_compile_bf16_is_the_compiled_eager_step_with_tf32_and_bf16_autocast() -> None:
+    from trainer.bench import CompiledEagerPlan, build_method
+    from trainer.model import ModelDims
+    from trainer.state import TrainState
+    from trainer.step import NO_TIMER
+
+    config = bench_config("core", tiny_options())
+    replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(1))
+    spec = replay.spec
+    state = TrainState.create(config, ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions), "cpu")
+    plan = build_method("compile-bf16", state, replay, config, NO_TIMER, torch.Generator().manual_seed(2))
+    assert isinstance(plan, CompiledEagerPlan) and plan.tf32 and plan.hp.autocast is torch.bfloat16
+    plain = build_method("compile", state, replay, config, NO_TIMER, torch.Generator().manual_seed(2))
+    assert not plain.tf32 and plain.hp.autocast is None  # type: ignore[attr-defined]
+
+
+def test_run_bench_times_a_bf16_variant_beside_its_method() -> None:
+    options = tiny_options(configs=["core"], methods=["eager", "eager-bf16"], timer_overhead=False)
+    document = run_bench(options, torch.device("cpu"), log=lambda line: None)
+    rows = {r["method"]: r for r in document["results"]}
+    assert rows["eager-bf16"]["error"] is None and rows["eager-bf16"]["ms_median"] > 0
+    assert rows["eager-bf16"]["losses"] != rows["eager"]["losses"]  # other arithmetic, same batches
+    assert "eager-bf16" in format_table(document)
 
 
 def test_fill_replay_writes_distinct_whole_episodes() -> None:

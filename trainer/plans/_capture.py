@@ -52,6 +52,17 @@ def matmul_precision(tf32: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
+def uses_tf32(precision: str, plan_default: bool) -> bool:
+    """Whether `run.precision` runs the float32 matrix products in TF32: 'auto' keeps the plan's own
+    choice, 'bf16' keeps TF32 for what autocast leaves in float32 (spectral norm's power iteration)."""
+    return plan_default if precision == "auto" else precision in ("tf32", "bf16")
+
+
+def precision_scope(precision: str, default_tf32: bool) -> contextlib.AbstractContextManager[None]:
+    """`matmul_precision` for `run.precision` (bf16's autocast itself is `trainer.step.mixed_precision`)."""
+    return matmul_precision(uses_tf32(precision, default_tf32))
+
+
 Pattern = tuple[StepFlags, ...]
 """The StepFlags of the K updates one replay of a sampling graph runs."""
 

@@ -41,6 +41,7 @@ from trainer.plans._capture import (
     matmul_precision,
     require_cuda,
     unique_generators,
+    uses_tf32,
 )
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
@@ -59,7 +60,7 @@ class GraphPlan:
 
     name = "graph"
     tf32 = False
-    """Capture with TF32 matrix products (the fused plans)."""
+    """Capture with TF32 matrix products (the fused plans): the default that `run.precision=auto` keeps."""
     streams = False
     """Run attention, IQL and the EMA on side streams inside the graph (the dual plan and later)."""
 
@@ -73,13 +74,14 @@ class GraphPlan:
     ) -> None:
         self.device = state.atoms.device
         require_cuda(self.name, self.device)
+        self.tf32 = uses_tf32(config.run.precision, type(self).tf32)
         self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
         self.sample_in_graph = self.can_sample_in_graph(replay)
         self.steps_per_call = config.run.steps_per_replay if self.sample_in_graph else 1
         self.step_base = torch.zeros((), dtype=torch.int64, device=self.device)
         self.hp = self.hyper(config)
         self.batch = replay.empty_batch(config.run.batch_size)
-        self.draws = Draws.empty(state.dims, config.run.batch_size, self.device)
+        self.draws = Draws.empty(state.dims, config.run.batch_size, self.device, permute=config.loss.causal)
         # Valid values for a fed graph's warm-up before its first real fill (empty memory may hold any index).
         self.draws.tau.fill_(0.5)
         self.draws.tau_target.fill_(0.5)

@@ -12,6 +12,9 @@ Error: ‖plan − eager‖ / ‖eager‖ per tensor of `state.tensors()` after 
 - TF32 plans: `TF32_RTOL` (2e-2) for every tensor (measured ≤ 5.6e-3 in run 4), and windowed loss means over
   2000 steps within 5% (`test_tf32_loss_curves_agree_over_2000_steps`, which writes the curves when
   FOXHUNT_CURVES_OUT is set).
+- bf16 (`run.precision=bf16`: bf16 operands, float32 master weights, Adam and losses): `BF16_RTOL` for
+  every tensor, and the same 2000-step windowed check (`test_bf16_loss_curves_agree_over_2000_steps`,
+  curves written beside FOXHUNT_CURVES_OUT's with a `-bf16` suffix).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from trainer.model import ModelDims
 from trainer.plans._capture import matmul_precision
 from trainer.plans.dual import DualStreamPlan
 from trainer.plans.eager import EagerPlan
-from trainer.plans.fused import TF32_RTOL, FusedPlan
+from trainer.plans.fused import BF16_RTOL, TF32_RTOL, FusedPlan
 from trainer.plans.graph import GraphPlan
 from trainer.plans.zerocopy import ZeroCopyPlan
 from trainer.replay.buffer import ReplayBuffer
@@ -96,9 +99,11 @@ def fed_inputs(config: TrainConfig, replay: ReplayBuffer, steps: int) -> list[tu
     return inputs
 
 
-def assert_within(errors: dict[str, float], plan_class: type) -> None:
+def assert_within(errors: dict[str, float], plan_class: type, precision: str = "auto") -> None:
     """Every tensor within the plan's tolerance (see the module docstring)."""
-    if plan_class.tf32:
+    if precision == "bf16":
+        limit = BF16_RTOL
+    elif plan_class.tf32:
         limit = TF32_RTOL
     elif getattr(plan_class, "compiled", False):
         limit = COMPILED_RTOL
@@ -121,15 +126,22 @@ def test_fused_with_the_triton_iqn_kernel_matches_eager_after_50_steps(config_na
     assert_fed_plan_matches_eager(FusedPlan, config_name, iqn_loss_kernel="triton")
 
 
+@pytest.mark.parametrize("config_name", ["core", "full"])
+def test_fused_bf16_matches_eager_after_50_steps(config_name: str) -> None:
+    """run.precision = bf16: the fused plan's bf16 matrix products against float32 eager."""
+    assert_fed_plan_matches_eager(FusedPlan, config_name, precision="bf16")
+
+
 def assert_fed_plan_matches_eager(
-    plan_class: type[GraphPlan], config_name: str, iqn_loss_kernel: str = "inductor"
+    plan_class: type[GraphPlan], config_name: str, iqn_loss_kernel: str = "inductor", precision: str = "auto"
 ) -> None:
-    """Eager and the plan update on the same 50 batches and draws; compare every state tensor."""
+    """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor."""
     config = config_for(config_name)
     config.run.iqn_loss_kernel = iqn_loss_kernel  # read by the fused plans only
+    config.run.precision = precision  # read by the plan; eager below runs float32
+    hp = Hyper.from_config(config_for(config_name))
     replay = new_replay(config)
     inputs = fed_inputs(config, replay, STEPS)
-    hp = Hyper.from_config(config)
     eager = new_state(config, replay)
     with matmul_precision(False):
         for step, (batch, draws) in enumerate(inputs):
@@ -140,10 +152,10 @@ def assert_fed_plan_matches_eager(
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    name = f"{plan_class.name} ({plan_class.__name__}, IQN loss: {iqn_loss_kernel})"
+    name = f"{plan_class.name} ({plan_class.__name__}, IQN loss: {iqn_loss_kernel}, precision: {precision})"
     print(f"{config_name} {name} relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
-    assert_within(errors, plan_class)
+    assert_within(errors, plan_class, precision)
 
 
 @pytest.mark.parametrize("config_name", ["core", "full"])
@@ -213,9 +225,21 @@ def test_tf32_loss_curves_agree_over_2000_steps() -> None:
     """The TF32 fused plan and float32 eager see the same 2000 batches; windowed loss means agree.
 
     The `core` configuration (no ensemble) keeps this run short on the device."""
-    config = bench_config("core", BenchOptions(capacity=CAPACITY))
+    assert_loss_curves_agree("auto", os.environ.get("FOXHUNT_CURVES_OUT"))
+
+
+@pytest.mark.slow
+def test_bf16_loss_curves_agree_over_2000_steps() -> None:
+    """The same with `run.precision=bf16` (bf16 matrix products, float32 master weights and Adam)."""
+    out = os.environ.get("FOXHUNT_CURVES_OUT")
+    assert_loss_curves_agree("bf16", out and str(Path(out).with_name(Path(out).stem + "-bf16.json")))
+
+
+def assert_loss_curves_agree(precision: str, out: str | None) -> None:
+    """Float32 eager and the fused plan at `precision` over the same 2000 batches: windowed means within 5%."""
+    config = bench_config("core", BenchOptions(capacity=CAPACITY, overrides=[f"run.precision={precision}"]))
     replay = new_replay(config)
-    hp = Hyper.from_config(config)
+    hp = Hyper.from_config(bench_config("core", BenchOptions(capacity=CAPACITY)))  # eager: float32
     eager = new_state(config, replay)
     state = new_state(config, replay)
     plan = FusedPlan(state, replay, config, NO_TIMER, torch.Generator("cuda").manual_seed(2))
@@ -236,12 +260,11 @@ def test_tf32_loss_curves_agree_over_2000_steps() -> None:
         for name in ("c51", "cql", "iqn", "iql", "attention"):
             curves["eager"].setdefault(name, []).append(float(ours[name]))
             curves["fused"].setdefault(name, []).append(float(theirs[name]))
-    out = os.environ.get("FOXHUNT_CURVES_OUT")
     if out:
         Path(out).write_text(json.dumps(curves) + "\n")
     for name, eager_curve in curves["eager"].items():
         fused_curve = torch.tensor(curves["fused"][name]).view(10, 200).mean(1)
         eager_means = torch.tensor(eager_curve).view(10, 200).mean(1)
         gap = ((fused_curve - eager_means).abs() / eager_means.abs().clamp(min=1e-3)).max()
-        print(f"loss {name}: largest windowed relative gap {float(gap):.4f}")
+        print(f"loss {name} ({precision}): largest windowed relative gap {float(gap):.4f}")
         assert float(gap) <= 0.05, f"{name} curves part: windowed gap {float(gap):.3f}"
