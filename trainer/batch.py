@@ -1,7 +1,8 @@
 """The batch one update step consumes (layout fixed in docs/architecture.md, "The batch").
 
-Letters as in STYLE.md: B batch, K branches, F features, W window. GPU plans sample into a static
-Batch allocated once (`Batch.empty`), so a captured graph always reads the same addresses.
+Letters as in docs/architecture.md ("Conventions"): B batch, K branches, F features, W window. GPU
+plans sample into a static Batch allocated once (`Batch.empty`), so a captured graph always reads
+the same addresses.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class TrialFailed(RuntimeError):
     """A trial that crashed or produced no usable objective; it is recorded FAIL in the study."""
 
 
-class ParamSpec(BaseModel):
+class SearchDimension(BaseModel):
     """One dimension of the space; `log` samples uniformly in log space, `step` discretises."""
 
     model_config = ConfigDict(extra="forbid")
@@ -69,7 +69,7 @@ class ParamSpec(BaseModel):
     choices: list[Choice] | None = None
 
     @model_validator(mode="after")
-    def _shape(self) -> ParamSpec:
+    def _shape(self) -> SearchDimension:
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("categorical needs a non-empty 'choices' list")
@@ -94,13 +94,13 @@ class ParamSpec(BaseModel):
 
 
 def parse_space(data: Any) -> dict[str, BaseDistribution]:
-    """A mapping `dotted.name -> ParamSpec` as Optuna distributions, or HyperoptError."""
+    """A mapping `dotted.name -> SearchDimension` as Optuna distributions, or HyperoptError."""
     if not isinstance(data, dict) or not data:
         raise HyperoptError("space: expected a non-empty mapping of dotted config names to specs")
     space: dict[str, BaseDistribution] = {}
     for name, raw in data.items():
         try:
-            space[str(name)] = ParamSpec.model_validate(raw).distribution()
+            space[str(name)] = SearchDimension.model_validate(raw).distribution()
         except ValidationError as error:
             raise HyperoptError(f"space {name}: {format_validation_error(error)}") from None
         except ValueError as error:  # Optuna's own checks: low > high, log with low <= 0, bad step

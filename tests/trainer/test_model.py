@@ -5,7 +5,7 @@ from trainer.model import ModelDims, attn_layout, iql_layout, main_layout
 
 
 def test_pinned_model_parameter_counts() -> None:
-    """DESIGN.md: main + IQN + IQL ≈ 321K; attention auxiliary ≈ 263K."""
+    """docs/architecture.md ("Conventions"): main + IQN + IQL ≈ 321K; attention auxiliary ≈ 263K."""
     dims = ModelDims.build(TrainConfig().model, obs_dim=64, branches=3, actions=5)
     main, iql, attn = main_layout(dims).size, iql_layout(dims).size, attn_layout(dims).size
     assert 315_000 < main + iql < 325_000

@@ -1,7 +1,7 @@
 """The trainer's losses as small pure tensor functions: tensors in, per-sample losses [B] out.
 
 No optimiser, stream, `.item()` or branch on tensor values lives here, so `trainer/step.py` can run
-them eagerly, under torch.compile or inside a CUDA graph. Shape letters follow STYLE.md.
+them eagerly, under torch.compile or inside a CUDA graph. Shape letters as in docs/architecture.md ("Conventions").
 """
 
 from trainer.losses.aux import next_state_loss
