@@ -517,6 +517,13 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
     }
 
 
+def row_label(row: dict[str, Any]) -> str:
+    """A result row's method, with its source and round in an A/B document (`trainer.bench_isolated`)."""
+    if row.get("round") is None or row.get("source") is None:
+        return str(row["method"])
+    return f"{row['method']} @{row['source']} #{row['round'] + 1}"
+
+
 def format_table(document: dict[str, Any]) -> str:
     """The plan's table: plan, ms/step median and spread, epoch seconds, speed-up, peak memory."""
     lines = [
@@ -524,14 +531,15 @@ def format_table(document: dict[str, Any]) -> str:
         f"{'speed-up':>9} {'peak GiB':>9}"
     ]
     for r in document["results"]:
+        method = row_label(r)
         if r["error"]:
-            lines.append(f"{r['config']:<6} {r['method']:<14} failed: {r['error']}")
+            lines.append(f"{r['config']:<6} {method:<14} failed: {r['error']}")
             continue
         speed = f"{r['speedup']:.1f}x" if r["speedup"] else "-"
         mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "-"
         spread = f"{r['ms_min']:.3f}-{r['ms_max']:.3f}"
         lines.append(
-            f"{r['config']:<6} {r['method']:<14} {r['ms_median']:>9.3f} {spread:>18} {r['epoch_s']:>8.2f} "
+            f"{r['config']:<6} {method:<14} {r['ms_median']:>9.3f} {spread:>18} {r['epoch_s']:>8.2f} "
             f"{speed:>9} {mem:>9}"
         )
     for row in document["timer_overhead"]:
@@ -540,6 +548,10 @@ def format_table(document: dict[str, Any]) -> str:
             f"{row['ms_timer_off']:.3f} ms off ({row['overhead_pct']:+.2f}%)"
         )
     lines.extend(format_train_rows(document.get("train", [])))
+    if document.get("ab"):
+        from trainer.bench_isolated import format_ab_table
+
+        lines += ["", "A/B (alternating, each run in a fresh process):", format_ab_table(document)]
     return "\n".join(lines)
 
 
@@ -575,13 +587,13 @@ def plot(document: dict[str, Any], path: Path) -> None:
 
     rows = [r for r in document["results"] if r["ms_median"] is not None]
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    methods = list(dict.fromkeys(row_label(r) for r in rows))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(configs))
     for i, config in enumerate(configs):
         xs, ys, lo, hi = [], [], [], []
         for j, method in enumerate(methods):
-            match = [r for r in rows if r["config"] == config and r["method"] == method]
+            match = [r for r in rows if r["config"] == config and row_label(r) == method]
             if match:
                 r = match[0]
                 xs.append(j + i * width)

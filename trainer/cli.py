@@ -86,8 +86,12 @@ def train(
 def bench(
     configs: Annotated[str, typer.Option(help="Comma-separated configurations: core, full.")] = "core,full",
     methods: Annotated[
-        str, typer.Option(help="Comma-separated: eager, compile, graph, dual, fused, zerocopy.")
-    ] = "eager,compile,graph,dual,fused,zerocopy",
+        str,
+        typer.Option(
+            help="Comma-separated: eager, compile, graph, dual, fused, zerocopy, each with an optional precision "
+            "suffix -fp32, -tf32 or -bf16 (compile-bf16: TF32 and bf16 autocast under torch.compile)."
+        ),
+    ] = "eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16",
     batch_size: Annotated[int, typer.Option(help="Transitions per step (B).")] = 1024,
     capacity: Annotated[int, typer.Option(help="Replay capacity, filled with random transitions.")] = 1_000_000,
     obs_dim: Annotated[int, typer.Option(help="Observation features F.")] = 64,
@@ -107,6 +111,17 @@ def bench(
     ] = "",
     train_plans: Annotated[str, typer.Option(help="Comma-separated plans for the train rows.")] = "eager,zerocopy",
     train_updates: Annotated[int, typer.Option(help="Updates per train row.")] = 4000,
+    isolate: Annotated[
+        bool, typer.Option(help="Run each configuration's each method in a fresh process (no train rows).")
+    ] = False,
+    ab: Annotated[
+        str,
+        typer.Option(
+            help="A,B: bench two sources (git revisions, or folders holding trainer/; '.' is this tree) "
+            "alternating A B A B, each method in a fresh process."
+        ),
+    ] = "",
+    rounds: Annotated[int, typer.Option(min=1, help="A/B rounds (each runs A then B).")] = 2,
 ) -> None:
     """Time every plan beside eager and torch.compile on the pinned model; print the table, write JSON/PNG/MD."""
     import shlex
@@ -145,7 +160,21 @@ def bench(
             bench_config(name, options)
     except (ValueError, ConfigError) as error:
         raise fail(str(error)) from None
-    document = run_bench(options, target, log=lambda line: typer.echo(line, err=True))
+    sources = [s for s in ab.split(",") if s]
+    if ab and len(sources) != 2:
+        raise fail(f"--ab takes two sources, A,B; got {ab!r}")
+    if (isolate or sources) and options.train:
+        raise fail("--train rows run in the bench's own process: not with --isolate or --ab")
+    log = lambda line: typer.echo(line, err=True)  # noqa: E731
+    if isolate or sources:
+        from trainer.bench_isolated import run_isolated
+
+        try:
+            document = run_isolated(options, target.type, log, sources or None, rounds if sources else 1)
+        except ValueError as error:
+            raise fail(str(error)) from None
+    else:
+        document = run_bench(options, target, log=log)
     write_outputs(document, out, "python -m trainer bench " + shlex.join(sys.argv[2:]))
     typer.echo(format_table(document))
     pushgateway = os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
