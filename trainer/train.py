@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -32,15 +32,19 @@ from tqdm import tqdm
 
 from trainer.checkpoint import Checkpoint, Checkpointer, decode_generator, encode_generator
 from trainer.config import STEPS_PER_EPOCH, TrainConfig, dump_config
-from trainer.data import make_source
+from trainer.data import OnlineSource, Source, make_source
 from trainer.data.gym_source import linear_epsilon
 from trainer.jsonfile import write_json_atomic
 from trainer.metrics import Exporter, TrainerMetrics, build_info, push, resolve_metrics_port, serve
 from trainer.model import ModelDims, greedy_action
 from trainer.plans import make_plan, resolve_plan
+from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.timing import Interleaved, StepTimer, format_breakdown
+
+if TYPE_CHECKING:
+    from trainer.data.offline import OfflineSource
 
 EXIT_TERMINATED = 143
 MODEL_NAME = "c51-branching"
@@ -118,7 +122,8 @@ class Run:
     device: torch.device
     state: TrainState
     replay: ReplayBuffer
-    source: Any
+    source: Source
+    """Online (`OnlineSource`: market, gym) or offline (`OfflineSource`), as `data.source` says."""
     timer: StepTimer
     plan_name: str
     """The plan that runs: `run.plan`, or eager where that cannot run here (with a warning)."""
@@ -130,8 +135,20 @@ class Run:
     wall_seconds: float = 0.0
     last_report: dict[str, Any] = field(default_factory=dict)
     best: BestPolicy = field(default_factory=BestPolicy)
-    plan: Any = None
+    built_plan: Plan | None = None
     """Built by `start_plan` once the replay holds its warm-up (graph plans capture on real samples)."""
+
+    @property
+    def plan(self) -> Plan:
+        """The plan that runs the updates (`start_plan` builds it)."""
+        if self.built_plan is None:
+            raise ValueError("no plan yet: start_plan builds it after the replay's warm-up")
+        return self.built_plan
+
+    @property
+    def online_source(self) -> OnlineSource:
+        """The source as the collecting kind; only online runs (data.source market or gym) collect."""
+        return cast(OnlineSource, self.source)
 
     def act_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
         views = self.state.main.views(self.state.online)
@@ -237,17 +254,17 @@ def fill_replay(run: Run) -> None:
     config = run.config
     if config.data.source == "offline":
         if len(run.replay) == 0:
-            run.replay.extend(run.source.transitions())
+            run.replay.extend(cast("OfflineSource", run.source).transitions())
         return
     while len(run.replay) < max(config.data.learning_starts, config.run.batch_size):
-        run.replay.add(run.source.collect(None, 1.0, run.explore_generator))
+        run.replay.add(run.online_source.collect(None, 1.0, run.explore_generator))
 
 
 def start_plan(run: Run) -> None:
     """Build the plan: after the replay is filled (or restored), as graph plans capture on real samples."""
     if len(run.replay) == 0:
         raise ValueError("the plan is built after the replay's warm-up: fill_replay first")
-    run.plan = make_plan(run.plan_name, run.state, run.replay, run.config, run.timer, run.generator)
+    run.built_plan = make_plan(run.plan_name, run.state, run.replay, run.config, run.timer, run.generator)
 
 
 def collect(run: Run, act: Callable[[Tensor], Tensor], updates: int) -> None:
@@ -259,7 +276,7 @@ def collect(run: Run, act: Callable[[Tensor], Tensor], updates: int) -> None:
         epsilon = linear_epsilon(step, data.epsilon_start, data.epsilon_end, data.epsilon_decay_steps)
         for _ in range(data.env_steps_per_update):
             with Interleaved(run.timer, "env", "act") as split:
-                rows = run.source.collect(split.wrap(act), epsilon, run.explore_generator)
+                rows = run.online_source.collect(split.wrap(act), epsilon, run.explore_generator)
             with run.timer.section("store"):
                 run.replay.add(rows)
 
@@ -271,7 +288,7 @@ def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> di
     means = {name: ms / per_call for name, ms in run.timer.means_ms(window=window).items()}
     step_ms = means.pop("step", sum(means.values()))
     out(format_breakdown(run.plan.name, means))
-    progress = {
+    progress: dict[str, Any] = {
         "step": run.step,
         "steps": run.config.run.steps,
         "plan": run.plan.name,
