@@ -100,8 +100,14 @@ class PrioritizedSampler:
         return self.tree[self.leaves : self.leaves + self.capacity]
 
     def _set_leaves(self, slots: Tensor, value: Tensor) -> None:
-        """Write leaves (duplicates are safe), then their parents where the descent reads them."""
-        self.tree.index_put_((slots + self.leaves,), value)
+        """Write leaves, then their parents where the descent reads them.
+
+        A slot drawn twice in one batch gets the larger of its priorities: a plain indexed write would
+        keep whichever duplicate the GPU happened to write last, so two runs of one seed (eager and a
+        graph plan) could part in their priorities.
+        """
+        leaves = (slots + self.leaves).to(torch.int64)  # [M]
+        self.tree.scatter_reduce_(0, leaves, value.to(self.tree.dtype).expand(leaves.shape), "amax", include_self=False)
         if self.search == "tree":
             self._sum_levels()
 
