@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
 # The one script sent to the H200: GPU tests, then the benchmark; logs, JSON and PNG under $OUT.
 # Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of
-# train,tests,curves,bench,profile or all (train: real CartPole training with every plan, tests/trainer/test_train.py)
+#   train,tests,curves,bench,profile or all (train: real CartPole training with every plan, tests/trainer/test_train.py)
+#   round2 = bench-core,bf16,bench-full,profile-bf16 (issue 14 in one call, ~550 s on one H200):
+#     bench-core: every method on `core` (eager, compile, compile-bf16, graph, dual, fused, zerocopy,
+#       zerocopy-bf16), 3 windows, no timer-overhead runs      -> $OUT/core/bench.{json,md,png}
+#     bf16: the bf16 GPU equivalence tests (core 50 steps, 2000-step bf16 loss curves; the `full`
+#       50-step test too with BF16_FULL=1)                     -> $OUT/gpu_tests_bf16.log, loss_curves-bf16.{json,png}
+#     bench-full: `full` without the two torch.compile rows (96 s of compilation each)
+#                                                              -> $OUT/full/bench.{json,md,png}
+#     profile-bf16: kernels per step of zerocopy-bf16 on `core`, by kind -> $OUT/profile_zerocopy_bf16_core.txt
+#   Every stage gets at most what is left of DEADLINE seconds (default 550) from the script's start,
+#   so the call ends in time and keeps what the earlier stages wrote.
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
 set -uo pipefail
+began=$SECONDS
 stage="${1:-all}"; shift || true
 [ "$stage" = all ] && stage=train,tests,curves,bench,profile
+[ "$stage" = round2 ] && stage=bench-core,bf16,bench-full,profile-bf16
 has() { [[ ",$stage," == *",$1,"* ]]; }
+left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
+  local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
+  (( rest < 1 )) && rest=1
+  echo $(( $1 < rest ? $1 : rest ))
+}
 OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if [ -d .whl ]; then
@@ -17,6 +34,8 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' \
   | tee -a "$OUT/device.txt"
+git rev-parse HEAD 2>/dev/null | tee -a "$OUT/device.txt"
+quick="--repeats 3 --no-timer-overhead"
 
 if has train; then
   # every plan trains CartPole from an empty replay; graph = eager bit for bit over 2000 real updates
@@ -40,3 +59,32 @@ if has profile; then
   timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy+triton --top 25 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
 fi
+
+# ---- issue 14, round 2 (stage round2) ----
+if has bench-core; then
+  timeout "$(left 210)" python3 -m trainer bench --configs core \
+    --methods eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16 $quick --out "$OUT/core" "$@" 2>&1 \
+    | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -14
+fi
+if has bf16; then
+  tests="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]"
+  tests="$tests tests/trainer/plans/test_equivalence.py::test_bf16_loss_curves_agree_over_2000_steps"
+  [ -n "${BF16_FULL:-}" ] && tests="$tests tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[full]"
+  budget=$(left 130)
+  # shellcheck disable=SC2086  # $tests is a list of test ids
+  FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA \
+    --timeout "$budget" $tests 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_tests_bf16.log" \
+    | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
+  [ -f "$OUT/loss_curves-bf16.json" ] \
+    && python3 scripts/plot_loss_curves.py "$OUT/loss_curves-bf16.json" "$OUT/loss_curves-bf16.png" bf16
+fi
+if has bench-full; then
+  timeout "$(left 230)" python3 -m trainer bench --configs full \
+    --methods eager,graph,dual,fused,zerocopy,zerocopy-bf16 $quick --out "$OUT/full" "$@" 2>&1 \
+    | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -10
+fi
+if has profile-bf16; then
+  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 --top 25 2>&1 \
+    | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_bf16_core.txt" | tail -32
+fi
+echo "gpu_check: $(( SECONDS - began )) s"

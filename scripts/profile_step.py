@@ -1,8 +1,10 @@
 """Where a plan's step time goes on the GPU: kernels per step, busy time, and the costliest kernels.
 
 Usage: python scripts/profile_step.py [--config core] [--variant NAME ...] [--steps 20]
-A variant is a plan name (or "compile") with optional suffixes: "+tree" (sum-tree sampling instead of
-the bench's cumulative-sum search) and "+triton" (IQN's loss as the Triton kernel), e.g. "zerocopy+triton".
+A variant is a bench method (a plan name or "compile", with an optional precision suffix as in the
+bench: "zerocopy-bf16") with optional flags: "+tree" (sum-tree sampling instead of the bench's
+cumulative-sum search) and "+triton" (IQN's loss as the Triton kernel), e.g. "zerocopy-bf16+triton".
+Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps.
 """
@@ -22,6 +24,16 @@ from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.timing import StepTimer
+
+KINDS = ("matmul", "triton", "other")
+MATMUL_MARKS = ("gemm", "cutlass", "xmma", "splitKreduce", "cublas", "fmha", "flash")
+
+
+def kind(name: str) -> str:
+    """A kernel's kind: a matrix product (attention's included), an Inductor/Triton kernel, or another."""
+    if any(mark in name for mark in MATMUL_MARKS):
+        return "matmul"
+    return "triton" if name.startswith("triton") else "other"
 
 
 def build(variant: str, config_name: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
@@ -79,8 +91,10 @@ def main() -> None:
         for e in kernels:
             by_name[e.name] += e.device_time
             counts[e.name] += 1
+        kinds: collections.Counter[str] = collections.Counter(kind(e.name) for e in kernels)
         print(
-            f"\n[{args.config}] {variant}: {ms:.3f} ms/step, {len(kernels) / args.steps:.0f} kernels/step, "
+            f"\n[{args.config}] {variant}: {ms:.3f} ms/step, {len(kernels) / args.steps:.0f} kernels/step "
+            f"({', '.join(f'{kinds[k] / args.steps:.0f} {k}' for k in KINDS)}), "
             f"kernel busy {busy:.3f} ms/step, setup {setup:.0f}s"
         )
         for name, total in by_name.most_common(args.top):
