@@ -26,6 +26,25 @@ class JobState(enum.StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.ERROR})
 
 
+class JobFields(BaseModel):
+    """What a job is, as submitted and resolved: the fields a stored job (`service.store.NewJob`) and a
+    listed one (`service.api.schemas.JobPublic`) share, declared once."""
+
+    id: str
+    name: str | None
+    tenant: str
+    submitter: str
+    pool: str
+    model: str
+    plan: str
+    commit_sha: str
+    epochs: int
+    hyperopt_trials: int
+    priority: int
+    deadline: datetime | None
+    labels: dict[str, str]
+
+
 class Placement(BaseModel):
     """Where a job's GPU steps run, from its pool's config: node selector, tolerations, GPU resource."""
 

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, create_engine, event, exists, func, or_, select, 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain import TERMINAL_STATES, BackendStatus, JobState
+from service.domain import TERMINAL_STATES, BackendStatus, JobFields, JobState
 from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
 from service.models import JobEventRow, JobLabelRow, JobRow, TokenRow
 
@@ -49,26 +49,13 @@ class JobEvent(BaseModel):
     at: datetime
 
 
-class NewJob(BaseModel):
-    """A validated submission, ready to insert."""
+class NewJob(JobFields):
+    """A validated submission, ready to insert: the job's fields plus what only the store keeps."""
 
-    id: str
-    tenant: str
-    submitter: str
-    name: str | None
     idempotency_key: str
     request_hash: str
-    pool: str
     gpus: int
-    model: str
-    plan: str
-    commit_sha: str
-    epochs: int
-    hyperopt_trials: int
-    priority: int
-    deadline: datetime | None
     config: dict[str, Any]
-    labels: dict[str, str]
 
 
 class JobRecord(NewJob):

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from service.domain import JobState
+from service.domain import JobFields, JobState
 from trainer.config import INT32_MAX, PlanName, TrainConfig
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$")]
@@ -70,22 +70,9 @@ class PhaseEvent(BaseModel):
     at: datetime
 
 
-class JobPublic(BaseModel):
-    """A job as listed."""
+class JobPublic(JobFields):
+    """A job as listed: its fields (`service.domain.JobFields`) and where it stands."""
 
-    id: str
-    name: str | None
-    tenant: str
-    submitter: str
-    pool: str
-    model: str
-    plan: str
-    commit_sha: str
-    epochs: int
-    hyperopt_trials: int
-    priority: int
-    deadline: datetime | None
-    labels: dict[str, str]
     state: JobState
     reason: str | None = Field(description="Machine-readable cause of the state, kept apart from it.")
     message: str | None
