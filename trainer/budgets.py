@@ -78,8 +78,10 @@ def spectral_project(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: 
         weight = views[spec.name]  # [R, C]
         u_i = u[u_offset : u_offset + rows]  # [R]
         v_i = torch.nn.functional.normalize(weight.t() @ u_i, dim=0)  # [C]
-        u_i = torch.nn.functional.normalize(weight @ v_i, dim=0)  # [R]
-        sigma = u_i @ weight @ v_i  # []
+        # u = W v / ‖W v‖ and σ = uᵀ W v = ‖W v‖: one matrix-vector product less per matrix
+        wv = weight @ v_i  # [R]
+        sigma = wv.norm()  # []
+        u_i = wv / sigma.clamp(min=1e-12)  # [R]
         new_views[spec.name].copy_(weight * (sigma_max / sigma).clamp(max=1.0))
         new_u[u_offset : u_offset + rows] = u_i
         u_offset += rows

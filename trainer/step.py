@@ -20,6 +20,7 @@ from torch import Tensor
 from trainer.batch import Batch
 from trainer.budgets import BUDGET_NAMES, adam_update, combine_budgeted, ema, spectral_project
 from trainer.config import TrainConfig
+from trainer.losses._select import take
 from trainer.losses.aux import next_state_loss
 from trainer.losses.c51 import c51_cross_entropy, categorical_projection, double_dqn_action, expected_q
 from trainer.losses.causal import intervene, intervention_effects
@@ -289,7 +290,7 @@ def iqn_loss(
     assert targets.z_target is not None
     p = state.main.views(online)
     z = iqn_quantiles(p, trunk(p, batch.obs), draws.tau, state.dims)  # [B, T, K, A]
-    z_data = z.gather(3, batch.action[:, None, :, None].expand(-1, z.shape[1], -1, 1)).squeeze(3)  # [B, T, K]
+    z_data = take(z, batch.action[:, None, :, None], dim=3)  # [B, T, K]
     per_sample = hp.quantile_huber(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
     return (batch.weight * per_sample).mean(), per_sample
 

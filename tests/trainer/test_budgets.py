@@ -93,3 +93,20 @@ def test_spectral_u_is_unit_norm() -> None:
     state = tiny_state(tiny_config())
     u = spectral_u_init(state.main, torch.Generator().manual_seed(0), torch.device("cpu"))
     assert u.norm() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_spectral_projection_is_the_power_iteration_with_sigma_as_u_w_v() -> None:
+    """σ = ‖W v‖ (one product less) is the textbook σ = uᵀ W v with u = normalize(W v)."""
+    config = tiny_config()
+    state = tiny_state(config)
+    params = state.online * 3.0
+    new, u = spectral_project(params, state.spectral_u, state.main, 1.0)
+    views, new_views, offset = state.main.views(params), state.main.views(new), 0
+    for spec in state.main.matrices():
+        weight, rows = views[spec.name], spec.shape[0]
+        v = torch.nn.functional.normalize(weight.t() @ state.spectral_u[offset : offset + rows], dim=0)
+        u_ref = torch.nn.functional.normalize(weight @ v, dim=0)
+        sigma = u_ref @ weight @ v
+        assert torch.allclose(u[offset : offset + rows], u_ref, atol=1e-6)
+        assert torch.allclose(new_views[spec.name], weight * (1.0 / sigma).clamp(max=1.0), rtol=1e-5, atol=1e-7)
+        offset += rows

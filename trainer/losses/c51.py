@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from trainer.losses._select import take
 from trainer.losses._shapes import expect_shape
 
 
@@ -71,10 +72,8 @@ def c51_cross_entropy(logits: Tensor, action: Tensor, target_pmf: Tensor) -> Ten
     expect_shape("c51_cross_entropy", "logits", logits, "B K A N", sizes)
     expect_shape("c51_cross_entropy", "action", action, "B K", sizes)
     expect_shape("c51_cross_entropy", "target_pmf", target_pmf, "B K N", sizes)
-    B, K, _, N = logits.shape
     # logits at the data action
-    index = action[:, :, None, None].expand(B, K, 1, N)  # [B, K, 1, N]
-    chosen = logits.gather(2, index).squeeze(2)  # [B, K, N]
+    chosen = take(logits, action[:, :, None, None], dim=2)  # [B, K, N]
     # loss = -sum_n target_n log softmax(chosen)_n, mean over K
     log_p = torch.log_softmax(chosen, dim=-1)  # [B, K, N]
     cross_entropy = -(target_pmf.detach() * log_p).sum(-1)  # [B, K]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from trainer.losses._select import take
 from trainer.losses._shapes import expect_shape
 
 
@@ -19,5 +20,5 @@ def cql_penalty(q: Tensor, action: Tensor) -> Tensor:
     expect_shape("cql_penalty", "action", action, "B K", sizes)
     # penalty = logsumexp_a q - q[a_data], mean over K
     soft_max_q = torch.logsumexp(q, dim=-1)  # [B, K]
-    data_q = q.gather(-1, action[:, :, None]).squeeze(-1)  # [B, K]
+    data_q = take(q, action[:, :, None], dim=-1)  # [B, K]
     return (soft_max_q - data_q).mean(-1)  # [B]

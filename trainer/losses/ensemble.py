@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from trainer.losses._select import take
 from trainer.losses._shapes import expect_shape
 from trainer.losses.c51 import c51_cross_entropy, expected_q
 
@@ -37,7 +38,7 @@ def ensemble_loss(
     cross_entropy = c51_cross_entropy(flat_logits, flat_action, flat_target).view(E, B)  # [E, B]
     # diversity = Var_e Q_e(s, a_data) / h², h = (v_max − v_min) / 2, mean over K
     q = expected_q(flat_logits, support)  # [E*B, K, A]
-    data_q = q.gather(-1, flat_action[:, :, None]).view(E, B, K)  # [E, B, K]
+    data_q = take(q, flat_action[:, :, None], dim=-1).view(E, B, K)  # [E, B, K]
     half_width = (support[-1] - support[0]) / 2  # []
     diversity = (data_q.var(dim=0, correction=0) / half_width**2).mean(-1)  # [B]
     return cross_entropy.mean(0) - diversity_weight * diversity  # [B]
