@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
 import sys
 import tomllib
-import venv
 from pathlib import Path
 
 import pytest
@@ -121,26 +119,3 @@ def test_each_target_installs_exactly_its_dependency_group_from_its_lock(target:
     assert packages == [f"./[{group}]"], f"{target} installs {packages}, not the package's [{group}] group"
     allowed = (ROOT / ".dockerignore").read_text().splitlines()
     assert f"!requirements/{group}.txt" in allowed, f"requirements/{group}.txt is not in the build context"
-
-
-@pytest.mark.slow
-def test_service_lock_resolves_without_torch(tmp_path: Path) -> None:
-    """Run the service stage's lock install (as a dry run) in a fresh venv: no torch, all of [service]."""
-    args = _pip_installs("service-build")[0]
-    venv.create(tmp_path / "venv", with_pip=True)
-    pip = tmp_path / "venv" / "bin" / "pip"
-    report = tmp_path / "report.json"
-    result = subprocess.run(
-        [str(pip), "install", *args, "--dry-run", "--quiet", "--report", str(report)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    installed = {
-        item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]
-    }
-    assert not {"torch", "triton", "nvidia-cublas-cu12", "numpy", "optuna"} & installed, sorted(installed)
-    wanted = {_requirement_name(r) for r in _declared_extras()["service"]}
-    assert wanted <= installed, sorted(wanted - installed)

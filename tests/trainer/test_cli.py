@@ -34,16 +34,21 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (None, ["-o", "data.source=offline", "-o", "data.dataset=none.npz"], "error: "),
     ],
 )
-def test_bad_input_exits_2_with_one_line(tmp_path: Path, setup: str | None, args: list[str], message: str) -> None:
+def test_bad_input_exits_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, setup: str | None, args: list[str], message: str
+) -> None:
+    """In this process (a fresh interpreter per case only re-imports torch); the next test runs the real one."""
     if setup is not None:
         (tmp_path / "c.yaml").write_text(setup)
-    result = run_cli(*args, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", *args, "--run-dir", str(tmp_path / "run"), "--no-progress")
+    assert result.exit_code == 2, result.output
     assert result.stderr.startswith(message)
     assert result.stderr.count("\n") == 1, result.stderr
 
 
 def test_malformed_dataset_exits_2(tmp_path: Path) -> None:
+    """`python -m trainer` as a process: bad input is one line on its stderr and exit code 2."""
     path = tmp_path / "bad.npz"
     np.savez(path, obs=np.zeros((4, 3), np.float32))  # no action/reward/next_obs/done
     result = run_cli("-o", "data.source=offline", "-o", f"data.dataset={path}", cwd=tmp_path)
