@@ -56,7 +56,7 @@ if has bench; then
 fi
 if has profile; then
   # kernels per step and the costliest kernels of the fastest plan (scripts/profile_step.py)
-  timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy+triton --top 25 2>&1 \
+  timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy-bf16 --top 25 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
 fi
 

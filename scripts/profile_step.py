@@ -2,8 +2,8 @@
 
 Usage: python scripts/profile_step.py [--config core] [--variant NAME ...] [--steps 20]
 A variant is a bench method (a plan name or "compile", with an optional precision suffix as in the
-bench: "zerocopy-bf16") with optional flags: "+tree" (sum-tree sampling instead of the bench's
-cumulative-sum search) and "+triton" (IQN's loss as the Triton kernel), e.g. "zerocopy-bf16+triton".
+bench: "zerocopy-bf16") with an optional flag "+tree" (sum-tree sampling instead of the bench's
+cumulative-sum search), e.g. "zerocopy-bf16+tree".
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps.
@@ -38,7 +38,7 @@ def kind(name: str) -> str:
 
 def build(variant: str, config_name: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
     method, *flags = variant.split("+")
-    by_flag = {"tree": "replay.search=tree", "triton": "run.iqn_loss_kernel=triton"}
+    by_flag = {"tree": "replay.search=tree"}
     unknown = set(flags) - set(by_flag)
     if unknown:
         raise ValueError(f"unknown variant suffix {sorted(unknown)} (choose from {sorted(by_flag)})")

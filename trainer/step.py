@@ -10,7 +10,6 @@ CUDA graph, split it over streams, or compile it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -79,8 +78,6 @@ class Hyper:
     target_tau: float
     spectral_norm: bool
     sigma_max: float
-    # How IQN's pairwise loss runs, not what it is: the fused plans may swap in the Triton kernel.
-    quantile_huber: Callable[[Tensor, Tensor, Tensor, float], Tensor] = quantile_huber_loss
     # The dtype of the networks' matrix products and attention (autocast), None: float32 throughout.
     # Master weights, gradients, Adam, spectral norm, the C51 projection and every loss stay float32.
     autocast: torch.dtype | None = None
@@ -291,7 +288,7 @@ def iqn_loss(
     p = state.main.views(online)
     z = iqn_quantiles(p, trunk(p, batch.obs), draws.tau, state.dims)  # [B, T, K, A]
     z_data = take(z, batch.action[:, None, :, None], dim=3)  # [B, T, K]
-    per_sample = hp.quantile_huber(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
+    per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
     return (batch.weight * per_sample).mean(), per_sample
 
 

@@ -21,7 +21,6 @@ spectral norm, C51 projection and losses, and TF32 for the float32 products left
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,7 +32,7 @@ from trainer.plans._capture import StreamRouter
 from trainer.plans.dual import DualStreamPlan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
-from trainer.step import Hyper, SectionTimer, StepFlags, StepOutput, train_step
+from trainer.step import SectionTimer, StepFlags, StepOutput, train_step
 
 TF32_RTOL = 2e-2
 """Relative error per state tensor (‖plan − eager‖ / ‖eager‖) allowed for TF32 plans after 50 steps."""
@@ -85,7 +84,7 @@ def compile_step(mode: str | None = COMPILE_MODE) -> Callable[..., StepOutput]:
     """`train_step` through Inductor, one wrapper per mode: Dynamo's cache (per code object and
     wrapper) then serves every plan instance and variant compiled before, instead of recompiling."""
     options: dict[str, Any] = {"mode": mode} if mode else {}
-    # Every variant (StepFlags, precision, Hyper, IQN kernel) is its own entry by design; past Dynamo's
+    # Every variant (StepFlags, precision, Hyper) is its own entry by design; past Dynamo's
     # default limit of 8 it would silently run the step uncompiled.
     dynamo_config = torch._dynamo.config
     dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 256)
@@ -111,14 +110,6 @@ class FusedPlan(DualStreamPlan):
         self.step_fn = compile_step(self.compile_mode) if self.compiled else train_step
         self.sections: _EagerSections | None = None
         super().__init__(state, replay, config, timer, generator)
-
-    def hyper(self, config: TrainConfig) -> Hyper:
-        hp = super().hyper(config)
-        if config.run.iqn_loss_kernel == "triton":
-            from trainer.kernels.quantile_huber import quantile_huber_loss_fused  # needs Triton: GPU images only
-
-            hp = dataclasses.replace(hp, quantile_huber=quantile_huber_loss_fused)
-        return hp
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         if isinstance(timer, StreamRouter):

@@ -109,7 +109,7 @@ class GraphPlan:
     # ---- what one captured graph runs -------------------------------------------------------
 
     def hyper(self, config: TrainConfig) -> Hyper:
-        """The step's constants (the fused plan also picks its kernels here)."""
+        """The step's constants as plain values (baked into the captured graphs)."""
         return Hyper.from_config(config)
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:

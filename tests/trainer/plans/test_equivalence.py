@@ -121,23 +121,14 @@ def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], conf
 
 
 @pytest.mark.parametrize("config_name", ["core", "full"])
-def test_fused_with_the_triton_iqn_kernel_matches_eager_after_50_steps(config_name: str) -> None:
-    """run.iqn_loss_kernel = triton: the fused plan's IQN loss and gradient from trainer/kernels."""
-    assert_fed_plan_matches_eager(FusedPlan, config_name, iqn_loss_kernel="triton")
-
-
-@pytest.mark.parametrize("config_name", ["core", "full"])
 def test_fused_bf16_matches_eager_after_50_steps(config_name: str) -> None:
     """run.precision = bf16: the fused plan's bf16 matrix products against float32 eager."""
     assert_fed_plan_matches_eager(FusedPlan, config_name, precision="bf16")
 
 
-def assert_fed_plan_matches_eager(
-    plan_class: type[GraphPlan], config_name: str, iqn_loss_kernel: str = "inductor", precision: str = "auto"
-) -> None:
+def assert_fed_plan_matches_eager(plan_class: type[GraphPlan], config_name: str, precision: str = "auto") -> None:
     """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor."""
     config = config_for(config_name)
-    config.run.iqn_loss_kernel = iqn_loss_kernel  # read by the fused plans only
     config.run.precision = precision  # read by the plan; eager below runs float32
     hp = Hyper.from_config(config_for(config_name))
     replay = new_replay(config)
@@ -152,7 +143,7 @@ def assert_fed_plan_matches_eager(
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    name = f"{plan_class.name} ({plan_class.__name__}, IQN loss: {iqn_loss_kernel}, precision: {precision})"
+    name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision})"
     print(f"{config_name} {name} relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
     assert_within(errors, plan_class, precision)
