@@ -189,8 +189,8 @@ class RunConfig(_Section):
         "inductor",
         description=(
             "IQN's pairwise quantile Huber loss: Inductor's kernel, which already fuses the loss and its "
-            "gradient into one; the separate Triton kernel ('triton') was removed (issue 14: it replaced one "
-            "kernel by one kernel and three copies). Kept so that stored configs naming it still load."
+            "gradient into one; the separate Triton kernel ('triton') was removed (issue 14: it replaced that one "
+            "kernel by itself plus copies of its inputs). Kept so that stored configs naming it still load."
         ),
     )
     precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(
