@@ -218,6 +218,15 @@ class RunConfig(_Section):
     )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics here while running.")
     pushgateway_url: str | None = Field(None, description="Push a final metrics snapshot here.")
+    max_seconds: float | None = Field(
+        None,
+        gt=0.0,
+        description=(
+            "Wall seconds of the training loop (a resumed run counts its earlier time) after which the run stops "
+            "before run.steps and finishes as at the end: checkpoint, selection, final evaluation, summary "
+            "(None: no limit). For a time budget that must end with a result."
+        ),
+    )
 
 
 class TrainConfig(_Section):
