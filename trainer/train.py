@@ -393,7 +393,9 @@ def run_training(
     losses: dict[str, float] = {}
     started = time.perf_counter() - run.wall_seconds
     epoch_started = time.perf_counter()
-    while run.step < config.run.steps:
+    limit = config.run.max_seconds
+    timed_out = False
+    while run.step < config.run.steps and not timed_out:
         if termination.requested:
             run.wall_seconds = time.perf_counter() - started
             save_checkpoint(run)
@@ -411,23 +413,25 @@ def run_training(
         if crossed(run.step, advanced, STEPS_PER_EPOCH):
             run.metrics.epoch_done(time.perf_counter() - epoch_started)
             epoch_started = time.perf_counter()
-        if crossed(run.step, advanced, config.run.log_every) or run.step >= config.run.steps:
+        timed_out = limit is not None and time.perf_counter() - started >= limit
+        last = run.step >= config.run.steps or timed_out
+        if crossed(run.step, advanced, config.run.log_every) or last:
             run.wall_seconds = time.perf_counter() - started
             losses = {name: float(value) for name, value in output.losses.items()}
             progress = report(run, losses, say)
             if on_report is not None:
                 on_report(progress)
             bar.set_postfix({name: f"{value:.3g}" for name, value in losses.items() if name in ("c51", "iqn")})
-        if config.run.eval_every and (
-            crossed(run.step, advanced, config.run.eval_every) or run.step >= config.run.steps
-        ):
+        if config.run.eval_every and (crossed(run.step, advanced, config.run.eval_every) or last):
             evaluate_for_selection(run, say)
-        if crossed(run.step, advanced, config.run.checkpoint_every) and run.step < config.run.steps:
+        if crossed(run.step, advanced, config.run.checkpoint_every) and not last:
             run.wall_seconds = time.perf_counter() - started
             save_checkpoint(run)
     bar.close()
     run.wall_seconds = time.perf_counter() - started
     save_checkpoint(run)
+    if timed_out:
+        out(f"time limit: stopped at step {run.step} of {config.run.steps} (run.max_seconds={limit:g})")
 
     if run.best.online is not None:
         with torch.no_grad():
@@ -445,6 +449,7 @@ def run_training(
         "wall_seconds": run.wall_seconds,
         "device": str(run.device),
         "parameters": run.state.parameter_count(),
+        "stopped_by_time_limit": timed_out,
         **baselines,
     }
     write_json_atomic(run_dir / "summary.json", summary, indent=2)

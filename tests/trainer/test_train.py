@@ -415,6 +415,20 @@ def test_evaluation_is_due_whenever_a_multiple_is_passed(step: int, advanced: in
     assert crossed(step, advanced, 10) is due
 
 
+def test_the_time_limit_stops_early_and_finishes_as_at_the_end(tmp_path: Path) -> None:
+    config = tiny_config(run={"max_seconds": 1e-6, "eval_every": 5, "eval_select_episodes": 1})
+    lines: list[str] = []
+    summary = run_training(config, tmp_path, show_progress=False, out=lines.append)
+    assert summary["step"] == 1 and summary["stopped_by_time_limit"] is True
+    assert summary["best_eval_step"] == 1  # the policy it stopped with was evaluated for selection
+    assert len(summary["eval_returns"]) == config.run.eval_episodes
+    assert "time limit: stopped at step 1 of 20 (run.max_seconds=1e-06)" in lines
+    assert json.loads((tmp_path / "progress.json").read_text())["step"] == 1
+    assert last_checkpoint(tmp_path).step == 1
+    unlimited = run_training(tiny_config(), tmp_path / "unlimited", show_progress=False, out=lambda line: None)
+    assert unlimited["step"] == 20 and unlimited["stopped_by_time_limit"] is False
+
+
 def test_a_market_run_scores_the_baselines_on_its_own_evaluation_episodes(tmp_path: Path) -> None:
     from trainer.data import make_source
     from trainer.data.market_torch import baseline_returns
