@@ -84,24 +84,48 @@ class ParamSpec:
 
 
 class ParamLayout:
-    """Named slices of one flat parameter tensor."""
+    """Named slices of one flat parameter tensor.
 
-    def __init__(self, specs: list[ParamSpec]) -> None:
+    `groups` name runs of parameters kept adjacent in memory (in the order given, where the first of
+    them is in `specs`), so each group is one more view: e.g. the heads' first-layer weights as one
+    matrix, whose one product replaces one per head. `specs` keeps its order for everything else
+    (initialisation draws, spectral norm, pruning), so grouping moves parameters, never changes them.
+    """
+
+    def __init__(self, specs: list[ParamSpec], groups: dict[str, list[str]] | None = None) -> None:
         self.specs = specs
+        self.groups = groups or {}
+        shapes = {spec.name: spec.shape for spec in specs}
+        group_of = {name: group for group, names in self.groups.items() for name in names}
+        order: list[str] = []
+        for spec in specs:
+            if spec.name not in order:
+                order += self.groups[group_of[spec.name]] if spec.name in group_of else [spec.name]
         self.offsets: dict[str, tuple[int, int]] = {}
         offset = 0
-        for spec in specs:
-            size = math.prod(spec.shape)
-            self.offsets[spec.name] = (offset, offset + size)
+        for name in order:
+            size = math.prod(shapes[name])
+            self.offsets[name] = (offset, offset + size)
             offset += size
         self.size = offset
+        self.group_shapes: dict[str, tuple[int, ...]] = {}
+        for group, names in self.groups.items():
+            first = shapes[names[0]]
+            if len({shapes[name][-1] for name in names}) != 1 and len(first) > 1:
+                raise ValueError(f"parameter group {group}: members must share their last dimension")
+            rows = sum(math.prod(shapes[name]) for name in names)
+            self.group_shapes[group] = (rows,) if len(first) == 1 else (rows // first[-1], first[-1])
 
     def views(self, flat: Tensor) -> dict[str, Tensor]:
-        """Differentiable views of `flat` [P], one per parameter, in its shape."""
-        return {
+        """Differentiable views of `flat` [P], one per parameter in its shape, and one per group."""
+        views = {
             spec.name: flat[self.offsets[spec.name][0] : self.offsets[spec.name][1]].view(spec.shape)
             for spec in self.specs
         }
+        for group, names in self.groups.items():
+            start, end = self.offsets[names[0]][0], self.offsets[names[-1]][1]
+            views[group] = flat[start:end].view(self.group_shapes[group])
+        return views
 
     def init(self, generator: torch.Generator, device: torch.device) -> Tensor:
         """nn.Linear's default init (uniform ±1/sqrt(fan_in)) for weights and biases; LayerNorm 1/0."""
@@ -138,6 +162,7 @@ def main_layout(d: ModelDims) -> ParamLayout:
         *_linear("iqn1", d.iqn_hidden, d.hidden),
         *_linear("iqn2", heads, d.iqn_hidden),
     ]
+    first_layers = ["value1", "adv1"]
     if d.ensemble_heads:
         e = d.ensemble_heads
         specs += [
@@ -146,7 +171,10 @@ def main_layout(d: ModelDims) -> ParamLayout:
             ParamSpec("ens2_w", (e, heads * d.atoms, d.head_hidden), d.head_hidden),
             ParamSpec("ens2_b", (e, heads * d.atoms), d.head_hidden),
         ]
-    return ParamLayout(specs)
+        first_layers.append("ens1")
+    # the heads' first layers side by side: value, advantage, ensemble rows of one [(2+E)·h, H] matrix
+    groups = {"heads1_w": [f"{name}_w" for name in first_layers], "heads1_b": [f"{name}_b" for name in first_layers]}
+    return ParamLayout(specs, groups)
 
 
 def iql_layout(d: ModelDims) -> ParamLayout:
@@ -187,30 +215,33 @@ def trunk(p: dict[str, Tensor], obs: Tensor) -> Tensor:
     return fn.relu(fn.linear(h_s1, p["trunk2_w"], p["trunk2_b"]))  # [B, H]
 
 
-def value_logits(p: dict[str, Tensor], h_s2: Tensor) -> Tensor:
-    hidden = fn.relu(fn.linear(h_s2, p["value1_w"], p["value1_b"]))  # [B, h]
-    return output_layer(hidden, p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
+def head_hidden(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, ensemble: bool = False) -> Tensor:
+    """The heads' first layers as ONE product: relu(W1 h_s2 + b1) with W1 the value, advantage (and, with
+    `ensemble`, the E ensemble heads') weights stacked in `heads1_w`; a row prefix of it otherwise."""
+    rows = (2 + (d.ensemble_heads if ensemble else 0)) * d.head_hidden
+    return fn.relu(fn.linear(h_s2, p["heads1_w"][:rows], p["heads1_b"][:rows]))  # [B, (2(+E))·h]
 
 
-def advantage_logits(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, h_s2: Tensor, d: ModelDims) -> Tensor:
-    hidden = fn.relu(fn.linear(h_s2, w1, b1))  # [B, h]
-    return output_layer(hidden, w2, b2).view(-1, d.branches, d.actions, d.atoms)  # [B, K, A, N]
+def c51_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, hidden: Tensor | None = None) -> Tensor:
+    """Dueling per branch: logits = V + A − mean_a A (`hidden`: `head_hidden` of h_s2, if already computed)."""
+    h = d.head_hidden
+    hidden = head_hidden(p, h_s2, d) if hidden is None else hidden  # [B, ≥2h]
+    value = output_layer(hidden[:, :h], p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
+    advantage = output_layer(hidden[:, h : 2 * h], p["adv2_w"], p["adv2_b"])  # [B, K·A·N]
+    return dueling_logits(value, advantage.view(-1, d.branches, d.actions, d.atoms))  # [B, K, A, N]
 
 
-def c51_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims) -> Tensor:
-    """Dueling per branch: logits = V + A − mean_a A."""
-    advantage = advantage_logits(p["adv1_w"], p["adv1_b"], p["adv2_w"], p["adv2_b"], h_s2, d)  # [B, K, A, N]
-    return dueling_logits(value_logits(p, h_s2), advantage)  # [B, K, A, N]
-
-
-def ensemble_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims) -> Tensor:
-    """E extra advantage heads sharing the value stream, batched over heads."""
-    hidden = fn.relu(torch.einsum("bh,eoh->ebo", h_s2, p["ens1_w"]) + p["ens1_b"][:, None, :])  # [E, B, h]
+def ensemble_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, hidden: Tensor | None = None) -> Tensor:
+    """E extra advantage heads sharing the value stream, batched over heads (`hidden`: `head_hidden` of
+    h_s2 with the ensemble's rows, if already computed)."""
+    h, e = d.head_hidden, d.ensemble_heads
+    hidden = head_hidden(p, h_s2, d, ensemble=True) if hidden is None else hidden  # [B, (2+E)·h]
+    ens = hidden[:, 2 * h :].view(-1, e, h).transpose(0, 1)  # [E, B, h]
     with torch.autocast(h_s2.device.type, enabled=False):  # an output layer: float32, as `output_layer`
-        adv = torch.einsum("ebh,eoh->ebo", hidden.float(), p["ens2_w"]) + p["ens2_b"][:, None, :]  # [E, B, K·A·N]
-    adv = adv.view(d.ensemble_heads, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
-    value = value_logits(p, h_s2)  # [B, 1, 1, N]
-    return torch.stack([dueling_logits(value, adv[e]) for e in range(d.ensemble_heads)])  # [E, B, K, A, N]
+        adv = torch.einsum("ebh,eoh->ebo", ens.float(), p["ens2_w"]) + p["ens2_b"][:, None, :]  # [E, B, K·A·N]
+    adv = adv.view(e, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
+    value = output_layer(hidden[:, :h], p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
+    return torch.stack([dueling_logits(value, adv[i]) for i in range(e)])  # [E, B, K, A, N]
 
 
 def iqn_quantiles(p: dict[str, Tensor], h_s2: Tensor, tau: Tensor, d: ModelDims) -> Tensor:

@@ -33,6 +33,7 @@ from trainer.model import (
     attention_predict,
     c51_logits,
     ensemble_logits,
+    head_hidden,
     iql_value,
     iqn_quantiles,
     trunk,
@@ -246,27 +247,28 @@ def head_losses(
     p = state.main.views(online)
     losses: dict[str, Tensor] = {}
 
-    def c51_of_states(obs: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    def c51_of_states(obs: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
         h = trunk(p, obs)  # [B, H]
-        logits = c51_logits(p, h, d)  # [B, K, A, N]
+        hidden = head_hidden(p, h, d, ensemble=hp.ensemble)  # [B, (2(+E))·h]: every head's first layer at once
+        logits = c51_logits(p, h, d, hidden)  # [B, K, A, N]
         per_sample = c51_cross_entropy(logits, batch.action, targets.target_pmf)  # [B]
-        return (weight * per_sample).mean(), (h, logits, per_sample)
+        return (weight * per_sample).mean(), (h, logits, per_sample, hidden)
 
     if flags.vaccine:
         # FGSM needs ∇_s L_c51: the same forward, differentiated w.r.t. the states as well.
-        losses["c51"], grad_of_states, (h_s2, logits, c51_per_sample) = torch.func.vjp(  # type: ignore[misc]
+        losses["c51"], grad_of_states, (h_s2, logits, c51_per_sample, hidden) = torch.func.vjp(  # type: ignore[misc]
             c51_of_states, batch.obs, has_aux=True
         )  # with has_aux, vjp returns (output, vjp_fn, aux); its stub knows only the pair
         (grad_obs,) = grad_of_states(torch.ones_like(losses["c51"]))  # [B, F]
     else:
-        losses["c51"], (h_s2, logits, c51_per_sample) = c51_of_states(batch.obs)
+        losses["c51"], (h_s2, logits, c51_per_sample, hidden) = c51_of_states(batch.obs)
     q = expected_q(logits, atoms)  # [B, K, A]
     budgeted = {"c51": losses["c51"]}
     if hp.cql:
         losses["cql"] = budgeted["cql"] = hp.cql_alpha * (weight * cql_penalty(q, batch.action)).mean()
 
     if hp.ensemble:
-        heads = ensemble_logits(p, h_s2, d)  # [E, B, K, A, N]
+        heads = ensemble_logits(p, h_s2, d, hidden)  # [E, B, K, A, N]
         per_sample = ensemble_loss(heads, batch.action, targets.target_pmf, atoms, hp.diversity)  # [B]
         losses["ensemble"] = budgeted["ensemble"] = (weight * per_sample).mean()
 
