@@ -201,7 +201,8 @@ def mixed_precision(hp: Hyper, device: torch.device) -> contextlib.AbstractConte
     weights: their gradients come back through the casts as float32), or a no-op for float32."""
     if hp.autocast is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=hp.autocast)
+    # No cast cache: the casts are recomputed inside each captured graph (what CUDA graphs need).
+    return torch.autocast(device.type, dtype=hp.autocast, cache_enabled=False)
 
 
 def budget_names(hp: Hyper) -> list[str]:
