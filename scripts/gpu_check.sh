@@ -2,14 +2,14 @@
 # The one script sent to the H200: GPU tests, then the benchmark; logs, JSON and PNG under $OUT.
 # Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of
 #   train,tests,curves,bench,profile or all (train: real CartPole training with every plan, tests/trainer/test_train.py)
-#   round2 = bench-core,bf16,bench-full,profile-bf16 (issue 14 in one call, ~550 s on one H200):
+#   round2 = bench-core,profile-bf16,bf16,bench-full (issue 14 in one call, ~550 s on one H200), in this order:
 #     bench-core: every method on `core` (eager, compile, compile-bf16, graph, dual, fused, zerocopy,
 #       zerocopy-bf16), 3 windows, no timer-overhead runs      -> $OUT/core/bench.{json,md,png}
+#     profile-bf16: kernels per step of zerocopy-bf16 on `core`, by kind -> $OUT/profile_zerocopy_bf16_core.txt
 #     bf16: the bf16 GPU equivalence tests (core 50 steps, 2000-step bf16 loss curves; the `full`
 #       50-step test too with BF16_FULL=1)                     -> $OUT/gpu_tests_bf16.log, loss_curves-bf16.{json,png}
-#     bench-full: `full` without the two torch.compile rows (96 s of compilation each)
-#                                                              -> $OUT/full/bench.{json,md,png}
-#     profile-bf16: kernels per step of zerocopy-bf16 on `core`, by kind -> $OUT/profile_zerocopy_bf16_core.txt
+#     bench-full: `full` without the two torch.compile rows (96 s of compilation each); zerocopy-bf16
+#       before fused and zerocopy, which share one compilation  -> $OUT/full/bench.{json,md,png}
 #   Every stage gets at most what is left of DEADLINE seconds (default 550) from the script's start,
 #   so the call ends in time and keeps what the earlier stages wrote.
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
@@ -17,7 +17,7 @@ set -uo pipefail
 began=$SECONDS
 stage="${1:-all}"; shift || true
 [ "$stage" = all ] && stage=train,tests,curves,bench,profile
-[ "$stage" = round2 ] && stage=bench-core,bf16,bench-full,profile-bf16
+[ "$stage" = round2 ] && stage=bench-core,profile-bf16,bf16,bench-full
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -66,11 +66,15 @@ if has bench-core; then
     --methods eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16 $quick --out "$OUT/core" "$@" 2>&1 \
     | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -14
 fi
+if has profile-bf16; then
+  timeout "$(left 80)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 --top 25 2>&1 \
+    | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_bf16_core.txt" | tail -32
+fi
 if has bf16; then
   tests="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]"
   tests="$tests tests/trainer/plans/test_equivalence.py::test_bf16_loss_curves_agree_over_2000_steps"
   [ -n "${BF16_FULL:-}" ] && tests="$tests tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[full]"
-  budget=$(left 130)
+  budget=$(left 120)
   # shellcheck disable=SC2086  # $tests is a list of test ids
   FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA \
     --timeout "$budget" $tests 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_tests_bf16.log" \
@@ -79,12 +83,8 @@ if has bf16; then
     && python3 scripts/plot_loss_curves.py "$OUT/loss_curves-bf16.json" "$OUT/loss_curves-bf16.png" bf16
 fi
 if has bench-full; then
-  timeout "$(left 230)" python3 -m trainer bench --configs full \
-    --methods eager,graph,dual,fused,zerocopy,zerocopy-bf16 $quick --out "$OUT/full" "$@" 2>&1 \
+  timeout "$(left 260)" python3 -m trainer bench --configs full \
+    --methods eager,graph,dual,zerocopy-bf16,fused,zerocopy $quick --out "$OUT/full" "$@" 2>&1 \
     | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -10
-fi
-if has profile-bf16; then
-  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 --top 25 2>&1 \
-    | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_bf16_core.txt" | tail -32
 fi
 echo "gpu_check: $(( SECONDS - began )) s"
