@@ -228,8 +228,16 @@ class MarketDynamics:
         state.obs = self.observe(state, noise.reset_obs)
         return state
 
-    def step(self, state: MarketState, action: Tensor, noise: MarketNoise) -> tuple[MarketState, MarketStep]:
-        """One step of every env, ended ones reset in the same step (the returned state's obs is the reset's)."""
+    def step(
+        self, state: MarketState, action: Tensor, noise: MarketNoise, ended: bool | None = None
+    ) -> tuple[MarketState, MarketStep]:
+        """One step of every env, ended ones reset in the same step (the returned state's obs is the reset's).
+
+        `ended` None: which envs end is read from the state on the device (static shapes, capturable).
+        True/False: the caller knows that every env ends at this step, or none does (they start together,
+        and episodes last exactly `horizon` steps), so the reset is computed only when they end; the result
+        is the same, with fewer operations on the other steps.
+        """
         p = self.params
         target = self.levels[action]  # [N, 3]
         # r = edge * z * a + sigma * eps
@@ -254,15 +262,18 @@ class MarketDynamics:
         )
         moved.obs = self.observe(moved, noise.obs)
         truncated = t >= p.horizon  # [N]
-        fresh = self.reset(noise)
+        if ended is None:
+            fresh = self.reset(noise)
 
-        def pick(name: str) -> Tensor:
-            """Per env: the fresh episode's value where the episode ended, else the moved one."""
-            value = getattr(moved, name)
-            ended = truncated.view(-1, *([1] * (value.dim() - 1)))  # [N] or [N, 1]
-            return torch.where(ended, getattr(fresh, name), value)
+            def pick(name: str) -> Tensor:
+                """Per env: the fresh episode's value where the episode ended, else the moved one."""
+                value = getattr(moved, name)
+                done = truncated.view(-1, *([1] * (value.dim() - 1)))  # [N] or [N, 1]
+                return torch.where(done, getattr(fresh, name), value)
 
-        after = MarketState(**{f.name: pick(f.name) for f in fields(MarketState)})
+            after = MarketState(**{f.name: pick(f.name) for f in fields(MarketState)})
+        else:
+            after = self.reset(noise) if ended else moved
         out = MarketStep(
             obs=state.obs,
             action=action,
@@ -300,11 +311,12 @@ class TorchMarket:
         self.state.copy_(self.dynamics.reset(self.noise))
         return self.state.obs
 
-    def step(self, action: Tensor) -> MarketStep:
-        """Step all N envs with `action` [N, 3] (indices into LEVELS); auto-resets ended envs."""
+    def step(self, action: Tensor, ended: bool | None = None) -> MarketStep:
+        """Step all N envs with `action` [N, 3] (indices into LEVELS); auto-resets ended envs
+        (`ended`: see `MarketDynamics.step`)."""
         self.noise.draw_(self.generator)
         obs = self.state.obs.clone()  # the state's obs is overwritten below
-        after, out = self.dynamics.step(self.state, action, self.noise)
+        after, out = self.dynamics.step(self.state, action, self.noise, ended)
         out.obs = obs
         self.state.copy_(after)
         return out
@@ -398,8 +410,8 @@ class TorchMarketSource:
         else:
             greedy = greedy_fn(obs).to(torch.int64)  # [N, K]
         action = epsilon_greedy(greedy, epsilon, len(LEVELS), generator)  # [N, K]
-        out = self.market.step(action)
         last = self._t + 1 >= self.params.horizon
+        out = self.market.step(action, ended=last)
         rows = Transitions(
             obs=out.obs,
             action=action,
@@ -422,8 +434,8 @@ class TorchMarketSource:
         market = TorchMarket(episodes, seed, self.device, self.params, self.dtype)
         total = torch.zeros(episodes, device=self.device)
         with torch.no_grad():
-            for _ in range(self.params.horizon):
-                total += market.step(greedy_fn(market.state.obs).to(torch.int64)).reward
+            for t in range(self.params.horizon):
+                total += market.step(greedy_fn(market.state.obs).to(torch.int64), t + 1 == self.params.horizon).reward
         return [float(r) for r in total.tolist()]
 
     def close(self) -> None:

@@ -144,6 +144,21 @@ def test_auto_reset_starts_fresh_episodes_and_steps_are_seeded() -> None:
     assert torch.isin(state.obs[:, GOAL], torch.tensor(LEVELS, dtype=torch.float32)).all()
 
 
+def test_stepping_with_the_host_s_episode_ends_gives_the_static_path_s_results_exactly() -> None:
+    """`ended` from the host (every env ends at once) skips the reset on other steps; same numbers."""
+    params = MarketParams.of(20, 6)
+    static, told = (TorchMarket(4, seed=3, device="cpu", params=params) for _ in range(2))
+    actions = torch.Generator().manual_seed(0)
+    for t in range(15):  # across two episode ends
+        action = torch.randint(0, 5, (4, 3), generator=actions)
+        a, b = static.step(action), told.step(action, ended=(t + 1) % 6 == 0)
+        for f in fields(a):
+            assert torch.equal(getattr(a, f.name), getattr(b, f.name)), (t, f.name)
+        for f in fields(MarketState):
+            assert torch.equal(getattr(static.state, f.name), getattr(told.state, f.name)), (t, f.name)
+    assert torch.equal(static.generator.get_state(), told.generator.get_state())
+
+
 def test_source_rows_goal_columns_and_replay() -> None:
     source = TorchMarketSource(4, seed=0, device="cpu", features=16, horizon=8)
     assert (source.spec.obs_dim, source.spec.branches, source.spec.actions) == (16, 3, 5)
