@@ -55,7 +55,7 @@ for o in $EXTRA; do extra+=(-o "$o"); done
 calibrate() {
   rm -rf "$WORK/calibration"
   say "calibration: seeds $SEEDS, $CALIBRATION_STEPS updates each, evaluation off ${extra[*]}"
-  python3 -m trainer sweep --config "$CONFIG" --seeds "$SEEDS" --jobs "$jobs" --out "$WORK/calibration" "${extra[@]}" \
+  timeout -s TERM $(( BUDGET_SECONDS / 3 )) python3 -m trainer sweep --config "$CONFIG" --seeds "$SEEDS" --jobs "$jobs" --out "$WORK/calibration" "${extra[@]}" \
     -o run.steps="$CALIBRATION_STEPS" -o run.log_every=$(( CALIBRATION_STEPS / 2 )) \
     -o run.checkpoint_every="$CALIBRATION_STEPS" -o run.eval_every=0 -o run.eval_episodes=0 --poll 15 \
     >>"$WORK/calibration.out" 2>&1 || tail -4 "$WORK/calibration.out" | tee -a "$OUT/market.log"
