@@ -4,9 +4,10 @@ from trainer.replay.buffer import ReplayBuffer
 from trainer.replay.her import HindsightRelabeler
 from trainer.replay.sampler import PrioritizedSampler, Sampler
 from trainer.replay.storage import Storage, TensorStorage
-from trainer.replay.writer import RingWriter, Writer
+from trainer.replay.writer import DeviceRingWriter, RingWriter, Writer
 
 __all__ = [
+    "DeviceRingWriter",
     "HindsightRelabeler",
     "PrioritizedSampler",
     "ReplayBuffer",

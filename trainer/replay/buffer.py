@@ -2,7 +2,8 @@
 
 `sample` / `sample_into` draw slots by priority, gather the rows, the attention window and (for
 goal-conditioned data) relabel goals, all as device tensor ops; `update_priorities` writes per-sample
-losses back by slot. Only `add`/`extend` run host code (the host produces the rows anyway).
+losses back by slot. Only `add`/`extend` run host code (the host produces the rows anyway), and with
+`device_writer` only `extend` does.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from trainer.data.spec import EnvSpec, Transitions
 from trainer.replay.her import HindsightRelabeler
 from trainer.replay.sampler import PrioritizedSampler
 from trainer.replay.storage import TensorStorage
-from trainer.replay.writer import RingWriter
+from trainer.replay.writer import DeviceRingWriter, RingWriter
 
 
 class ReplayBuffer:
     """GPU-resident prioritised replay for one run (`config.replay`, window `config.model.attn_window`).
 
     `search` picks how the sampler finds slots ("tree" descent or "cdf" search; same draws).
+    `device_writer` keeps the writer's bookkeeping on the device (`DeviceRingWriter`: the same rows,
+    slots and priorities, no host read, capturable), `max_episode_len` bounding its episodes.
     """
 
     def __init__(
@@ -35,6 +38,8 @@ class ReplayBuffer:
         generator: torch.Generator,
         *,
         search: Literal["tree", "cdf"] | None = None,
+        device_writer: bool = False,
+        max_episode_len: int | None = None,
     ) -> None:
         replay = config.replay
         search = search or replay.search
@@ -53,7 +58,11 @@ class ReplayBuffer:
             eps=replay.priority_eps,
             search=search,
         )
-        self.writer = RingWriter(self.storage, self.sampler, config.data.num_envs)
+        self.writer: RingWriter | DeviceRingWriter
+        if device_writer:
+            self.writer = DeviceRingWriter(self.storage, self.sampler, config.data.num_envs, max_episode_len)
+        else:
+            self.writer = RingWriter(self.storage, self.sampler, config.data.num_envs)
         self.her: HindsightRelabeler | None = None
         if replay.her and replay.her_ratio > 0 and spec.goal is not None:
             self.her = HindsightRelabeler(spec.goal, replay.her_ratio)
@@ -100,7 +109,7 @@ class ReplayBuffer:
         """priority_i = (|loss_i| + eps)^alpha for the slots `index` [B] (on the device, no sync)."""
         self.sampler.update(index, loss)
 
-    def _parts(self) -> dict[str, TensorStorage | PrioritizedSampler | RingWriter]:
+    def _parts(self) -> dict[str, TensorStorage | PrioritizedSampler | RingWriter | DeviceRingWriter]:
         """The stateful parts, by checkpoint prefix."""
         return {"storage": self.storage, "sampler": self.sampler, "writer": self.writer}
 
