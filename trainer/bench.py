@@ -67,8 +67,8 @@ METHODS: tuple[str, ...] = ("eager", "compile", "compile-bf16", "graph", "dual",
 """The default methods: every plan, both torch.compile baselines, and the fastest plan in bf16."""
 EPISODE = 200
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-TRAIN_RECIPES: dict[str, Path] = {"cartpole": EXAMPLES / "cartpole.yaml"}
-"""Recipes the `train` rows can run (the market joins once its environment steps on the GPU)."""
+TRAIN_RECIPES: dict[str, Path] = {"cartpole": EXAMPLES / "cartpole.yaml", "market": EXAMPLES / "market-gpu.yaml"}
+"""Recipes the `train` rows can run (the market's: its torch environment on the training device)."""
 TRAIN_PLANS: tuple[str, ...] = ("eager", "zerocopy")
 """The baseline and the fastest plan of the update-only rows."""
 

@@ -107,7 +107,7 @@ def bench(
     skip: Annotated[list[str] | None, typer.Option(help="config:method not to run, e.g. full:compile.")] = None,
     override: OverrideOption = None,
     train: Annotated[
-        str, typer.Option(help="Recipes for `train` rows (real training, collection included): cartpole.")
+        str, typer.Option(help="Recipes for `train` rows (real training, collection included): cartpole, market.")
     ] = "",
     train_plans: Annotated[str, typer.Option(help="Comma-separated plans for the train rows.")] = "eager,zerocopy",
     train_updates: Annotated[int, typer.Option(help="Updates per train row.")] = 4000,
