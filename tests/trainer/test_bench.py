@@ -57,16 +57,6 @@ def test_pinned_defaults_are_the_issue_model() -> None:
     assert (config.model.atoms, bench_spec(config).branches, bench_spec(config).actions) == (51, 3, 5)
 
 
-def test_the_market_train_row_runs_its_torch_environment_on_the_training_device() -> None:
-    small_market = [o for o in SMALL_CARTPOLE if not o.startswith("data.learning_starts")]
-    small_market += ["data.learning_starts=64", "data.num_envs=4", "data.market_features=16", "replay.capacity=2048"]
-    options = tiny_options(configs=[], train=["market"], train_plans=["eager"], train_updates=20, train_overrides=small_market)
-    check_options(options)
-    (row,) = run_bench(options, torch.device("cpu"), log=lambda line: None)["train"]
-    assert row["error"] is None and row["recipe"] == "market" and row["updates"] == 20
-    assert all(row["breakdown_ms"][name] > 0 for name in ("act", "env", "store"))
-
-
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -265,6 +255,18 @@ def test_train_rows_time_real_training_with_collection_on_cpu(tmp_path: Path) ->
     assert "updates/s" in table and "zerocopy" in table and "failed: not run" in table
     paths = write_outputs(document, tmp_path, "python -m trainer bench --train cartpole")
     assert json.loads(paths[0].read_text())["train"][0]["plan"] == "eager"
+
+
+def test_the_market_train_row_runs_its_torch_environment_on_the_training_device() -> None:
+    small_market = [o for o in SMALL_CARTPOLE if not o.startswith("data.learning_starts")]
+    small_market += ["data.learning_starts=64", "data.num_envs=4", "data.market_features=16", "replay.capacity=2048"]
+    options = tiny_options(
+        configs=[], train=["market"], train_plans=["eager"], train_updates=20, train_overrides=small_market
+    )
+    check_options(options)
+    (row,) = run_bench(options, torch.device("cpu"), log=lambda line: None)["train"]
+    assert row["error"] is None and row["recipe"] == "market" and row["updates"] == 20
+    assert all(row["breakdown_ms"][name] > 0 for name in ("act", "env", "store"))
 
 
 @pytest.mark.parametrize(
