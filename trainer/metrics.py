@@ -116,7 +116,8 @@ class TrainerMetrics:
         self.step_seconds = Histogram(
             "foxhunt_train_step_seconds",
             "Time of one step's component. plan: eager|graph|dual|fused|zerocopy; component: act, env, "
-            "store (collection, online training), sample, spectral, forward_backward, clip_prune, adam, ema, "
+            "store (collection, online training; collect_graph when it replays as one CUDA graph), sample, "
+            "spectral, forward_backward, clip_prune, adam, ema, "
             "attention, iql, iqn, causal, guard, priority (eager), graph, aux_stream (graphed plans), step "
             "(the whole step: one plan call of run.steps_per_replay updates on graphed plans, collection included).",
             ["plan", "component"],

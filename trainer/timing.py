@@ -32,10 +32,11 @@ STEP = "step"
 DEFAULT_READER = "loop"
 """The reader `drain()` serves unless told otherwise."""
 
-COLLECT_COMPONENTS: tuple[str, ...] = ("act", "env", "store")
+COLLECT_COMPONENTS: tuple[str, ...] = ("act", "env", "store", "collect_graph")
 """Collection's components in online training, before the update: the policy's forward (`act`), the rest
 of a collect call (the epsilon draw and stepping the environments, `env`) and writing the rows into the
-replay (`store`)."""
+replay (`store`); or, when collection replays as one CUDA graph (run.collect_graph), the three together
+(`collect_graph`: a graph's parts cannot be timed apart)."""
 
 EAGER_COMPONENTS: tuple[str, ...] = (
     "sample",

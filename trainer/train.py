@@ -31,6 +31,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from trainer.checkpoint import Checkpoint, Checkpointer, decode_generator, encode_generator
+from trainer.collect import MarketCollector, collect_graph_applies, graph_capture
 from trainer.config import STEPS_PER_EPOCH, TrainConfig, dump_config
 from trainer.data import OnlineSource, Source, make_source
 from trainer.data.gym_source import linear_epsilon
@@ -44,6 +45,7 @@ from trainer.state import TrainState
 from trainer.timing import Interleaved, StepTimer, format_breakdown
 
 if TYPE_CHECKING:
+    from trainer.data.market_torch import TorchMarketSource
     from trainer.data.offline import OfflineSource
 
 EXIT_TERMINATED = 143
@@ -137,6 +139,11 @@ class Run:
     best: BestPolicy = field(default_factory=BestPolicy)
     built_plan: Plan | None = None
     """Built by `start_plan` once the replay holds its warm-up (graph plans capture on real samples)."""
+    collect_in_graph: bool = False
+    """Collection runs through a `MarketCollector` (run.collect_graph where it applies; the replay's
+    writer keeps its bookkeeping on the device)."""
+    collector: MarketCollector | None = None
+    """Built by `start_plan` when `collect_in_graph` (its graphs captured there, before the timed loop)."""
 
     @property
     def plan(self) -> Plan:
@@ -176,7 +183,10 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
     state = TrainState.create(config, dims, device)
     generator = torch.Generator(device=device).manual_seed(config.run.seed)
-    replay = ReplayBuffer(config, spec, device, generator)
+    collect_steps = config.run.steps_per_replay * config.data.env_steps_per_update
+    in_graph = config.run.collect_graph and collect_graph_applies(source, device, collect_steps)
+    horizon = config.data.market_horizon if in_graph else None
+    replay = ReplayBuffer(config, spec, device, generator, device_writer=in_graph, max_episode_len=horizon)
     timer = StepTimer(device)
     plan_name = resolve_plan(config.run.plan, device)
     checkpoint_url = os.environ.get("FOXHUNT_CHECKPOINT_URL") or str(run_dir / "checkpoints")
@@ -200,6 +210,7 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
         explore_generator,
         Checkpointer(checkpoint_url),
         metrics,
+        collect_in_graph=in_graph,
     )
 
 
@@ -225,6 +236,7 @@ def save_checkpoint(run: Run) -> None:
                 "wall_seconds": run.wall_seconds,
                 "config": run.config.model_dump(mode="json"),
                 "best_eval": run.best.meta(),
+                "param_layout": run.state.layout_record(),
             },
         )
     )
@@ -234,6 +246,7 @@ def restore_checkpoint(run: Run) -> bool:
     checkpoint = run.checkpointer.load_latest()
     if checkpoint is None:
         return False
+    run.state.check_layout(checkpoint.meta.get("param_layout"))
     state = dict(checkpoint.state)
     best_online = state.pop(BEST_ONLINE, None)
     run.state.load_tensors({name: tensor.to(run.device) for name, tensor in state.items()})
@@ -265,12 +278,24 @@ def start_plan(run: Run) -> None:
     if len(run.replay) == 0:
         raise ValueError("the plan is built after the replay's warm-up: fill_replay first")
     run.built_plan = make_plan(run.plan_name, run.state, run.replay, run.config, run.timer, run.generator)
+    if run.collect_in_graph:
+        source = cast("TorchMarketSource", run.source)
+        data, capture = run.config.data, graph_capture(run.device)
+        run.collector = MarketCollector(source, run.replay, run.act_fn(), data, run.explore_generator, capture)
+        run.collector.prepare(run.built_plan.steps_per_call)
 
 
 def collect(run: Run, act: Callable[[Tensor], Tensor], updates: int) -> None:
     """The rows of the next `updates` updates: `data.env_steps_per_update` per update, epsilon-greedy
     at that update's step. Timed as `act` (the policy), `env` (the rest of a collect call: the
-    epsilon draw, stepping the environments) and `store` (writing the rows into the replay)."""
+    epsilon draw, stepping the environments) and `store` (writing the rows into the replay).
+
+    With a collector (run.collect_graph on the torch market), all of it is one CUDA graph replay with
+    the network the collector captured (`act` is not called), timed as `collect_graph`."""
+    if run.collector is not None:
+        with run.timer.section("collect_graph"):
+            run.collector.run(run.step, updates)
+        return
     data = run.config.data
     for step in range(run.step, run.step + updates):
         epsilon = linear_epsilon(step, data.epsilon_start, data.epsilon_end, data.epsilon_decay_steps)

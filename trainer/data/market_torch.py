@@ -370,6 +370,10 @@ class TorchMarketSource:
     rows' host-side `last` and `episode_step` come from a host step counter (every env is at the same
     step). Finished episodes' returns are kept on the device and read back only when
     `finished_returns` is read.
+
+    `collect` is `step_rows` (the device work, which a collection graph captures: `trainer.collect`)
+    followed by `advance` (the host's step counter and the finished returns, which the graph's caller
+    runs after each replay).
     """
 
     def __init__(
@@ -390,6 +394,7 @@ class TorchMarketSource:
         self.num_envs = num_envs
         self._t = 0  # host mirror of every env's episode step
         self._return = torch.zeros(num_envs, device=self.device)
+        self._ended = torch.zeros(num_envs, device=self.device)  # returns of the episodes that ended last
         self._pending: list[Tensor] = []
         self._finished: list[float] = []
 
@@ -401,8 +406,25 @@ class TorchMarketSource:
             self._pending.clear()
         return self._finished
 
+    @property
+    def episode_step(self) -> int:
+        """The step every env is at in its episode (host counter; 0 starts an episode)."""
+        return self._t
+
     def collect(self, greedy_fn: GreedyFn | None, epsilon: float | Tensor, generator: torch.Generator) -> Transitions:
         """Step every env once; actions epsilon-greedy around `greedy_fn` (uniform if it is None)."""
+        t = self._t
+        rows = self.step_rows(greedy_fn, epsilon, generator, t)
+        self.advance(1, ended=t + 1 >= self.params.horizon)
+        return rows
+
+    def step_rows(
+        self, greedy_fn: GreedyFn | None, epsilon: float | Tensor, generator: torch.Generator, t: int
+    ) -> Transitions:
+        """One step of every env at episode step `t`, as device operations only (capturable with a
+        `greedy_fn` that is, and a device `epsilon`): act, step, the rows (HER columns included), the
+        returns. Episodes end at this step iff t + 1 == horizon; the rows' host `last` and
+        `episode_step` say so. The host counter moves on in `advance`."""
         obs = self.market.state.obs
         if greedy_fn is None:
             greedy = torch.zeros(self.num_envs, ASSETS, dtype=torch.int64, device=self.device)
@@ -410,7 +432,7 @@ class TorchMarketSource:
         else:
             greedy = greedy_fn(obs).to(torch.int64)  # [N, K]
         action = epsilon_greedy(greedy, epsilon, len(LEVELS), generator)  # [N, K]
-        last = self._t + 1 >= self.params.horizon
+        last = t + 1 >= self.params.horizon
         out = self.market.step(action, ended=last)
         rows = Transitions(
             obs=out.obs,
@@ -419,15 +441,27 @@ class TorchMarketSource:
             next_obs=out.next_obs,
             done=out.terminated.to(torch.float32),
             last=torch.full((self.num_envs,), last),
-            episode_step=torch.full((self.num_envs,), self._t, dtype=torch.int64),
+            episode_step=torch.full((self.num_envs,), t, dtype=torch.int64),
         )
         rows.achieved_goal, rows.base_reward = goal_columns(self.spec, rows.obs, rows.next_obs, rows.reward)
         self._return += out.reward
         if last:
-            self._pending.append(self._return.clone())
+            self._ended.copy_(self._return)
             self._return.zero_()
-        self._t = 0 if last else self._t + 1
         return rows
+
+    def device_state(self) -> list[Tensor]:
+        """Every tensor `step_rows` writes (the market's state and noise, the returns), for a capture to restore."""
+        market = self.market
+        state = [getattr(market.state, f.name) for f in fields(market.state)]
+        return [*state, market.noise.normal, market.noise.uniform, self._return, self._ended]
+
+    def advance(self, steps: int, ended: bool) -> None:
+        """The host's part of `steps` steps taken by `step_rows`: the episode step counter, and the
+        returns of the episodes that `ended` among them (at most one end: `steps` <= horizon)."""
+        if ended:
+            self._pending.append(self._ended.clone())
+        self._t = (self._t + steps) % self.params.horizon
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
         """Undiscounted returns of `episodes` greedy episodes run side by side, drawn from a generator seeded `seed`."""
