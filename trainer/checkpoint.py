@@ -22,6 +22,10 @@ from safetensors.torch import save as save_safetensors
 COMPLETE = "COMPLETE"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint this code cannot resume from (said in one line: what differs and what to do)."""
+
+
 @dataclass
 class Checkpoint:
     step: int

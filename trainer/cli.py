@@ -62,6 +62,7 @@ def train(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train one agent and write config.json, progress.json, summary.json and checkpoints to the run dir."""
+    from trainer.checkpoint import CheckpointError
     from trainer.data.offline import DatasetError
     from trainer.progress import ProgressReporter
     from trainer.train import default_run_dir, run_training
@@ -73,7 +74,7 @@ def train(
             warn_default_config_on_cpu(cfg)
         on_report = reporter.update if reporter is not None else None
         run_training(cfg, run_dir or default_run_dir(), resume=resume, show_progress=progress, on_report=on_report)
-    except (ConfigError, DatasetError) as error:
+    except (ConfigError, DatasetError, CheckpointError) as error:
         raise fail(str(error)) from None
     except FileNotFoundError as error:
         raise fail(f"file not found: {error.filename or error}") from None

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from trainer.budgets import AdamMoments, pruning_mask, spectral_u_init
+from trainer.checkpoint import CheckpointError
 from trainer.config import TrainConfig
 from trainer.model import ModelDims, ParamLayout, attn_layout, iql_layout, main_layout, support
 
@@ -83,6 +84,38 @@ class TrainState:
         }
 
     @torch.no_grad()
+    def layout_record(self) -> dict[str, list[list[str | int]]]:
+        """Where each named parameter sits in the flat tensors, in memory order: stored with a checkpoint,
+        whose flat tensors mean nothing under another layout (same sizes, other order: scrambled weights)."""
+        layouts = {"main": self.main, "iql": self.iql, "attn": self.attn}
+        return {
+            name: [[param, start, end] for param, (start, end) in layout.offsets.items()]
+            for name, layout in layouts.items()
+        }
+
+    def check_layout(self, record: dict[str, list[list[str | int]]] | None) -> None:
+        """Refuse a checkpoint whose parameters were laid out otherwise (it would load without an error)."""
+        if record is None:
+            raise CheckpointError(
+                "the checkpoint has no parameter layout record (written before 2026-12-03, when the heads' "
+                "first layers were merged): resume it with the code that wrote it, or start a new run"
+            )
+        for name, want in self.layout_record().items():
+            got = record.get(name)
+            if got != want:
+                where = next(
+                    (
+                        f"{g[0]} at {g[1]}:{g[2]} there, {w[0]} at {w[1]}:{w[2]} here"
+                        for g, w in zip(got or [], want, strict=False)  # a length change is said below
+                        if g != w
+                    ),
+                    f"{len(got or [])} parameters there, {len(want)} here",
+                )
+                raise CheckpointError(
+                    f"the checkpoint's {name} parameters are laid out differently ({where}): "
+                    "resume it with the code that wrote it, or start a new run"
+                )
+
     def load_tensors(self, tensors: dict[str, Tensor]) -> None:
         own = self.tensors()
         missing = sorted(set(own) - set(tensors))

@@ -1,0 +1,50 @@
+"""A checkpoint's flat parameter tensors only mean something under the layout that wrote them."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.factories import tiny_config
+from trainer.checkpoint import CheckpointError
+from trainer.model import ModelDims
+from trainer.state import TrainState
+from trainer.train import run_training
+
+
+def tiny_state() -> TrainState:
+    config = tiny_config()
+    dims = ModelDims.build(config.model, obs_dim=8, branches=2, actions=3)
+    return TrainState.create(config, dims, "cpu")
+
+
+def test_the_layout_record_names_every_parameter_in_memory_order() -> None:
+    state = tiny_state()
+    record = state.layout_record()
+    assert set(record) == {"main", "iql", "attn"}
+    main = record["main"]
+    assert main[0][1] == 0 and main[-1][2] == state.main.size
+    assert all(earlier[2] == later[1] for earlier, later in zip(main, main[1:], strict=False))  # contiguous
+    state.check_layout(json.loads(json.dumps(record)))  # survives the JSON of meta.json
+
+
+def test_a_checkpoint_laid_out_otherwise_is_refused_naming_the_first_difference() -> None:
+    state = tiny_state()
+    record = json.loads(json.dumps(state.layout_record()))
+    first, second = record["main"][0], record["main"][1]
+    record["main"][0] = [second[0], first[1], first[1] + second[2] - second[1]]  # same size, other order
+    with pytest.raises(CheckpointError, match=f"main parameters are laid out differently .*{second[0]} at 0:"):
+        state.check_layout(record)
+    with pytest.raises(CheckpointError, match="no parameter layout record"):
+        state.check_layout(None)
+
+
+def test_resuming_a_checkpoint_without_a_layout_record_fails_instead_of_scrambling_weights(tmp_path: Path) -> None:
+    run_training(tiny_config(["run.steps=10", "run.eval_episodes=0"]), tmp_path, show_progress=False, out=lambda _: None)
+    (meta_path,) = tmp_path.glob("checkpoints/step-*/meta.json")
+    meta = json.loads(meta_path.read_text())
+    assert "param_layout" in meta
+    del meta["param_layout"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="resume it with the code that wrote it"):
+        run_training(tiny_config(["run.steps=20"]), tmp_path, resume=True, show_progress=False, out=lambda _: None)
