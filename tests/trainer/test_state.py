@@ -1,5 +1,6 @@
 """A checkpoint's flat parameter tensors only mean something under the layout that wrote them."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def test_the_layout_record_names_every_parameter_in_memory_order() -> None:
     assert set(record) == {"main", "iql", "attn"}
     main = record["main"]
     assert main[0][1] == 0 and main[-1][2] == state.main.size
-    assert all(earlier[2] == later[1] for earlier, later in zip(main, main[1:], strict=False))  # contiguous
+    assert all(earlier[2] == later[1] for earlier, later in itertools.pairwise(main))  # contiguous
     state.check_layout(json.loads(json.dumps(record)))  # survives the JSON of meta.json
 
 
@@ -40,7 +41,8 @@ def test_a_checkpoint_laid_out_otherwise_is_refused_naming_the_first_difference(
 
 
 def test_resuming_a_checkpoint_without_a_layout_record_fails_instead_of_scrambling_weights(tmp_path: Path) -> None:
-    run_training(tiny_config(["run.steps=10", "run.eval_episodes=0"]), tmp_path, show_progress=False, out=lambda _: None)
+    config = tiny_config(["run.steps=10", "run.eval_episodes=0"])
+    run_training(config, tmp_path, show_progress=False, out=lambda _: None)
     (meta_path,) = tmp_path.glob("checkpoints/step-*/meta.json")
     meta = json.loads(meta_path.read_text())
     assert "param_layout" in meta
