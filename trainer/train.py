@@ -185,8 +185,7 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
     generator = torch.Generator(device=device).manual_seed(config.run.seed)
     collect_steps = config.run.steps_per_replay * config.data.env_steps_per_update
     in_graph = config.run.collect_graph and collect_graph_applies(source, device, collect_steps)
-    horizon = config.data.market_horizon if in_graph else None
-    replay = ReplayBuffer(config, spec, device, generator, device_writer=in_graph, max_episode_len=horizon)
+    replay = ReplayBuffer(config, spec, device, generator, device_writer=in_graph)
     timer = StepTimer(device)
     plan_name = resolve_plan(config.run.plan, device)
     checkpoint_url = os.environ.get("FOXHUNT_CHECKPOINT_URL") or str(run_dir / "checkpoints")

@@ -27,7 +27,7 @@ class ReplayBuffer:
 
     `search` picks how the sampler finds slots ("tree" descent or "cdf" search; same draws).
     `device_writer` keeps the writer's bookkeeping on the device (`DeviceRingWriter`: the same rows,
-    slots and priorities, no host read, capturable), `max_episode_len` bounding its episodes.
+    slots and priorities, no host read, capturable).
     """
 
     def __init__(
@@ -39,7 +39,6 @@ class ReplayBuffer:
         *,
         search: Literal["tree", "cdf"] | None = None,
         device_writer: bool = False,
-        max_episode_len: int | None = None,
     ) -> None:
         replay = config.replay
         search = search or replay.search
@@ -60,7 +59,7 @@ class ReplayBuffer:
         )
         self.writer: RingWriter | DeviceRingWriter
         if device_writer:
-            self.writer = DeviceRingWriter(self.storage, self.sampler, config.data.num_envs, max_episode_len)
+            self.writer = DeviceRingWriter(self.storage, self.sampler, config.data.num_envs)
         else:
             self.writer = RingWriter(self.storage, self.sampler, config.data.num_envs)
         self.her: HindsightRelabeler | None = None

@@ -133,22 +133,18 @@ class DeviceRingWriter:
 
     Back-fill of an episode that ends at the row of serial s_n (stream n, length L_n = step + 1): its
     rows are s_n - j * N for j < L_n, those still in the ring (serial >= written - C) get L_n. As a
-    static [N, J] block, J = min(`max_episode_len`, ceil(C / N)) (no more rows of one stream fit in
-    the ring); an entry past the episode's start, out of the ring or of a stream that does not end
+    static [N, J] block, J = ceil(C / N) (no more rows of one stream fit in the ring, however long its
+    episode); an entry past the episode's start, out of the ring or of a stream that does not end
     writes the value of that stream's newest row into it (duplicates of one value: a plain scatter is
-    deterministic). `max_episode_len` must bound every episode (the torch market's horizon).
+    deterministic).
 
     `extend` (offline blocks, never captured) reads the stream bookkeeping back to close the running
     episodes, then stores as `RingWriter.extend` does.
     """
 
-    def __init__(
-        self, storage: TensorStorage, sampler: PrioritizedSampler, streams: int, max_episode_len: int | None = None
-    ) -> None:
+    def __init__(self, storage: TensorStorage, sampler: PrioritizedSampler, streams: int) -> None:
         if storage.capacity < streams:
             raise ValueError(f"device ring writer needs capacity >= streams, got {storage.capacity} < {streams}")
-        if max_episode_len is not None and max_episode_len < 1:
-            raise ValueError(f"max_episode_len must be >= 1, got {max_episode_len}")
         self.storage = storage
         self.sampler = sampler
         self.streams = streams
@@ -162,8 +158,7 @@ class DeviceRingWriter:
         self._stride = torch.full((streams,), streams, **i64)  # [N]
         self._unknown = torch.full((streams,), -1, **i64)  # [N] episode_len while an episode runs
         self._every = torch.ones(streams, dtype=torch.bool, device=storage.device)  # [N]
-        span = -(-self.capacity // streams)  # ceil(C / N): rows of one stream the ring can hold
-        self.span = span if max_episode_len is None else min(span, max_episode_len)  # J
+        self.span = -(-self.capacity // streams)  # J = ceil(C / N): rows of one stream the ring can hold
         self._back = torch.arange(self.span, **i64)  # [J]
 
     def __len__(self) -> int:

@@ -91,7 +91,7 @@ def test_add_rejects_wrong_row_count_and_state_round_trips(goal_spec: EnvSpec) -
 
 
 def build_pair(
-    spec: EnvSpec, capacity: int, streams: int, max_episode_len: int | None = None
+    spec: EnvSpec, capacity: int, streams: int
 ) -> tuple[
     tuple[TensorStorage, PrioritizedSampler, RingWriter], tuple[TensorStorage, PrioritizedSampler, DeviceRingWriter]
 ]:
@@ -99,7 +99,7 @@ def build_pair(
     storage = TensorStorage(spec, capacity, streams, "cpu")
     sampler = PrioritizedSampler(capacity, "cpu", alpha=0.6, beta_start=0.4, beta_end=1.0, total_steps=10)
     host[1].alpha = 0.6
-    return host, (storage, sampler, DeviceRingWriter(storage, sampler, streams, max_episode_len))
+    return host, (storage, sampler, DeviceRingWriter(storage, sampler, streams))
 
 
 def lockstep_rows(streams: int, step: int, length: int) -> Transitions:
@@ -138,21 +138,22 @@ def assert_same_replay(
 
 
 @pytest.mark.parametrize(
-    ("capacity", "streams", "max_episode_len", "rows"),
+    ("capacity", "streams", "rows"),
     [
-        (10, 3, None, "lockstep"),  # N does not divide C: the last ring row of a stream is a partial span
-        (12, 3, 5, "lockstep"),  # the market's bound (its horizon) on the back-fill span
-        (64, 3, None, "lockstep"),  # episodes entirely in the ring, no wrap
-        (11, 3, None, "ragged"),  # partial ends: the mask travels to the device
+        (10, 3, "lockstep"),  # N does not divide C: a stream's oldest row in the ring may be cut off
+        (12, 3, "lockstep"),  # N divides C
+        (64, 3, "lockstep"),  # episodes entirely in the ring, no wrap
+        (11, 3, "ragged"),  # partial ends: the mask travels to the device
+        (4, 1, "ragged"),  # one stream: the back-fill block spans the whole ring (J = C)
     ],
 )
 def test_device_writer_stores_what_the_host_writer_stores(
-    goal_spec: EnvSpec, capacity: int, streams: int, max_episode_len: int | None, rows: str
+    goal_spec: EnvSpec, capacity: int, streams: int, rows: str
 ) -> None:
     """Same rows, slots, bookkeeping, episode lengths and priorities, bit for bit, over several episode
     ends and wrap-arounds of the ring, with priority write-backs in between (so new rows take a moving
     maximum) and an `extend` in the middle (which closes running episodes)."""
-    host, device = build_pair(goal_spec, capacity, streams, max_episode_len)
+    host, device = build_pair(goal_spec, capacity, streams)
     generator = torch.Generator().manual_seed(0)
     length = 5
     for step in range(40):
@@ -192,8 +193,6 @@ def test_device_writer_refuses_what_it_cannot_store(goal_spec: EnvSpec) -> None:
     sampler = PrioritizedSampler(2, "cpu", alpha=1.0, beta_start=0.4, beta_end=1.0, total_steps=10)
     with pytest.raises(ValueError, match="capacity >= streams, got 2 < 3"):
         DeviceRingWriter(storage, sampler, 3)
-    with pytest.raises(ValueError, match="max_episode_len must be >= 1, got 0"):
-        DeviceRingWriter(storage, sampler, 1, max_episode_len=0)
     writer = DeviceRingWriter(storage, sampler, 2)
     with pytest.raises(ValueError, match=r"one row per env \(2\), got 1"):
         writer.add(episode_rows(1, range(1)))
@@ -210,7 +209,7 @@ def test_device_writer_add_reads_nothing_from_the_device(goal_spec: EnvSpec, mon
     across episode ends and a wrap-around; only the rows' host-side `last` mask is read."""
     storage = TensorStorage(goal_spec, 10, 3, "cpu")
     sampler = PrioritizedSampler(10, "cpu", alpha=0.6, beta_start=0.4, beta_end=1.0, total_steps=10)
-    writer = DeviceRingWriter(storage, sampler, 3, max_episode_len=4)
+    writer = DeviceRingWriter(storage, sampler, 3)
     blocks = [lockstep_rows(3, step, 4) for step in range(12)]
     host = {id(block.last) for block in blocks}
     reads: list[str] = []
