@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from trainer.bench import BenchOptions, bench_config, bench_spec, fill_replay
+from trainer.bench import BenchOptions, bench_config, bench_spec, fill_with_random_transitions
 from trainer.model import ModelDims
 from trainer.plans._capture import precision_scope
 from trainer.replay.buffer import ReplayBuffer
@@ -53,7 +53,7 @@ def main() -> None:
     config = bench_config(args.config, options)
     device = torch.device("cpu")
     replay = ReplayBuffer(config, bench_spec(config), device, torch.Generator().manual_seed(1))
-    fill_replay(replay, options.capacity, 0)
+    fill_with_random_transitions(replay, options.capacity, 0)
     dims = ModelDims.build(config.model, replay.spec.obs_dim, replay.spec.branches, replay.spec.actions)
     state = TrainState.create(config, dims, device)
     batch = replay.sample(config.run.batch_size, 0)

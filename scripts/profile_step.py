@@ -18,7 +18,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trainer.bench import BenchOptions, bench_config, bench_spec, build_method, fill_replay, run_steps
+from trainer.bench import BenchOptions, bench_config, bench_spec, build_method, fill_with_random_transitions, run_steps
 from trainer.model import ModelDims
 from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
@@ -46,7 +46,7 @@ def build(variant: str, config_name: str, options: BenchOptions, device: torch.d
     config = bench_config(config_name, BenchOptions(**{**vars(options), "overrides": overrides}))
     spec = bench_spec(config)
     replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(1))
-    fill_replay(replay, options.capacity, 0)
+    fill_with_random_transitions(replay, options.capacity, 0)
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
     state = TrainState.create(config, dims, device)
     timer = StepTimer(device, enabled=False)

@@ -177,7 +177,7 @@ def bench_spec(config: TrainConfig) -> EnvSpec:
     return EnvSpec(obs_dim=config.data.market_features, branches=BRANCHES, actions=ACTIONS, goal=goal)
 
 
-def fill_replay(replay: ReplayBuffer, rows: int, seed: int, chunk: int = 1 << 17) -> None:
+def fill_with_random_transitions(replay: ReplayBuffer, rows: int, seed: int, chunk: int = 1 << 17) -> None:
     """Write `rows` random transitions in whole episodes of EPISODE steps (random, so batches differ)."""
     spec, device = replay.spec, replay.device
     chunk = max(EPISODE, chunk // EPISODE * EPISODE)  # `extend` starts an episode at each block's start
@@ -470,7 +470,7 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
         spec = bench_spec(config)
         replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(options.seed + 1))
         began = time.perf_counter()
-        fill_replay(replay, options.capacity, options.seed)
+        fill_with_random_transitions(replay, options.capacity, options.seed)
         log(f"[{name}] replay of {len(replay)} random transitions filled in {time.perf_counter() - began:.1f}s")
         priorities = {key: tensor.clone() for key, tensor in replay.sampler.state_dict().items()}
         eager_ms: float | None = None

@@ -15,7 +15,7 @@ from trainer.bench import (
     bench_config,
     bench_spec,
     check_options,
-    fill_replay,
+    fill_with_random_transitions,
     format_table,
     run_bench,
     write_outputs,
@@ -109,10 +109,10 @@ def test_run_bench_times_a_bf16_variant_beside_its_method() -> None:
     assert "eager-bf16" in format_table(document)
 
 
-def test_fill_replay_writes_distinct_whole_episodes() -> None:
+def test_fill_with_random_transitions_writes_distinct_whole_episodes() -> None:
     config = bench_config("full", tiny_options())
     replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(0))
-    fill_replay(replay, 256, seed=0, chunk=100)
+    fill_with_random_transitions(replay, 256, seed=0, chunk=100)
     assert len(replay) == 256
     assert replay.storage.obs.std() > 0.5  # random rows, not zeros
     assert torch.unique(replay.storage.obs[:, 0]).numel() == 256
@@ -206,7 +206,7 @@ def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
     states = []
     for plan_class in (EagerPlan, CompiledEagerPlan):
         replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(1))
-        fill_replay(replay, 256, seed=0)
+        fill_with_random_transitions(replay, 256, seed=0)
         spec = replay.spec
         state = TrainState.create(
             config, ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions), "cpu"

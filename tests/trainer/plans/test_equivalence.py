@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from trainer.batch import Batch
-from trainer.bench import BenchOptions, bench_config, bench_spec, fill_replay
+from trainer.bench import BenchOptions, bench_config, bench_spec, fill_with_random_transitions
 from trainer.config import TrainConfig
 from trainer.model import ModelDims
 from trainer.plans._capture import matmul_precision
@@ -76,7 +76,7 @@ def new_state(config: TrainConfig, replay: ReplayBuffer) -> TrainState:
 
 def new_replay(config: TrainConfig, seed: int = 1) -> ReplayBuffer:
     replay = ReplayBuffer(config, bench_spec(config), "cuda", torch.Generator("cuda").manual_seed(seed))
-    fill_replay(replay, CAPACITY, seed=0)
+    fill_with_random_transitions(replay, CAPACITY, seed=0)
     return replay
 
 
