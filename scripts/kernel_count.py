@@ -1,8 +1,8 @@
 """Count the kernels Inductor generates for one training step, on the CPU (no GPU needed).
 
-Usage: python scripts/kernel_count.py [--config core] [-o key=value ...] [--batch-size 64] [--show]
+Usage: python scripts/kernel_count.py [--preset core] [-o key=value ...] [--batch-size 64] [--show]
 
-`train_step` of the bench's configuration (the pinned model, a small replay and batch: the count
+`train_step` of a bench preset (the pinned model, a small replay and batch: the count
 depends on the graph, not on B) is compiled with Inductor's default mode, as the fused plan compiles
 it, and run once. Reported, per compiled graph and in total: the generated kernels (`cpp_fused_*` on
 the CPU, `triton_*` on a GPU) and the calls of extern kernels (matrix products, sorts, fallback ops)
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from trainer.bench import BenchOptions, bench_config, bench_spec, fill_with_random_transitions
+from trainer.bench import BenchOptions, bench_spec, fill_with_random_transitions, preset_config
 from trainer.model import ModelDims
 from trainer.plans._capture import precision_scope
 from trainer.replay.buffer import ReplayBuffer
@@ -43,14 +43,14 @@ def call_body(source: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="core")
+    parser.add_argument("--preset", "--config", dest="preset", default="core", help="bench preset")
     parser.add_argument("-o", "--override", action="append", default=[])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--show", action="store_true", help="list the extern calls by name")
     parser.add_argument("--code", type=Path, default=None, help="write each graph's generated code here")
     args = parser.parse_args()
     options = BenchOptions(capacity=4096, batch_size=args.batch_size, overrides=args.override)
-    config = bench_config(args.config, options)
+    config = preset_config(args.preset, options)
     device = torch.device("cpu")
     replay = ReplayBuffer(config, bench_spec(config), device, torch.Generator().manual_seed(1))
     fill_with_random_transitions(replay, options.capacity, 0)
@@ -77,7 +77,7 @@ def main() -> None:
         extern += len(calls)
         print(f"graph {i}: {g} generated kernels, {len(calls)} extern calls")
     print(
-        f"[{args.config}] {' '.join(args.override)}: {len(sources)} graphs, {generated} generated kernels, "
+        f"[{args.preset}] {' '.join(args.override)}: {len(sources)} graphs, {generated} generated kernels, "
         f"{extern} extern calls, {generated + extern} in all"
     )
     if args.show:

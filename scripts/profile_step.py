@@ -1,6 +1,6 @@
 """Where a plan's step time goes on the GPU: kernels per step, busy time, and the costliest kernels.
 
-Usage: python scripts/profile_step.py [--config core] [--variant NAME ...] [--steps 20]
+Usage: python scripts/profile_step.py [--preset core] [--variant NAME ...] [--steps 20]
 A variant is a bench method (a plan name or "compile", with an optional precision suffix as in the
 bench: "zerocopy-bf16") with an optional flag "+tree" (sum-tree sampling instead of the bench's
 cumulative-sum search), e.g. "zerocopy-bf16+tree".
@@ -18,7 +18,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trainer.bench import BenchOptions, bench_config, bench_spec, build_method, fill_with_random_transitions, run_steps
+from trainer.bench import BenchOptions, bench_spec, build_method, fill_with_random_transitions, preset_config, run_steps
 from trainer.model import ModelDims
 from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
@@ -36,14 +36,14 @@ def kind(name: str) -> str:
     return "triton" if name.startswith("triton") else "other"
 
 
-def build(variant: str, config_name: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
+def build(variant: str, preset: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
     method, *flags = variant.split("+")
     by_flag = {"tree": "replay.search=tree"}
     unknown = set(flags) - set(by_flag)
     if unknown:
         raise ValueError(f"unknown variant suffix {sorted(unknown)} (choose from {sorted(by_flag)})")
     overrides = [by_flag[flag] for flag in flags]
-    config = bench_config(config_name, BenchOptions(**{**vars(options), "overrides": overrides}))
+    config = preset_config(preset, BenchOptions(**{**vars(options), "overrides": overrides}))
     spec = bench_spec(config)
     replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(1))
     fill_with_random_transitions(replay, options.capacity, 0)
@@ -56,7 +56,7 @@ def build(variant: str, config_name: str, options: BenchOptions, device: torch.d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="core")
+    parser.add_argument("--preset", "--config", dest="preset", default="core", help="bench preset")
     parser.add_argument("--variant", action="append", default=None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=15)
@@ -68,7 +68,7 @@ def main() -> None:
     for variant in args.variant or ["fused", "zerocopy"]:
         began = time.perf_counter()
         try:
-            plan, timer = build(variant, args.config, options, device)
+            plan, timer = build(variant, args.preset, options, device)
             step, _ = run_steps(plan, timer, 0, 20)
             torch.cuda.synchronize()
             setup = time.perf_counter() - began
@@ -82,7 +82,7 @@ def main() -> None:
                 step, _ = run_steps(plan, timer, step, args.steps)
                 torch.cuda.synchronize()
         except Exception as error:  # report and go on to the next variant
-            print(f"[{args.config}] {variant}: failed: {type(error).__name__}: {str(error)[:400]}")
+            print(f"[{args.preset}] {variant}: failed: {type(error).__name__}: {str(error)[:400]}")
             continue
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         busy = sum(e.device_time for e in kernels) / 1e3 / args.steps  # ms per step
@@ -93,7 +93,7 @@ def main() -> None:
             counts[e.name] += 1
         kinds: collections.Counter[str] = collections.Counter(kind(e.name) for e in kernels)
         print(
-            f"\n[{args.config}] {variant}: {ms:.3f} ms/step, {len(kernels) / args.steps:.0f} kernels/step "
+            f"\n[{args.preset}] {variant}: {ms:.3f} ms/step, {len(kernels) / args.steps:.0f} kernels/step "
             f"({', '.join(f'{kinds[k] / args.steps:.0f} {k}' for k in KINDS)}), "
             f"kernel busy {busy:.3f} ms/step, setup {setup:.0f}s"
         )

@@ -1,6 +1,7 @@
 """`python -m trainer bench`: every execution plan on the pinned model, beside eager and torch.compile.
 
-For each configuration (`core`: ensemble, vaccine, causal and HER off; `full`: all on) one replay
+For each preset (`core`: ensemble, vaccine, causal and HER off; `full`: all on; chosen with `--configs`,
+and named `config` in bench.json's rows, as before) one replay
 of random transitions is filled (so every batch differs: nothing is timed out of cache), then each
 method gets a fresh TrainState, the same seeds and the replay's priorities as filled, and runs:
 `warmup` steps (untimed: capture, compilation, cuBLAS handles), then `repeats` windows of `steps`
@@ -53,10 +54,11 @@ from trainer.step import SectionTimer, StepFlags, StepOutput, train_step
 from trainer.timing import StepTimer
 
 BRANCHES, ACTIONS = 3, 5
-CONFIGS: dict[str, list[str]] = {
+PRESETS: dict[str, list[str]] = {
     "core": ["model.ensemble_heads=0", "loss.vaccine=false", "loss.causal=false", "replay.her=false"],
     "full": ["model.ensemble_heads=2", "loss.vaccine=true", "loss.causal=true", "replay.her=true"],
 }
+"""Bench presets: name -> the overrides that switch the optional parts (`preset_config` builds the TrainConfig)."""
 SAMPLER = ["replay.search=cdf"]
 """Every method samples by the cumulative-sum search: the same draws as the sum-tree descent in
 a tenth of the time on a GPU (trainer/replay/sampler.py)."""
@@ -75,7 +77,8 @@ TRAIN_PLANS: tuple[str, ...] = ("eager", "zerocopy")
 
 @dataclass
 class BenchOptions:
-    configs: list[str] = field(default_factory=lambda: list(CONFIGS))
+    configs: list[str] = field(default_factory=lambda: list(PRESETS))
+    """Presets of `PRESETS` to run; named after the CLI flag `--configs` (and bench.json's "options")."""
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     batch_size: int = 1024
     capacity: int = 1_000_000
@@ -85,11 +88,11 @@ class BenchOptions:
     warmup: int = 20
     steps_per_replay: int = 10
     timer_overhead: bool = True
-    """Also time eager and zerocopy with StepTimer disabled (in the first configuration)."""
+    """Also time eager and zerocopy with StepTimer disabled (in the first preset)."""
     seed: int = 0
     overrides: list[str] = field(default_factory=list)
     skip: list[str] = field(default_factory=list)
-    """"config:method" pairs not to run (e.g. "full:compile" where its compile time does not fit)."""
+    """"preset:method" pairs not to run (e.g. "full:compile" where its compile time does not fit)."""
     train: list[str] = field(default_factory=list)
     """Recipes of `TRAIN_RECIPES` to time in real training (the `train` rows); none by default."""
     train_plans: list[str] = field(default_factory=lambda: list(TRAIN_PLANS))
@@ -101,6 +104,8 @@ class BenchOptions:
 @dataclass
 class Result:
     config: str
+    """The preset's name (`core`, `full`): the key bench.json's rows have always had, which the metrics
+    (label `config`), the A/B tables and the documents under docs/benchmarks read."""
     method: str
     ms_median: float | None = None
     ms_min: float | None = None
@@ -148,10 +153,11 @@ def method_config(config: TrainConfig, method: str) -> TrainConfig:
     return config.model_copy(update={"run": config.run.model_copy(update={"precision": precision})})
 
 
-def bench_config(name: str, options: BenchOptions) -> TrainConfig:
-    """The pinned model: TrainConfig defaults, F = obs_dim, and the configuration's switches."""
-    if name not in CONFIGS:
-        raise ValueError(f"unknown bench configuration {name!r} (choose from {', '.join(CONFIGS)})")
+def preset_config(preset: str, options: BenchOptions) -> TrainConfig:
+    """The TrainConfig of bench preset `preset`: the pinned model (TrainConfig defaults, F = obs_dim) and
+    the preset's switches."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown bench preset {preset!r} (choose from {', '.join(PRESETS)})")
     return build_config(
         {},
         [
@@ -160,7 +166,7 @@ def bench_config(name: str, options: BenchOptions) -> TrainConfig:
             f"replay.capacity={options.capacity}",
             f"run.seed={options.seed}",
             f"run.steps_per_replay={options.steps_per_replay}",
-            *CONFIGS[name],
+            *PRESETS[preset],
             *SAMPLER,
             *options.overrides,
         ],
@@ -239,11 +245,11 @@ class CompiledEagerPlan(EagerPlan):
 
 
 def check_options(options: BenchOptions) -> None:
-    """One-line errors for unknown configurations or methods and sizes that cannot run."""
-    unknown = [c for c in options.configs if c not in CONFIGS] + [m for m in options.methods if not _known(m)]
+    """One-line errors for unknown presets or methods and sizes that cannot run."""
+    unknown = [p for p in options.configs if p not in PRESETS] + [m for m in options.methods if not _known(m)]
     if unknown:
         raise ValueError(
-            f"unknown bench names {', '.join(unknown)} (configs: {', '.join(CONFIGS)}; methods: "
+            f"unknown bench names {', '.join(unknown)} (presets, --configs: {', '.join(PRESETS)}; methods: "
             f"{', '.join(BASE_METHODS)}, each with an optional suffix -{'|-'.join(PRECISIONS)})"
         )
     if min(options.steps, options.repeats, options.batch_size, options.capacity) < 1 or options.warmup < 0:
@@ -323,7 +329,7 @@ def run_steps(plan: Plan, timer: StepTimer, start: int, steps: int) -> tuple[int
 
 
 def time_method(
-    name: str,
+    preset: str,
     method: str,
     config: TrainConfig,
     replay: ReplayBuffer,
@@ -332,7 +338,7 @@ def time_method(
     timer_enabled: bool = True,
 ) -> Result:
     """Fresh state and seeds, warm-up, then `repeats` timed windows of `steps` steps."""
-    result = Result(config=name, method=method)
+    result = Result(config=preset, method=method)
     device = replay.device
     for key, tensor in replay.sampler.state_dict().items():
         tensor.copy_(priorities[key])
@@ -459,47 +465,47 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every method in every configuration; returns the JSON document (environment, options, results)."""
+    """Every method in every preset; returns the JSON document (environment, options, results)."""
     results: list[Result] = []
     overhead: list[dict[str, Any]] = []
     # Each method and variant is its own compiled entry; Dynamo's default limit would fall back to eager.
     torch._dynamo.config.cache_size_limit = 256
     torch._dynamo.config.accumulated_cache_size_limit = 1024
-    for name in options.configs:
-        config = bench_config(name, options)
+    for preset in options.configs:
+        config = preset_config(preset, options)
         spec = bench_spec(config)
         replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(options.seed + 1))
         began = time.perf_counter()
         fill_with_random_transitions(replay, options.capacity, options.seed)
-        log(f"[{name}] replay of {len(replay)} random transitions filled in {time.perf_counter() - began:.1f}s")
+        log(f"[{preset}] replay of {len(replay)} random transitions filled in {time.perf_counter() - began:.1f}s")
         priorities = {key: tensor.clone() for key, tensor in replay.sampler.state_dict().items()}
         eager_ms: float | None = None
         for method in options.methods:
-            if f"{name}:{method}" in options.skip:
-                results.append(Result(config=name, method=method, error="skipped (--skip)"))
+            if f"{preset}:{method}" in options.skip:
+                results.append(Result(config=preset, method=method, error="skipped (--skip)"))
                 continue
             base, _ = split_method(method)
             reason = unavailable_reason(base, device) if base in PLANS else None
             if reason is not None:  # never time eager under a GPU plan's name
-                results.append(Result(config=name, method=method, error=f"not run: {reason}"))
-                log(f"[{name}] {method}: not run: {reason}")
+                results.append(Result(config=preset, method=method, error=f"not run: {reason}"))
+                log(f"[{preset}] {method}: not run: {reason}")
                 continue
-            result = time_method(name, method, config, replay, priorities, options)
+            result = time_method(preset, method, config, replay, priorities, options)
             if method == "eager":
                 eager_ms = result.ms_median
             if eager_ms and result.ms_median:
                 result.speedup = eager_ms / result.ms_median
             results.append(result)
             timing = f"{result.ms_median:.3f} ms/step (setup {result.setup_s:.1f}s)" if result.ms_median else ""
-            log(f"[{name}] {method}: {result.error or timing}")
-        if options.timer_overhead and name == options.configs[0]:
+            log(f"[{preset}] {method}: {result.error or timing}")
+        if options.timer_overhead and preset == options.configs[0]:
             for method in [m for m in ("eager", "zerocopy") if m in options.methods]:
-                on = next(r for r in results if r.config == name and r.method == method)
-                off = time_method(name, method, config, replay, priorities, options, timer_enabled=False)
+                on = next(r for r in results if r.config == preset and r.method == method)
+                off = time_method(preset, method, config, replay, priorities, options, timer_enabled=False)
                 if on.ms_median and off.ms_median:
                     overhead.append(
                         {
-                            "config": name,
+                            "config": preset,
                             "method": method,
                             "ms_timer_on": on.ms_median,
                             "ms_timer_off": off.ms_median,
@@ -527,7 +533,7 @@ def row_label(row: dict[str, Any]) -> str:
 def format_table(document: dict[str, Any]) -> str:
     """The plan's table: plan, ms/step median and spread, epoch seconds, speed-up, peak memory."""
     lines = [
-        f"{'config':<6} {'method':<14} {'ms/step':>9} {'spread (min-max)':>18} {'epoch s':>8} "
+        f"{'preset':<6} {'method':<14} {'ms/step':>9} {'spread (min-max)':>18} {'epoch s':>8} "
         f"{'speed-up':>9} {'peak GiB':>9}"
     ]
     for r in document["results"]:
@@ -579,30 +585,30 @@ def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(document: dict[str, Any], path: Path) -> None:
-    """Bar chart of median ms/step per method, one group per configuration, min-max as error bars."""
+    """Bar chart of median ms/step per method, one group per preset, min-max as error bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [r for r in document["results"] if r["ms_median"] is not None]
-    configs = list(dict.fromkeys(r["config"] for r in rows))
+    presets = list(dict.fromkeys(r["config"] for r in rows))
     methods = list(dict.fromkeys(row_label(r) for r in rows))
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    width = 0.8 / max(1, len(configs))
-    for i, config in enumerate(configs):
+    width = 0.8 / max(1, len(presets))
+    for i, preset in enumerate(presets):
         xs, ys, lo, hi = [], [], [], []
         for j, method in enumerate(methods):
-            match = [r for r in rows if r["config"] == config and row_label(r) == method]
+            match = [r for r in rows if r["config"] == preset and row_label(r) == method]
             if match:
                 r = match[0]
                 xs.append(j + i * width)
                 ys.append(r["ms_median"])
                 lo.append(r["ms_median"] - r["ms_min"])
                 hi.append(r["ms_max"] - r["ms_median"])
-        bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=config)
+        bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=preset)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(methods))], methods)
+    ax.set_xticks([j + width * (len(presets) - 1) / 2 for j in range(len(methods))], methods)
     ax.set_yscale("log")
     ax.set_ylabel("ms per training step (median, log scale)")
     env = document["environment"]

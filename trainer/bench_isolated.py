@@ -4,15 +4,15 @@ Figures of one method moved by ~10% between device calls while each call was tig
 two versions are compared only within one call, and one method's figure must not depend on what ran
 before it in the same process (allocator state, cuBLAS handles, Dynamo caches, clocks).
 
-- `--isolate`: each (configuration, method) is a child `python -m trainer bench` run with only that
+- `--isolate`: each (preset, method) is a child `python -m trainer bench` run with only that
   method; the parent collects the children's rows into one document and table.
 - `--ab A,B`: the same children, for two sources, alternating A B A B … for `--rounds` rounds. A
   source is a folder holding a `trainer/` package (`.` is the working tree) or a git revision, which
   is exported with `git archive` where `.git` is at hand (on a machine without the repository's
   history, export it first: `git archive REV trainer | tar -x -C ab/REV`, and pass `ab/REV`). Each
-  child runs the source's own bench CLI with options every version has had (configs, methods, sizes,
+  child runs the source's own bench CLI with options every version has had (`--configs`, methods, sizes,
   `-o`), so a revision from before this module still runs. The table gives each round's ms/step and
-  the ratio of B's median to A's per configuration and method.
+  the ratio of B's median to A's per preset and method.
 
 Children inherit the environment (Inductor's and Triton's on-disk caches included, so a later child
 compiles faster than the first); their stderr lines are forwarded.
@@ -42,7 +42,7 @@ from trainer.bench import BenchOptions, Result, environment, split_method
 REPO = Path(__file__).resolve().parents[1]
 RESULT_FIELDS = frozenset(Result.__dataclass_fields__)
 TIMED_WITH_TIMER_OFF = ("eager", "zerocopy")
-"""The methods whose StepTimer overhead the bench measures (in the first configuration)."""
+"""The methods whose StepTimer overhead the bench measures (in the first preset)."""
 
 
 @dataclass(frozen=True)
@@ -79,15 +79,15 @@ def resolve_source(spec: str, scratch: Path, repo: Path = REPO) -> Source:
     return Source(spec, root)
 
 
-def child_command(options: BenchOptions, config: str, method: str, out: Path, device: str, timer: bool) -> list[str]:
-    """`python -m trainer bench` for one method in one configuration, with options every version knows."""
+def child_command(options: BenchOptions, preset: str, method: str, out: Path, device: str, timer: bool) -> list[str]:
+    """`python -m trainer bench` for one method in one preset, with options every version knows."""
     command = [
         sys.executable,
         "-m",
         "trainer",
         "bench",
         "--configs",
-        config,
+        preset,
         "--methods",
         method,
         "--batch-size",
@@ -137,7 +137,7 @@ def run_isolated(
     sources: list[str] | None = None,
     rounds: int = 1,
 ) -> dict[str, Any]:
-    """Every (configuration, method) in its own process; with `sources`, each source in turn per round."""
+    """Every (preset, method) in its own process; with `sources`, each source in turn per round."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     results: list[dict[str, Any]] = []
@@ -146,26 +146,26 @@ def run_isolated(
         scratch = Path(tmp)
         trees = [resolve_source(spec, scratch / "sources") for spec in sources] if sources else [Source(".", REPO)]
         jobs = itertools.product(range(rounds), trees, options.configs, options.methods)
-        for n, (round_, source, config, method) in enumerate(jobs):
+        for n, (round_, source, preset, method) in enumerate(jobs):
             tag = {"source": source.label, "round": round_} if sources else {}
-            if f"{config}:{method}" in options.skip:
-                results.append({**asdict(Result(config, method, error="skipped (--skip)")), **tag})
+            if f"{preset}:{method}" in options.skip:
+                results.append({**asdict(Result(preset, method, error="skipped (--skip)")), **tag})
                 continue
             timer = (
                 options.timer_overhead
                 and sources is None
-                and config == options.configs[0]
+                and preset == options.configs[0]
                 and split_method(method)[0] in TIMED_WITH_TIMER_OFF
             )
-            log(f"[{config}] {method} ({source.label}, round {round_ + 1}/{rounds}): fresh process")
-            command = child_command(options, config, method, scratch / f"run{n}", device, timer)
+            log(f"[{preset}] {method} ({source.label}, round {round_ + 1}/{rounds}): fresh process")
+            command = child_command(options, preset, method, scratch / f"run{n}", device, timer)
             document, why = run_child(command, source.root, log)
             if document is None:
-                results.append({**asdict(Result(config, method, error=why)), **tag})
+                results.append({**asdict(Result(preset, method, error=why)), **tag})
                 continue
             for row in document["results"]:
                 kept = {key: value for key, value in row.items() if key in RESULT_FIELDS}
-                results.append({**asdict(Result(config, method)), **kept, **tag})
+                results.append({**asdict(Result(preset, method)), **kept, **tag})
             overhead.extend(document.get("timer_overhead", []))
     _speedups(results)
     return {
@@ -179,7 +179,7 @@ def run_isolated(
 
 
 def _speedups(results: list[dict[str, Any]]) -> None:
-    """Speed-up over eager within the same source, round and configuration."""
+    """Speed-up over eager within the same source, round and preset."""
     eager = {
         (r.get("source"), r.get("round"), r["config"]): r["ms_median"]
         for r in results
@@ -191,19 +191,19 @@ def _speedups(results: list[dict[str, Any]]) -> None:
 
 
 def format_ab_table(document: dict[str, Any]) -> str:
-    """Each configuration and method: every round's ms/step per source, their medians, and B / A."""
+    """Each preset and method: every round's ms/step per source, their medians, and B / A."""
     ab = document.get("ab")
     if not ab:
         return ""
     first, second = ab["sources"]
-    lines = [f"{'config':<6} {'method':<14} {'source':<20} {'ms/step per round':<32} {'median':>8} {'B/A':>7}"]
-    for config, method in dict.fromkeys((r["config"], r["method"]) for r in document["results"]):
+    lines = [f"{'preset':<6} {'method':<14} {'source':<20} {'ms/step per round':<32} {'median':>8} {'B/A':>7}"]
+    for preset, method in dict.fromkeys((r["config"], r["method"]) for r in document["results"]):
         medians: dict[str, float] = {}
         for source in (first, second):
-            key = (config, method, source)
+            key = (preset, method, source)
             rows = [r for r in document["results"] if (r["config"], r["method"], r["source"]) == key]
             figures = [r["ms_median"] for r in sorted(rows, key=lambda r: r["round"]) if r["ms_median"]]
-            head = f"{config:<6} {method:<14} {source:<20}"
+            head = f"{preset:<6} {method:<14} {source:<20}"
             if not figures:
                 errors = sorted({r["error"] for r in rows if r["error"]})
                 lines.append(f"{head} failed: {'; '.join(errors)}")

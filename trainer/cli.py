@@ -85,7 +85,7 @@ def train(
 
 @app.command()
 def bench(
-    configs: Annotated[str, typer.Option(help="Comma-separated configurations: core, full.")] = "core,full",
+    configs: Annotated[str, typer.Option(help="Comma-separated bench presets: core, full.")] = "core,full",
     methods: Annotated[
         str,
         typer.Option(
@@ -101,11 +101,11 @@ def bench(
     warmup: Annotated[int, typer.Option(help="Untimed steps first (capture, compilation).")] = 20,
     steps_per_replay: Annotated[int, typer.Option(help="K steps per graph replay (zerocopy).")] = 10,
     timer_overhead: Annotated[
-        bool, typer.Option(help="Also time eager and zerocopy with StepTimer off (first config).")
+        bool, typer.Option(help="Also time eager and zerocopy with StepTimer off (first preset).")
     ] = True,
     device: Annotated[str, typer.Option(help="cuda, cpu or auto.")] = "auto",
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png, bench.md.")] = Path("bench-out"),
-    skip: Annotated[list[str] | None, typer.Option(help="config:method not to run, e.g. full:compile.")] = None,
+    skip: Annotated[list[str] | None, typer.Option(help="preset:method not to run, e.g. full:compile.")] = None,
     override: OverrideOption = None,
     train: Annotated[
         str, typer.Option(help="Recipes for `train` rows (real training, collection included): cartpole, market.")
@@ -113,7 +113,7 @@ def bench(
     train_plans: Annotated[str, typer.Option(help="Comma-separated plans for the train rows.")] = "eager,zerocopy",
     train_updates: Annotated[int, typer.Option(help="Updates per train row.")] = 4000,
     isolate: Annotated[
-        bool, typer.Option(help="Run each configuration's each method in a fresh process (no train rows).")
+        bool, typer.Option(help="Run each preset's each method in a fresh process (no train rows).")
     ] = False,
     ab: Annotated[
         str,
@@ -155,10 +155,10 @@ def bench(
     target = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else device.replace("auto", "cpu"))
     try:
         check_options(options)
-        for name in options.configs:
-            from trainer.bench import bench_config
+        for preset in options.configs:
+            from trainer.bench import preset_config
 
-            bench_config(name, options)
+            preset_config(preset, options)
     except (ValueError, ConfigError) as error:
         raise fail(str(error)) from None
     sources = [s for s in ab.split(",") if s]

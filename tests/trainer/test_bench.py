@@ -1,4 +1,4 @@
-"""The benchmark harness on CPU at a tiny size: configs, replay fill, timing loop, table and files."""
+"""The benchmark harness on CPU at a tiny size: presets, replay fill, timing loop, table and files."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import torch
 from typer.testing import CliRunner
 
 from trainer.bench import (
-    CONFIGS,
+    PRESETS,
     BenchOptions,
-    bench_config,
     bench_spec,
     check_options,
     fill_with_random_transitions,
     format_table,
+    preset_config,
     run_bench,
     write_outputs,
 )
@@ -45,14 +45,14 @@ def tiny_options(**changes: object) -> BenchOptions:
 
 
 def test_core_and_full_switch_the_optional_parts() -> None:
-    core, full = bench_config("core", tiny_options()), bench_config("full", tiny_options())
+    core, full = preset_config("core", tiny_options()), preset_config("full", tiny_options())
     assert (core.model.ensemble_heads, core.loss.vaccine, core.loss.causal, core.replay.her) == (0, False, False, False)
     assert full.model.ensemble_heads > 0 and full.loss.vaccine and full.loss.causal and full.replay.her
     assert bench_spec(core).goal is None and bench_spec(full).goal is not None
 
 
 def test_pinned_defaults_are_the_issue_model() -> None:
-    config = bench_config("core", BenchOptions())
+    config = preset_config("core", BenchOptions())
     assert (config.run.batch_size, config.replay.capacity, config.data.market_features) == (1024, 1_000_000, 64)
     assert (config.model.atoms, bench_spec(config).branches, bench_spec(config).actions) == (51, 3, 5)
 
@@ -77,7 +77,7 @@ def test_a_precision_suffix_sets_the_methods_run_precision() -> None:
 
     assert {"compile", "compile-bf16", "zerocopy", "zerocopy-bf16"} <= set(METHODS)
     assert split_method("zerocopy-bf16") == ("zerocopy", "bf16") and split_method("compile") == ("compile", None)
-    config = bench_config("core", tiny_options())
+    config = preset_config("core", tiny_options())
     assert method_config(config, "compile-bf16").run.precision == "bf16"
     assert method_config(config, "compile") is config and config.run.precision == "auto"
     with pytest.raises(ValueError, match="unknown bench method 'compile-half'"):
@@ -90,7 +90,7 @@ def test_compile_bf16_is_the_compiled_eager_step_with_tf32_and_bf16_autocast() -
     from trainer.state import TrainState
     from trainer.step import NO_TIMER
 
-    config = bench_config("core", tiny_options())
+    config = preset_config("core", tiny_options())
     replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(1))
     spec = replay.spec
     state = TrainState.create(config, ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions), "cpu")
@@ -110,7 +110,7 @@ def test_run_bench_times_a_bf16_variant_beside_its_method() -> None:
 
 
 def test_fill_with_random_transitions_writes_distinct_whole_episodes() -> None:
-    config = bench_config("full", tiny_options())
+    config = preset_config("full", tiny_options())
     replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(0))
     fill_with_random_transitions(replay, 256, seed=0, chunk=100)
     assert len(replay) == 256
@@ -123,7 +123,7 @@ def test_run_bench_times_methods_and_timer_overhead(tmp_path: Path) -> None:
     options = tiny_options(methods=["eager", "graph"])
     document = run_bench(options, torch.device("cpu"), log=lambda line: None)
     all_results = document["results"]
-    assert [(r["config"], r["method"]) for r in all_results] == [(c, m) for c in CONFIGS for m in ("eager", "graph")]
+    assert [(r["config"], r["method"]) for r in all_results] == [(c, m) for c in PRESETS for m in ("eager", "graph")]
     # a GPU plan on the CPU is reported as not run, never timed as the eager fallback under its name
     skipped = [r for r in all_results if r["method"] == "graph"]
     assert all(r["error"].startswith("not run: plan 'graph' needs a CUDA GPU") for r in skipped)
@@ -202,7 +202,7 @@ def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
     from trainer.state import TrainState
     from trainer.step import NO_TIMER
 
-    config = bench_config("full", tiny_options())
+    config = preset_config("full", tiny_options())
     states = []
     for plan_class in (EagerPlan, CompiledEagerPlan):
         replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(1))

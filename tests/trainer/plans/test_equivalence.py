@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from trainer.batch import Batch
-from trainer.bench import BenchOptions, bench_config, bench_spec, fill_with_random_transitions
+from trainer.bench import BenchOptions, bench_spec, fill_with_random_transitions, preset_config
 from trainer.config import TrainConfig
 from trainer.model import ModelDims
 from trainer.plans._capture import matmul_precision
@@ -65,7 +65,7 @@ class ZeroCopyFp32(ZeroCopyPlan):
 
 
 def config_for(name: str = "full", k: int = 5) -> TrainConfig:
-    return bench_config(name, BenchOptions(capacity=CAPACITY, steps_per_replay=k))
+    return preset_config(name, BenchOptions(capacity=CAPACITY, steps_per_replay=k))
 
 
 def new_state(config: TrainConfig, replay: ReplayBuffer) -> TrainState:
@@ -228,9 +228,9 @@ def test_bf16_loss_curves_agree_over_2000_steps() -> None:
 
 def assert_loss_curves_agree(precision: str, out: str | None) -> None:
     """Float32 eager and the fused plan at `precision` over the same 2000 batches: windowed means within 5%."""
-    config = bench_config("core", BenchOptions(capacity=CAPACITY, overrides=[f"run.precision={precision}"]))
+    config = preset_config("core", BenchOptions(capacity=CAPACITY, overrides=[f"run.precision={precision}"]))
     replay = new_replay(config)
-    hp = Hyper.from_config(bench_config("core", BenchOptions(capacity=CAPACITY)))  # eager: float32
+    hp = Hyper.from_config(preset_config("core", BenchOptions(capacity=CAPACITY)))  # eager: float32
     eager = new_state(config, replay)
     state = new_state(config, replay)
     plan = FusedPlan(state, replay, config, NO_TIMER, torch.Generator("cuda").manual_seed(2))
