@@ -1,10 +1,19 @@
-"""What every execution plan offers the training loop and the benchmark."""
+"""What every execution plan offers the training loop and the benchmark, and what each one holds."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from trainer.step import StepOutput
+from trainer.plans._capture import uses_tf32
+from trainer.step import Draws, Hyper, StepOutput
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.config import TrainConfig
+    from trainer.replay.buffer import ReplayBuffer
+    from trainer.state import TrainState
+    from trainer.step import SectionTimer
 
 
 class Plan(Protocol):
@@ -15,3 +24,39 @@ class Plan(Protocol):
     steps_per_call: int
 
     def run(self, step: int) -> StepOutput: ...
+
+
+class BasePlan:
+    """The setup every plan shares: its inputs, the step's constants (`hp`), the static batch and draws
+    that sampling refills in place, and the matrix-product precision it runs at.
+
+    Subclasses set `name`, may set `tf32` (their own precision under `run.precision=auto`), and add
+    their own buffers, streams and graphs after calling this constructor.
+    """
+
+    name: str
+    steps_per_call = 1
+    tf32 = False
+    """The plan's default: TF32 matrix products (`uses_tf32` turns it into the instance's setting)."""
+
+    def __init__(
+        self,
+        state: TrainState,
+        replay: ReplayBuffer,
+        config: TrainConfig,
+        timer: SectionTimer,
+        generator: torch.Generator,
+    ) -> None:
+        self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
+        self.device = state.atoms.device
+        self.tf32 = uses_tf32(config.run.precision, type(self).tf32)
+        self.hp = Hyper.from_config(config)
+        self.batch = replay.empty_batch(config.run.batch_size)  # refilled in place each step
+        self.draws = Draws.empty(state.dims, config.run.batch_size, self.device, permute=config.loss.causal)
+        self.last_losses: dict[str, float] = {}
+
+    def sample(self, step: int) -> None:
+        """Step `step`'s batch and draws into the static buffers, on the host's side of the plan."""
+        with self.timer.section("sample"):
+            self.replay.sample_into(self.batch, step)
+            self.draws.fill_(self.generator)

@@ -27,11 +27,8 @@ from typing import Any
 
 import torch
 
-from trainer.config import TrainConfig
 from trainer.plans._capture import StreamRouter
 from trainer.plans.dual import DualStreamPlan
-from trainer.replay.buffer import ReplayBuffer
-from trainer.state import TrainState
 from trainer.step import SectionTimer, StepFlags, StepOutput, train_step
 
 TF32_RTOL = 2e-2
@@ -98,18 +95,13 @@ class FusedPlan(DualStreamPlan):
     compiled = True
     """Run the step through Inductor (False: the dual plan's graph in TF32, for isolating tests)."""
     compile_mode: str | None = COMPILE_MODE
+    sections: _EagerSections | None = None
+    """The router's sections as Dynamo sees them, made on the first routed call."""
 
-    def __init__(
-        self,
-        state: TrainState,
-        replay: ReplayBuffer,
-        config: TrainConfig,
-        timer: SectionTimer,
-        generator: torch.Generator,
-    ) -> None:
-        self.step_fn = compile_step(self.compile_mode) if self.compiled else train_step
-        self.sections: _EagerSections | None = None
-        super().__init__(state, replay, config, timer, generator)
+    @functools.cached_property
+    def step_fn(self) -> Callable[..., StepOutput]:
+        """What `train` calls: the compiled step (one wrapper per mode), or the step itself."""
+        return compile_step(self.compile_mode) if self.compiled else train_step
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         if isinstance(timer, StreamRouter):

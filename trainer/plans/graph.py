@@ -41,11 +41,11 @@ from trainer.plans._capture import (
     matmul_precision,
     require_cuda,
     unique_generators,
-    uses_tf32,
 )
+from trainer.plans.base import BasePlan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
-from trainer.step import NO_TIMER, Draws, Hyper, SectionTimer, StepFlags, StepOutput, train_step
+from trainer.step import NO_TIMER, Draws, SectionTimer, StepFlags, StepOutput, train_step
 
 
 class GraphKey(NamedTuple):
@@ -55,12 +55,10 @@ class GraphKey(NamedTuple):
     flags: Pattern
 
 
-class GraphPlan:
+class GraphPlan(BasePlan):
     """Sampling and the update in one graph replay, K updates per replay."""
 
     name = "graph"
-    tf32 = False
-    """Capture with TF32 matrix products (the fused plans): the default that `run.precision=auto` keeps."""
     streams = False
     """Run attention, IQL and the EMA on side streams inside the graph (the dual plan and later)."""
 
@@ -72,16 +70,11 @@ class GraphPlan:
         timer: SectionTimer,
         generator: torch.Generator,
     ) -> None:
-        self.device = state.atoms.device
-        require_cuda(self.name, self.device)
-        self.tf32 = uses_tf32(config.run.precision, type(self).tf32)
-        self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
+        require_cuda(self.name, state.atoms.device)
+        super().__init__(state, replay, config, timer, generator)
         self.sample_in_graph = self.can_sample_in_graph(replay)
         self.steps_per_call = config.run.steps_per_replay if self.sample_in_graph else 1
         self.step_base = torch.zeros((), dtype=torch.int64, device=self.device)
-        self.hp = self.hyper(config)
-        self.batch = replay.empty_batch(config.run.batch_size)
-        self.draws = Draws.empty(state.dims, config.run.batch_size, self.device, permute=config.loss.causal)
         # Valid values for a fed graph's warm-up before its first real fill (empty memory may hold any index).
         self.draws.tau.fill_(0.5)
         self.draws.tau_target.fill_(0.5)
@@ -90,7 +83,6 @@ class GraphPlan:
         self.pool = torch.cuda.graph_pool_handle()
         self.capture_stream = torch.cuda.Stream(self.device)
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, StepOutput]] = {}
-        self.last_losses: dict[str, float] = {}
         self.prepare()
 
     def can_sample_in_graph(self, replay: ReplayBuffer) -> bool:
@@ -107,10 +99,6 @@ class GraphPlan:
         return False
 
     # ---- what one captured graph runs -------------------------------------------------------
-
-    def hyper(self, config: TrainConfig) -> Hyper:
-        """The step's constants as plain values (baked into the captured graphs)."""
-        return Hyper.from_config(config)
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         """The maths of one update over the static buffers (the fused plan swaps in its compiled form)."""
@@ -176,9 +164,7 @@ class GraphPlan:
 
     def run(self, step: int) -> StepOutput:
         if not self.sample_in_graph:
-            with self.timer.section("sample"):
-                self.replay.sample_into(self.batch, step)
-                self.draws.fill_(self.generator)
+            self.sample(step)
             graph, output = self.graph_for(GraphKey(False, (StepFlags.for_step(step, self.config),)))
             with self.timer.section("graph"):
                 graph.replay()

@@ -9,31 +9,21 @@ reward that calls the host (the other plans then sample outside the graph) and t
 
 from __future__ import annotations
 
-import torch
-
 from trainer.batch import Batch
-from trainer.config import TrainConfig
 from trainer.plans.fused import FusedPlan
 from trainer.replay.buffer import ReplayBuffer
-from trainer.state import TrainState
-from trainer.step import Draws, SectionTimer, StepOutput
+from trainer.step import Draws, StepOutput
 
 
 class ZeroCopyPlan(FusedPlan):
     name = "zerocopy"
 
-    def __init__(
-        self,
-        state: TrainState,
-        replay: ReplayBuffer,
-        config: TrainConfig,
-        timer: SectionTimer,
-        generator: torch.Generator,
-    ) -> None:
+    def can_sample_in_graph(self, replay: ReplayBuffer) -> bool:
+        """Always: a HER goal reward that calls the host is refused, not sampled outside the graph."""
         her = replay.her
         if her is not None and not her.goal.capturable:
             raise ValueError("plan 'zerocopy' needs a capturable HER goal reward (this env's calls the host)")
-        super().__init__(state, replay, config, timer, generator)
+        return True
 
     def update(self, batch: Batch, draws: Draws, step: int) -> StepOutput:
         """Not offered: this plan's graphs sample their own batches; compare it through `run`."""
