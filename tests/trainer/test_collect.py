@@ -254,3 +254,33 @@ def test_phase_ends_mark_the_last_step_of_each_episode() -> None:
     assert Phase(12, 6).ends(16) == (False, False, False, True, False, False)
     assert Phase(0, 4).ends(16) == (False,) * 4
     assert np.flatnonzero(Phase(15, 3).ends(16)).tolist() == [0]
+
+
+MARKET_GPU = Path(__file__).resolve().parents[2] / "examples" / "market-gpu.yaml"
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_captured_market_run_matches_the_uncaptured_one_bit_for_bit_at_every_call(tmp_path: Path) -> None:
+    """examples/market-gpu.yaml shortened to 600 updates (zerocopy, K = 10, 32 envs; 3 episode ends, the
+    ring of 20,000 rows wrapping): collection as two CUDA graphs (no end, an end at the block's last
+    step) holds the uncaptured loop (host writer) exactly, every stateful tensor after every call."""
+    from trainer.collect import CudaCapture
+    from trainer.config import load_config
+
+    overrides = [
+        "run.steps=600",
+        "run.log_every=600",
+        "run.checkpoint_every=600",
+        "run.eval_every=0",
+        "run.eval_episodes=0",
+        "replay.capacity=20000",
+    ]
+    uncaptured = load_config(MARKET_GPU, [*overrides, "run.collect_graph=false"])
+    runs = lockstep(uncaptured, load_config(MARKET_GPU, overrides), tmp_path)
+    collector = runs[1].collector
+    assert runs[0].collector is None and isinstance(runs[0].replay.writer, RingWriter)
+    assert collector is not None and isinstance(collector.capture, CudaCapture) and len(collector.graphs) == 2
+    assert runs[1].plan.name == "zerocopy" and runs[1].plan.steps_per_call == 10
+    assert len(runs[1].source.finished_returns) == 4 * 32  # the warm-up's episode, then 3 in 600 updates

@@ -509,6 +509,80 @@ def test_market_collection_on_the_torch_env_reads_nothing_back(tmp_path: Path, m
     assert [rows.last.device.type, rows.episode_step.device.type] == ["cpu", "cpu"]
 
 
+def collector_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.collect_graph applies to the torch market on the CPU too: its collector runs uncaptured."""
+    from trainer.data.market_torch import TorchMarketSource
+
+    def applies(source: object, device: torch.device, steps: int) -> bool:
+        return isinstance(source, TorchMarketSource) and steps <= source.params.horizon
+
+    monkeypatch.setattr(train, "collect_graph_applies", applies)
+
+
+def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a collection graph captures (acting with a device epsilon, stepping, storing with the device
+    writer, 40 updates' rows across two episode ends and a wrap of the ring), run uncaptured on the CPU
+    under the same spies: no tensor is read back but the rows' host `last` and `episode_step`. (A host
+    read inside a capture fails it: the GPU tests capture the same body.)"""
+    collector_on_the_cpu(monkeypatch)
+    config = tiny_config(data={"market_backend": "torch"}, replay={"capacity": 64})
+    run = build_run(config, tmp_path)
+    fill_replay(run)
+    start_plan(run)
+    assert run.collector is not None
+    source = run.collector.source
+    step_rows = source.step_rows
+    made: list[Any] = []
+    host: set[int] = set()
+
+    def tracked(*args: Any) -> Any:
+        rows = step_rows(*args)
+        made.append(rows)
+        host.update({id(rows.last), id(rows.episode_step)})
+        return rows
+
+    reads: list[str] = []
+
+    def spy_on(name: str) -> Callable[..., Any]:
+        original = getattr(torch.Tensor, name)
+
+        def spy(self: torch.Tensor, *args: Any) -> Any:
+            if id(self) not in host:
+                reads.append(name)
+            return original(self, *args)
+
+        return spy
+
+    monkeypatch.setattr(source, "step_rows", tracked)
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, spy_on(name))
+    for _ in range(40):
+        train.collect(run, run.act_fn(), 1)
+        run.step += 1
+    monkeypatch.undo()
+    assert reads == []
+    assert len(made) == 40 and run.replay.writer.written == 32 + 40 * config.data.num_envs
+    assert len(source.finished_returns) == 3 * config.data.num_envs  # 16-step episodes end at 16 (warm-up), 32, 48
+
+
+def test_the_collection_graph_is_timed_as_one_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    collector_on_the_cpu(monkeypatch)
+    lines: list[str] = []
+    run_training(tiny_config(data={"market_backend": "torch"}), tmp_path, show_progress=False, out=lines.append)
+    breakdown = next(line for line in lines if line.startswith("Training step breakdown: "))
+    assert " collect=" in breakdown and "collect_graph=" in breakdown
+    parts = json.loads((tmp_path / "progress.json").read_text())["breakdown_ms"]
+    assert parts["collect_graph"] > 0 and not {"act", "env", "store"} & set(parts)
+
+
+def test_the_collection_graph_is_off_with_its_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    collector_on_the_cpu(monkeypatch)
+    run = build_run(tiny_config(["run.collect_graph=false"], data={"market_backend": "torch"}), tmp_path)
+    fill_replay(run)
+    start_plan(run)
+    assert run.collector is None and not run.collect_in_graph
+
+
 CARTPOLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole.yaml"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -564,30 +638,45 @@ MARKET_GPU = Path(__file__).resolve().parents[2] / "examples" / "market-gpu.yaml
 
 @pytest.mark.gpu
 @needs_gpu
-def test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync(tmp_path: Path) -> None:
+@pytest.mark.parametrize("collect_graph", [True, False], ids=["collect-graph", "uncaptured"])
+def test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync(
+    tmp_path: Path, collect_graph: bool
+) -> None:
     """examples/market-gpu.yaml, shortened: the torch market on the GPU, K = 10 updates per zerocopy
     replay. Acting, stepping and storing (HER columns included) make no synchronising call once warm,
-    across an episode end; then a short real run trains, times collection and scores the baselines."""
+    across an episode end, whether collection replays as one graph per plan call (run.collect_graph, its
+    graphs captured when the plan is) or runs an operation at a time; then a short real run trains,
+    times collection and scores the baselines."""
     from trainer.config import load_config
     from trainer.data.market_torch import TorchMarketSource
 
     overrides = ["run.steps=600", "run.log_every=200", "run.checkpoint_every=600", "run.eval_every=0"]
+    overrides += [f"run.collect_graph={str(collect_graph).lower()}"]
     config = load_config(MARKET_GPU, [*overrides, "run.eval_episodes=10", "replay.capacity=50000"])
     run = build_run(config, tmp_path / "collect")
     assert isinstance(run.source, TorchMarketSource) and run.device.type == "cuda"
     fill_replay(run)
     start_plan(run)
-    train.collect(run, run.act_fn(), 10)  # warm-up: lazy initialisations
+    assert (run.collector is not None) == collect_graph
+    k = run.plan.steps_per_call
+    train.collect(run, run.act_fn(), k)  # warm-up: lazy initialisations
+    run.step += k
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        train.collect(run, run.act_fn(), config.data.market_horizon)  # crosses an episode end
-        run.plan.run(run.step)
+        for _ in range(config.data.market_horizon // k):  # crosses an episode end
+            train.collect(run, run.act_fn(), k)
+            run.plan.run(run.step)
+            run.step += k
     finally:
         torch.cuda.set_sync_debug_mode("default")
     summary = run_training(config, tmp_path / "run", show_progress=False, out=lambda line: None)
     assert summary["plan"] == "zerocopy" and summary["step"] == 600 and summary["device"] == "cuda"
     assert all(math.isfinite(value) for value in summary["losses"].values())
-    assert all(summary["breakdown_ms"][name] > 0 for name in ("act", "env", "store"))
+    collection = ("collect_graph",) if collect_graph else ("act", "env", "store")
+    assert all(summary["breakdown_ms"][name] > 0 for name in collection)
     assert set(summary["baseline_means"]) == {"heuristic", "random"}
-    print(f"market zerocopy K=10: {summary['step'] / summary['wall_seconds']:.1f} updates/s; {summary['breakdown_ms']}")
+    print(
+        f"market zerocopy K=10 collect_graph={collect_graph}: {summary['step'] / summary['wall_seconds']:.1f} "
+        f"updates/s; {summary['breakdown_ms']}"
+    )
