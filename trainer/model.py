@@ -19,7 +19,7 @@ Networks (letters: B batch, K branches, A actions, N atoms, T taus, W window, F 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as fn
@@ -32,6 +32,8 @@ from trainer.losses.iqn import cosine_features
 
 @dataclass(frozen=True)
 class ModelDims:
+    """The networks' sizes: the data source's (`DATA_DIMS`), then ModelConfig's fields of the same names."""
+
     obs_dim: int  # F
     branches: int  # K
     actions: int  # A
@@ -53,26 +55,14 @@ class ModelDims:
 
     @classmethod
     def build(cls, model: ModelConfig, obs_dim: int, branches: int, actions: int) -> ModelDims:
-        return cls(
-            obs_dim=obs_dim,
-            branches=branches,
-            actions=actions,
-            atoms=model.atoms,
-            hidden=model.hidden,
-            head_hidden=model.head_hidden,
-            iqn_embed=model.iqn_embed,
-            iqn_hidden=model.iqn_hidden,
-            iqn_taus=model.iqn_taus,
-            iqn_target_taus=model.iqn_target_taus,
-            iql_hidden=model.iql_hidden,
-            attn_window=model.attn_window,
-            attn_dim=model.attn_dim,
-            attn_heads=model.attn_heads,
-            attn_ffn=model.attn_ffn,
-            ensemble_heads=model.ensemble_heads,
-            v_min=model.v_min,
-            v_max=model.v_max,
-        )
+        """The data source's sizes as given; every other field is `model`'s field of the same name."""
+        config = model.model_dump()
+        copied = {f.name: config[f.name] for f in fields(cls) if f.name not in DATA_DIMS}
+        return cls(obs_dim=obs_dim, branches=branches, actions=actions, **copied)
+
+
+DATA_DIMS = frozenset({"obs_dim", "branches", "actions"})
+"""ModelDims' fields that come from the data source, not from ModelConfig."""
 
 
 @dataclass(frozen=True)

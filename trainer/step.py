@@ -10,8 +10,8 @@ CUDA graph, split it over streams, or compile it.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -85,37 +85,25 @@ class Hyper:
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
+        """The fields below are named or computed differently from the config; every other field is
+        the `loss` or `optim` field of the same name (no name is in both sections)."""
         loss, optim = config.loss, config.optim
-        return cls(
-            gamma=loss.gamma,
-            reward_scale=loss.reward_scale,
-            cql=loss.cql,
-            cql_alpha=loss.cql_alpha,
-            iqn=loss.iqn,
-            kappa=loss.iqn_kappa,
-            iql=loss.iql,
-            expectile=loss.iql_expectile,
-            attention=loss.attention,
-            ensemble=config.model.ensemble_heads > 0,
-            diversity=loss.ensemble_diversity,
-            vaccine_epsilon=loss.vaccine_epsilon,
-            vaccine_weight=loss.vaccine_weight,
-            budgets={
+        derived: dict[str, Any] = {
+            "kappa": loss.iqn_kappa,
+            "expectile": loss.iql_expectile,
+            "diversity": loss.ensemble_diversity,
+            "ensemble": config.model.ensemble_heads > 0,
+            "budgets": {
                 "c51": optim.budget_c51 * optim.max_grad_norm,
                 "cql": optim.budget_cql * optim.max_grad_norm,
                 "iqn": optim.budget_iqn * optim.max_grad_norm,
                 "ensemble": optim.budget_ensemble * optim.max_grad_norm,
             },
-            lr=optim.lr,
-            aux_lr=optim.aux_lr,
-            beta1=optim.beta1,
-            beta2=optim.beta2,
-            eps=optim.eps,
-            target_tau=optim.target_tau,
-            spectral_norm=optim.spectral_norm,
-            sigma_max=optim.sigma_max,
-            autocast=torch.bfloat16 if config.run.precision == "bf16" else None,
-        )
+            "autocast": torch.bfloat16 if config.run.precision == "bf16" else None,
+        }
+        sections = {**loss.model_dump(), **optim.model_dump()}
+        copied = {f.name: sections[f.name] for f in fields(cls) if f.name not in derived}
+        return cls(**copied, **derived)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,19 @@
+from dataclasses import fields
+
 import torch
 
-from trainer.config import TrainConfig
-from trainer.model import ModelDims, attn_layout, iql_layout, main_layout
+from trainer.config import TrainConfig, build_config
+from trainer.model import DATA_DIMS, ModelDims, attn_layout, iql_layout, main_layout
+
+
+def test_dims_are_the_data_sources_sizes_and_the_model_configs_same_named_fields() -> None:
+    model = build_config({"model": {"hidden": 7, "atoms": 9, "v_min": -3.5, "ensemble_heads": 2}}).model
+    dims = ModelDims.build(model, obs_dim=5, branches=2, actions=4)
+    assert (dims.obs_dim, dims.branches, dims.actions) == (5, 2, 4)
+    copied = [f.name for f in fields(ModelDims) if f.name not in DATA_DIMS]
+    assert copied and set(copied) <= set(type(model).model_fields)
+    assert all(getattr(dims, name) == getattr(model, name) for name in copied)
+    assert (dims.hidden, dims.atoms, dims.v_min, dims.ensemble_heads) == (7, 9, -3.5, 2)
 
 
 def test_pinned_model_parameter_counts() -> None:

@@ -1,10 +1,12 @@
 import contextlib
 from collections.abc import Iterator
+from dataclasses import fields
 
 import pytest
 import torch
 
 from tests.factories import random_batch, tiny_config, tiny_state
+from trainer.config import build_config
 from trainer.model import c51_logits, trunk
 from trainer.plans.fused import BF16_RTOL
 from trainer.step import (
@@ -19,6 +21,26 @@ from trainer.step import (
     per_loss_gradients,
     train_step,
 )
+
+
+def test_hyper_copies_same_named_loss_and_optim_fields_and_derives_the_rest() -> None:
+    config = build_config(
+        {
+            "model": {"ensemble_heads": 2},
+            "loss": {"gamma": 0.9, "iqn_kappa": 2.0, "iql_expectile": 0.8, "ensemble_diversity": 0.3},
+            "optim": {"lr": 3e-3, "max_grad_norm": 2.0, "budget_c51": 0.5, "spectral_norm": False},
+            "run": {"precision": "bf16"},
+        }
+    )
+    hp = Hyper.from_config(config)
+    loss, optim = config.loss.model_dump(), config.optim.model_dump()
+    assert not set(loss) & set(optim)  # a same-named field has one source
+    derived = {"kappa", "expectile", "diversity", "ensemble", "budgets", "autocast"}
+    copied = [f.name for f in fields(Hyper) if f.name not in derived]
+    assert all(getattr(hp, name) == {**loss, **optim}[name] for name in copied)
+    assert (hp.gamma, hp.lr, hp.spectral_norm) == (0.9, 3e-3, False)
+    assert (hp.kappa, hp.expectile, hp.diversity, hp.ensemble) == (2.0, 0.8, 0.3, True)
+    assert hp.budgets["c51"] == 0.5 * 2.0 and hp.autocast is torch.bfloat16
 
 
 def _draws(state, batch_size: int, seed: int = 0) -> Draws:
