@@ -76,7 +76,7 @@ def test_phases_are_one_per_pattern_that_blocks_meet(horizon: int, steps: int) -
 
 def market_config(*overrides: str, **sections: dict[str, Any]) -> TrainConfig:
     """3 torch market envs of 16-step episodes, 2 env steps per update, K = 3 updates per call (6
-    collection steps), a ring of 100 rows that wraps every 17 calls, epsilon decaying over 40 updates;
+    collection steps, 18 rows), a ring of 100 rows, epsilon decaying over 40 updates;
     the warm-up (36 rows) leaves the envs at episode step 12, so episode ends fall at every position
     a block can hold them (1, 3, 5) and some blocks hold none."""
     data = {
@@ -172,12 +172,13 @@ def market_state(run: Run) -> list[torch.Tensor]:
 
 @pytest.mark.usefixtures("k_step_plans", "collector_on_the_cpu")
 def test_the_uncaptured_collector_trains_as_the_loop_s_collection_bit_for_bit(tmp_path: Path) -> None:
-    """60 updates (360 collection steps of 3 envs: 22 episode ends, 11 wraps of the ring): the collector
-    with the device writer holds the loop's collection with the host writer exactly, at every call."""
+    """60 updates (120 collection steps of 3 envs: 8 episode ends, the ring of 100 rows wrapping 3 times
+    after the warm-up's 36): the collector with the device writer holds the loop's collection with the
+    host writer exactly, at every call."""
     runs = lockstep(market_config("run.collect_graph=false"), market_config(), tmp_path)
     assert isinstance(runs[0].replay.writer, RingWriter) and runs[0].collector is None
     assert isinstance(runs[1].replay.writer, DeviceRingWriter) and runs[1].collector is not None
-    assert len(runs[1].source.finished_returns) >= 20
+    assert len(runs[1].source.finished_returns) == 8 * 3
 
 
 @pytest.mark.usefixtures("k_step_plans", "collector_on_the_cpu")
