@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -584,9 +585,13 @@ def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(document: dict[str, Any], path: Path) -> None:
-    """Bar chart of median ms/step per method, one group per preset, min-max as error bars."""
-    import matplotlib
+def plot(document: dict[str, Any], path: Path) -> bool:
+    """Bar chart of median ms/step per method, one group per preset, min-max as error bars. Returns
+    False, drawing nothing, where matplotlib is not installed (it is needed for this picture only)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -620,15 +625,26 @@ def plot(document: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True
 
 
-def write_outputs(document: dict[str, Any], out_dir: Path, command: str) -> list[Path]:
-    """bench.json, bench.png and bench.md (table, environment, command) under `out_dir`."""
+def _note(line: str) -> None:
+    """A progress note on stderr, beside the bench's other progress lines (stdout holds the table)."""
+    print(line, file=sys.stderr)
+
+
+def write_outputs(
+    document: dict[str, Any], out_dir: Path, command: str, log: Callable[[str], None] = _note
+) -> list[Path]:
+    """bench.json, bench.png and bench.md (table, environment, command) under `out_dir`; the paths written
+    (without bench.png, and a note to `log`, where matplotlib is not installed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     document = {**document, "command": command}
-    paths = [out_dir / "bench.json", out_dir / "bench.png", out_dir / "bench.md"]
-    paths[0].write_text(json.dumps(document, indent=2) + "\n")
-    plot(document, paths[1])
+    json_path, png_path, md_path = out_dir / "bench.json", out_dir / "bench.png", out_dir / "bench.md"
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    plotted = plot(document, png_path)
+    if not plotted:
+        log(f"no {png_path.name}: matplotlib is not installed (pip install matplotlib to draw it)")
     env = document["environment"]
     md = [
         "# foxhunt step benchmark",
@@ -642,8 +658,8 @@ def write_outputs(document: dict[str, Any], out_dir: Path, command: str) -> list
         format_table(document),
         "```",
         "",
-        "![step time](bench.png)",
+        "![step time](bench.png)" if plotted else "(no plot: matplotlib was not installed)",
         "",
     ]
-    paths[2].write_text("\n".join(md))
-    return paths
+    md_path.write_text("\n".join(md))
+    return [json_path, png_path, md_path] if plotted else [json_path, md_path]
