@@ -522,8 +522,9 @@ def collector_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a collection graph captures (acting with a device epsilon, stepping, storing with the device
     writer, 40 updates' rows across two episode ends and a wrap of the ring), run uncaptured on the CPU
-    under the same spies: no tensor is read back but the rows' host `last` and `episode_step`. (A host
-    read inside a capture fails it: the GPU tests capture the same body.)"""
+    under the same spies: no tensor is read back but the rows' host `last` and `episode_step`, and no
+    operation makes a shape from values (nonzero, masked_select, unique, a boolean index). (Either
+    fails a capture: the GPU tests capture the same body.)"""
     collector_on_the_cpu(monkeypatch)
     config = tiny_config(data={"market_backend": "torch"}, replay={"capacity": 64})
     run = build_run(config, tmp_path)
@@ -553,9 +554,31 @@ def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypa
 
         return spy
 
+    def dynamic(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            reads.append(name)
+            return original(*args, **kwargs)
+
+        return spy
+
+    getitem = torch.Tensor.__getitem__
+
+    def index(self: torch.Tensor, key: Any) -> Any:
+        keys = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in keys):
+            reads.append("boolean index")
+        return getitem(self, key)
+
     monkeypatch.setattr(source, "step_rows", tracked)
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, spy_on(name))
+    for name in ("nonzero", "masked_select", "unique"):
+        monkeypatch.setattr(torch.Tensor, name, dynamic(name, getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch, name, dynamic(name, getattr(torch, name)))
+    monkeypatch.setattr(torch.Tensor, "__getitem__", index)
+    torch.arange(3)[torch.tensor([True, False, True])]
+    assert reads == ["boolean index"]  # the spies see a shape made from values
+    reads.clear()
     for _ in range(40):
         train.collect(run, run.act_fn(), 1)
         run.step += 1
