@@ -52,7 +52,7 @@ from trainer.plans.eager import EagerPlan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.step import SectionTimer, StepFlags, StepOutput, train_step
-from trainer.timing import StepTimer
+from trainer.timing import COLLECT_COMPONENTS, StepTimer
 
 BRANCHES, ACTIONS = 3, 5
 PRESETS: dict[str, list[str]] = {
@@ -562,8 +562,6 @@ def format_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-COLLECTION = ("act", "env", "store")
-
 
 def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
     """The `train` rows: updates/s of real training and its per-update split into collection and update."""
@@ -579,8 +577,8 @@ def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{head} failed: {r['error']}")
             continue
         parts = {name: ms for name, ms in r["breakdown_ms"].items() if name != "step"}
-        collect = sum(ms for name, ms in parts.items() if name in COLLECTION)
-        update = sum(ms for name, ms in parts.items() if name not in COLLECTION)
+        collect = sum(ms for name, ms in parts.items() if name in COLLECT_COMPONENTS)
+        update = sum(ms for name, ms in parts.items() if name not in COLLECT_COMPONENTS)
         lines.append(f"{head} {r['updates_per_s']:>10.1f} {r['ms_per_update']:>10.3f} {collect:>10.3f} {update:>10.3f}")
     return lines
 

@@ -87,7 +87,7 @@ def market_config(*overrides: str, **sections: dict[str, Any]) -> TrainConfig:
         "epsilon_decay_steps": 40,
         **sections.pop("data", {}),
     }
-    run = {"steps_per_replay": 3, "steps": 60, **sections.pop("run", {})}
+    run = {"steps_per_replay": 3, "steps": 60, "collect_graph": True, **sections.pop("run", {})}
     return tiny_config(list(overrides), data=data, replay={"capacity": 100}, run=run, **sections)
 
 
@@ -279,7 +279,7 @@ def test_a_captured_market_run_matches_the_uncaptured_one_bit_for_bit_at_every_c
         "replay.capacity=20000",
     ]
     uncaptured = load_config(MARKET_GPU, [*overrides, "run.collect_graph=false"])
-    runs = lockstep(uncaptured, load_config(MARKET_GPU, overrides), tmp_path)
+    runs = lockstep(uncaptured, load_config(MARKET_GPU, [*overrides, "run.collect_graph=true"]), tmp_path)
     collector = runs[1].collector
     assert runs[0].collector is None and isinstance(runs[0].replay.writer, RingWriter)
     assert collector is not None and isinstance(collector.capture, CudaCapture) and len(collector.graphs) == 2

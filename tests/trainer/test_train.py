@@ -526,7 +526,7 @@ def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypa
     operation makes a shape from values (nonzero, masked_select, unique, a boolean index). (Either
     fails a capture: the GPU tests capture the same body.)"""
     collector_on_the_cpu(monkeypatch)
-    config = tiny_config(data={"market_backend": "torch"}, replay={"capacity": 64})
+    config = tiny_config(["run.collect_graph=true"], data={"market_backend": "torch"}, replay={"capacity": 64})
     run = build_run(config, tmp_path)
     fill_replay(run)
     start_plan(run)
@@ -591,7 +591,8 @@ def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypa
 def test_the_collection_graph_is_timed_as_one_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     collector_on_the_cpu(monkeypatch)
     lines: list[str] = []
-    run_training(tiny_config(data={"market_backend": "torch"}), tmp_path, show_progress=False, out=lines.append)
+    config = tiny_config(["run.collect_graph=true"], data={"market_backend": "torch"})
+    run_training(config, tmp_path, show_progress=False, out=lines.append)
     breakdown = next(line for line in lines if line.startswith("Training step breakdown: "))
     assert " collect=" in breakdown and "collect_graph=" in breakdown
     parts = json.loads((tmp_path / "progress.json").read_text())["breakdown_ms"]
