@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements/dev.txt
 	$(PY) -m pip install -q pip==26.3
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --require-hashes -r requirements/dev.txt
-	$(PY) -m pip install -q --no-index --no-build-isolation -e ".[trainer,service,dev]"
+	$(PY) -m pip install -q --no-index --no-build-isolation -e ".[trainer,service,plots,dev]"
 	$(PY) -m pip check
 	touch $(STAMP)
 

@@ -38,7 +38,7 @@ UNLOCKED = frozenset({"torch"})
 # Each lock and the extras it adds to the base dependencies, in compile order (dev first: the other
 # two are compiled under its pins).
 GROUPS: dict[str, tuple[str, ...]] = {
-    "dev": ("trainer", "service", "dev"),
+    "dev": ("trainer", "service", "plots", "dev"),
     "service": ("service",),
     "trainer": ("trainer",),
 }
