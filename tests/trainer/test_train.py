@@ -458,6 +458,31 @@ HOST_READS = ("item", "tolist", "numpy", "cpu", "__float__", "__int__", "__bool_
 """Tensor methods that bring a value to the host: on a CUDA tensor each one waits for the device."""
 
 
+class HostReadSpy:
+    """Wraps a rows-making function and records every host read (HOST_READS) of a tensor other than the
+    rows' host-side `last` and `episode_step` columns, which sources build on the host."""
+
+    def __init__(self, make_rows: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        self.make_rows, self.made, self.reads = make_rows, [], []  # made: the rows, kept alive so ids stay unique
+        self.host: set[int] = set()
+        for name in HOST_READS:
+            monkeypatch.setattr(torch.Tensor, name, self._spy(name, getattr(torch.Tensor, name)))
+
+    def __call__(self, *args: Any) -> Any:
+        rows = self.make_rows(*args)
+        self.made.append(rows)
+        self.host.update({id(rows.last), id(rows.episode_step)})
+        return rows
+
+    def _spy(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(tensor: torch.Tensor, *args: Any) -> Any:
+            if id(tensor) not in self.host:
+                self.reads.append(name)
+            return original(tensor, *args)
+
+        return spy
+
+
 def test_market_collection_on_the_torch_env_reads_nothing_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Acting, stepping and storing 40 updates' rows (two episode ends, HER columns included) read no
     tensor back to the host except the rows' host-side `last` and `episode_step`, which the source
@@ -465,37 +490,14 @@ def test_market_collection_on_the_torch_env_reads_nothing_back(tmp_path: Path, m
     config = tiny_config(data={"market_backend": "torch"})
     run = build_run(config, tmp_path)
     fill_replay(run)
-    collect = run.source.collect
-    made: list[Any] = []  # the rows, kept alive so that ids stay unique
-    host: set[int] = set()
-
-    def tracked(*args: Any) -> Any:
-        rows = collect(*args)
-        made.append(rows)
-        host.update({id(rows.last), id(rows.episode_step)})
-        return rows
-
-    reads: list[str] = []
-
-    def spy_on(name: str) -> Callable[..., Any]:
-        original = getattr(torch.Tensor, name)
-
-        def spy(self: torch.Tensor, *args: Any) -> Any:
-            if id(self) not in host:
-                reads.append(name)
-            return original(self, *args)
-
-        return spy
-
-    for name in HOST_READS:
-        monkeypatch.setattr(torch.Tensor, name, spy_on(name))
-    monkeypatch.setattr(run.source, "collect", tracked)
+    spy = HostReadSpy(run.source.collect, monkeypatch)
+    monkeypatch.setattr(run.source, "collect", spy)
     before = len(run.replay)
     train.collect(run, run.act_fn(), 40)
     monkeypatch.undo()
-    assert reads == []
-    assert len(made) == 40 and len(run.replay) == before + 40 * config.data.num_envs
-    rows = made[-1]
+    assert spy.reads == []
+    assert len(spy.made) == 40 and len(run.replay) == before + 40 * config.data.num_envs
+    rows = spy.made[-1]
     device_columns = [
         rows.obs,
         rows.action,
@@ -532,27 +534,8 @@ def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypa
     start_plan(run)
     assert run.collector is not None
     source = run.collector.source
-    step_rows = source.step_rows
-    made: list[Any] = []
-    host: set[int] = set()
-
-    def tracked(*args: Any) -> Any:
-        rows = step_rows(*args)
-        made.append(rows)
-        host.update({id(rows.last), id(rows.episode_step)})
-        return rows
-
-    reads: list[str] = []
-
-    def spy_on(name: str) -> Callable[..., Any]:
-        original = getattr(torch.Tensor, name)
-
-        def spy(self: torch.Tensor, *args: Any) -> Any:
-            if id(self) not in host:
-                reads.append(name)
-            return original(self, *args)
-
-        return spy
+    spy = HostReadSpy(source.step_rows, monkeypatch)
+    reads = spy.reads
 
     def dynamic(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def spy(*args: Any, **kwargs: Any) -> Any:
@@ -569,9 +552,7 @@ def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypa
             reads.append("boolean index")
         return getitem(self, key)
 
-    monkeypatch.setattr(source, "step_rows", tracked)
-    for name in HOST_READS:
-        monkeypatch.setattr(torch.Tensor, name, spy_on(name))
+    monkeypatch.setattr(source, "step_rows", spy)
     for name in ("nonzero", "masked_select", "unique"):
         monkeypatch.setattr(torch.Tensor, name, dynamic(name, getattr(torch.Tensor, name)))
         monkeypatch.setattr(torch, name, dynamic(name, getattr(torch, name)))
@@ -584,7 +565,7 @@ def test_the_collection_graph_s_body_reads_nothing_back(tmp_path: Path, monkeypa
         run.step += 1
     monkeypatch.undo()
     assert reads == []
-    assert len(made) == 40 and run.replay.writer.written == 32 + 40 * config.data.num_envs
+    assert len(spy.made) == 40 and run.replay.writer.written == 32 + 40 * config.data.num_envs
     assert len(source.finished_returns) == 3 * config.data.num_envs  # 16-step episodes end at 16 (warm-up), 32, 48
 
 
