@@ -30,19 +30,9 @@ EXTRA="${EXTRA:-}"                      # more overrides, "key=value key=value" 
 FALLBACK_PLAN="${FALLBACK_PLAN:-eager}" # the plan to calibrate and train with when the config's fails ("" for none)
 OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
 WORK="${WORK:-/tmp/foxhunt-market}"; rm -rf "$WORK"; mkdir -p "$WORK"; touch "$WORK/install.log"
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-elapsed() { echo $(( $(date +%s) - start )); }
-say() { echo "[$(elapsed) s] $*" | tee -a "$OUT/market.log"; }
-
-# ---- install: the carried wheels (not in the machine's image), then the project on the image's torch ----
-if [ "$INSTALL" = 1 ] && [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}" || { say "wheel install failed"; exit 3; }
-fi
-if [ "$INSTALL" = 1 ] && ! python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$WORK/install.log" 2>&1; then
-  say "editable install failed ($(tail -1 "$WORK/install.log")); running from the source tree"
-  export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-fi
+LOG="$OUT/market.log"
+# shellcheck source=scripts/device_setup.sh
+source "$(dirname "$0")/device_setup.sh"  # env, elapsed, say, the install
 python3 -c 'import trainer.train, gymnasium, torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
   2>&1 | tee -a "$OUT/market.log" || { say "the trainer does not import"; exit 3; }
 say "host: $(nproc) CPUs, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'no GPU'), $(python3 --version)"

@@ -23,21 +23,9 @@ ROUND="${ROUND:-1000}"                  # budgets are rounded down to this many 
 INSTALL="${INSTALL:-1}"                 # 0: use the python3 on PATH as it is (a smoke test on a dev machine)
 OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
 WORK="${WORK:-/tmp/foxhunt-recipes}"; rm -rf "$WORK"; mkdir -p "$WORK"; touch "$WORK/install.log"
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-elapsed() { echo $(( $(date +%s) - start )); }
-say() { echo "[$(elapsed) s] $*" | tee -a "$OUT/recipes.log"; }
-
-# ---- install: the carried wheels (not in the machine's image), then the project on the image's torch ----
-if [ "$INSTALL" = 1 ] && [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}" || { say "wheel install failed"; exit 3; }
-fi
-# `pip install -e .[trainer]` without a registry: the extra's needs are the image's (torch 2.11, numpy, pyarrow,
-# safetensors, fsspec, tqdm, matplotlib) or the wheels above; optuna and psycopg serve hyperopt only.
-if [ "$INSTALL" = 1 ] && ! python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$WORK/install.log" 2>&1; then
-  say "editable install failed ($(tail -1 "$WORK/install.log")); running from the source tree"
-  export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-fi
+LOG="$OUT/recipes.log"
+# shellcheck source=scripts/device_setup.sh
+source "$(dirname "$0")/device_setup.sh"  # env, elapsed, say, the install
 python3 -c 'import trainer.train, gymnasium, torch; print("torch", torch.__version__, "gymnasium", gymnasium.__version__)' \
   2>&1 | tee -a "$OUT/recipes.log" || { say "the trainer does not import"; exit 3; }
 say "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(python3 --version)"
