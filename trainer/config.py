@@ -216,6 +216,14 @@ class RunConfig(_Section):
     eval_select_episodes: int = Field(
         5, ge=1, le=10_000, description="Greedy episodes per evaluation of run.eval_every (seeds apart from the final)."
     )
+    stop_at_return: float | None = Field(
+        None,
+        description=(
+            "Stop once a periodic greedy evaluation (run.eval_every) reaches this mean return, and finish as at "
+            "the end: checkpoint, the best policy, final evaluation, summary (None: train to run.steps). For a "
+            "task with a known 'solved' return (CartPole-v1: 500), so a run that has solved it stops spending."
+        ),
+    )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics here while running.")
     pushgateway_url: str | None = Field(None, description="Push a final metrics snapshot here.")
     max_seconds: float | None = Field(
@@ -255,6 +263,12 @@ class TrainConfig(_Section):
     def _fits(self) -> TrainConfig:
         if self.run.batch_size > self.replay.capacity:
             raise ValueError(f"run.batch_size ({self.run.batch_size}) exceeds replay.capacity ({self.replay.capacity})")
+        return self
+
+    @model_validator(mode="after")
+    def _stop_needs_evaluations(self) -> TrainConfig:
+        if self.run.stop_at_return is not None and not self.run.eval_every:
+            raise ValueError("run.stop_at_return needs run.eval_every > 0: only its evaluations can stop the run")
         return self
 
     @property

@@ -340,8 +340,8 @@ def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> di
     return progress
 
 
-def evaluate_for_selection(run: Run, out: Callable[[str], None]) -> None:
-    """Score the current greedy policy on the selection seeds, keep it if it is the best so far."""
+def evaluate_for_selection(run: Run, out: Callable[[str], None]) -> float:
+    """Score the current greedy policy on the selection seeds, keep it if it is the best so far; its mean."""
     config = run.config.run
     returns = run.source.evaluate(run.act_fn(), config.eval_select_episodes, config.seed + SELECT_EVAL_SEED)
     mean_return = float(np.mean(returns))
@@ -352,6 +352,7 @@ def evaluate_for_selection(run: Run, out: Callable[[str], None]) -> None:
     else:
         note = f"best {run.best.mean_return:.2f} at step {run.best.step}"
     out(f"evaluation at step {run.step}: mean return {mean_return:.2f} over {len(returns)} episodes ({note})")
+    return mean_return
 
 
 def market_baselines(run: Run, returns: list[float]) -> dict[str, Any]:
@@ -387,7 +388,8 @@ def run_training(
     out: Callable[[str], None] = print,
     on_report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Train to `config.run.steps` and return the summary (also written to run_dir/summary.json).
+    """Train to `config.run.steps` (or to run.max_seconds, or run.stop_at_return) and return the summary
+    (also written to run_dir/summary.json).
 
     `on_report` gets each progress report as it is written to progress.json (trainer/progress.py).
 
@@ -419,7 +421,9 @@ def run_training(
     epoch_started = time.perf_counter()
     limit = config.run.max_seconds
     timed_out = False
-    while run.step < config.run.steps and not timed_out:
+    target = config.run.stop_at_return
+    solved = False
+    while run.step < config.run.steps and not timed_out and not solved:
         if termination.requested:
             run.wall_seconds = time.perf_counter() - started
             save_checkpoint(run)
@@ -438,7 +442,11 @@ def run_training(
             run.metrics.epoch_done(time.perf_counter() - epoch_started)
             epoch_started = time.perf_counter()
         timed_out = limit is not None and time.perf_counter() - started >= limit
-        last = run.step >= config.run.steps or timed_out
+        finishing = run.step >= config.run.steps or timed_out
+        if config.run.eval_every and (crossed(run.step, advanced, config.run.eval_every) or finishing):
+            mean_return = evaluate_for_selection(run, say)
+            solved = target is not None and mean_return >= target
+        last = finishing or solved
         if crossed(run.step, advanced, config.run.log_every) or last:
             run.wall_seconds = time.perf_counter() - started
             losses = {name: float(value) for name, value in output.losses.items()}
@@ -446,8 +454,6 @@ def run_training(
             if on_report is not None:
                 on_report(progress)
             bar.set_postfix({name: f"{value:.3g}" for name, value in losses.items() if name in ("c51", "iqn")})
-        if config.run.eval_every and (crossed(run.step, advanced, config.run.eval_every) or last):
-            evaluate_for_selection(run, say)
         if crossed(run.step, advanced, config.run.checkpoint_every) and not last:
             run.wall_seconds = time.perf_counter() - started
             save_checkpoint(run)
@@ -456,6 +462,8 @@ def run_training(
     save_checkpoint(run)
     if timed_out:
         out(f"time limit: stopped at step {run.step} of {config.run.steps} (run.max_seconds={limit:g})")
+    if solved:
+        out(f"return reached: stopped at step {run.step} of {config.run.steps} (run.stop_at_return={target:g})")
 
     if run.best.online is not None:
         with torch.no_grad():
@@ -474,6 +482,7 @@ def run_training(
         "device": str(run.device),
         "parameters": run.state.parameter_count(),
         "stopped_by_time_limit": timed_out,
+        "stopped_at_return": solved,
         **baselines,
     }
     write_json_atomic(run_dir / "summary.json", summary, indent=2)

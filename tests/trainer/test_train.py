@@ -19,7 +19,7 @@ import yaml
 from tests.factories import tiny_config
 from trainer import train
 from trainer.checkpoint import Checkpoint, Checkpointer
-from trainer.config import PLANS, TrainConfig
+from trainer.config import PLANS, ConfigError, TrainConfig
 from trainer.plans import PlanFallbackWarning
 from trainer.plans.eager import EagerPlan
 from trainer.step import StepOutput
@@ -427,6 +427,35 @@ def test_the_time_limit_stops_early_and_finishes_as_at_the_end(tmp_path: Path) -
     assert last_checkpoint(tmp_path).step == 1
     unlimited = run_training(tiny_config(), tmp_path / "unlimited", show_progress=False, out=lambda line: None)
     assert unlimited["step"] == 20 and unlimited["stopped_by_time_limit"] is False
+
+
+def test_reaching_the_stop_return_ends_the_run_as_at_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = script_evaluations(monkeypatch, [1.0, 4.0, 6.0, 9.0])
+    lines: list[str] = []
+    config = tiny_config(run={"eval_every": 5, "eval_select_episodes": 2, "stop_at_return": 5.5})
+    summary = run_training(config, tmp_path, show_progress=False, out=lines.append)
+
+    select, final_seed = config.run.seed + SELECT_EVAL_SEED, config.run.seed + FINAL_EVAL_SEED
+    assert [(call.step, call.seed) for call in seen] == [(5, select), (10, select), (15, select), (15, final_seed)]
+    assert summary["step"] == 15 and summary["stopped_at_return"] is True and summary["stopped_by_time_limit"] is False
+    assert (summary["best_eval_step"], summary["best_eval_return"]) == (15, 6.0)
+    assert "return reached: stopped at step 15 of 20 (run.stop_at_return=5.5)" in lines
+    assert json.loads((tmp_path / "progress.json").read_text())["step"] == 15
+    assert last_checkpoint(tmp_path).step == 15
+
+
+def test_a_run_that_never_reaches_the_stop_return_trains_to_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script_evaluations(monkeypatch, [1.0, 2.0, 3.0, 4.0])
+    config = tiny_config(run={"eval_every": 5, "eval_select_episodes": 1, "stop_at_return": 5.0})
+    summary = run_training(config, tmp_path, show_progress=False, out=lambda line: None)
+    assert summary["step"] == 20 and summary["stopped_at_return"] is False
+
+
+def test_the_stop_return_needs_periodic_evaluations() -> None:
+    with pytest.raises(ConfigError, match="run.stop_at_return needs run.eval_every > 0"):
+        tiny_config(run={"stop_at_return": 475.0})
 
 
 def test_a_market_run_scores_the_baselines_on_its_own_evaluation_episodes(tmp_path: Path) -> None:
