@@ -115,6 +115,7 @@ class Row:
     best_eval_return: float | None = None
     train_return_mean: float | None = None
     reached: bool | None = None
+    stopped: Literal["return reached", "time limit"] | None = None  # why a run ended before run.steps
     error: str | None = None
 
 
@@ -143,6 +144,10 @@ def read_row(seed: int, command: str, run_dir: Path, exit_code: int, wall_second
     row.best_eval_step = summary.get("best_eval_step")
     row.best_eval_return = _finite(summary.get("best_eval_return"))
     row.train_return_mean = _finite(summary.get("train_return_mean"))
+    if summary.get("stopped_at_return"):
+        row.stopped = "return reached"
+    elif summary.get("stopped_by_time_limit"):
+        row.stopped = "time limit"
     return row
 
 
@@ -352,14 +357,17 @@ def format_markdown(document: dict[str, Any]) -> str:
         f"{document['wall_seconds']:.0f} s in all.",
         "",
         f"| seed | final greedy return, {episodes} episodes (mean, lowest) | best policy: step ({select}-episode mean) "
-        "| training return, last 20 episodes | wall time | command |",
-        "|---|---|---|---|---|---|",
+        "| updates | training return, last 20 episodes | wall time | command |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in document["rows"]:
         if row["status"] == "failed":
             result = f"**failed** ({row['error']})"
-            best = train = "n/a"
+            best = train = updates = "n/a"
         else:
+            updates = "n/a" if row["steps"] is None else f"{row['steps']:,}"
+            if row.get("stopped"):
+                updates += f" ({row['stopped']})"
             mark = {True: " ✓", False: " ✗", None: ""}[row["reached"]]
             result = f"{_number(row['eval_return_mean'])} (lowest {_number(row['eval_return_min'])}){mark}"
             best = (
@@ -368,9 +376,8 @@ def format_markdown(document: dict[str, Any]) -> str:
                 else f"{row['best_eval_step']:,} ({_number(row['best_eval_return'])})"
             )
             train = _number(row["train_return_mean"])
-        lines.append(
-            f"| {row['seed']} | {result} | {best} | {train} | {row['wall_seconds']:.0f} s | `{row['command']}` |"
-        )
+        cells = [str(row["seed"]), result, best, updates, train, f"{row['wall_seconds']:.0f} s", f"`{row['command']}`"]
+        lines.append(f"| {' | '.join(cells)} |")
     lines += ["", f"Verdict: {document['verdict']['text']}."]
     return "\n".join(lines) + "\n"
 

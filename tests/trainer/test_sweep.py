@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ from trainer.sweep import (
     EXIT_SEED_FAILED,
     Row,
     SweepOptions,
+    build_document,
     exit_code,
+    format_markdown,
     parse_seeds,
+    read_row,
     run_sweep,
     seed_argv,
     verdict,
@@ -118,6 +122,25 @@ def test_verdict_needs_every_seed_at_the_threshold() -> None:
     failed = verdict([row(4, 480.0), row(5, None, status="failed")], 475.0)
     assert failed["outcome"] == "failed" and failed["failed_seeds"] == [5]
     assert verdict([row(4, -500.0)], None)["outcome"] == "ran"
+
+
+@pytest.mark.parametrize(
+    ("flags", "stopped", "cell"),
+    [
+        ({"stopped_at_return": True, "stopped_by_time_limit": False}, "return reached", "| 14,000 (return reached) |"),
+        ({"stopped_at_return": False, "stopped_by_time_limit": True}, "time limit", "| 14,000 (time limit) |"),
+        ({"stopped_at_return": False, "stopped_by_time_limit": False}, None, "| 14,000 |"),
+    ],
+)
+def test_the_table_says_why_a_run_ended_before_its_steps(
+    tmp_path: Path, recipe: Path, flags: dict[str, bool], stopped: str | None, cell: str
+) -> None:
+    summary = {"step": 14000, "eval_returns": [500.0, 490.0], "eval_return_mean": 495.0, **flags}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    seen = read_row(4, "python -m trainer train", tmp_path, exit_code=0, wall_seconds=9.0)
+    assert (seen.status, seen.steps, seen.stopped) == ("ok", 14000, stopped)
+    document = build_document(SweepOptions(recipe, [4], tmp_path), [seen], datetime.now(UTC), 9.0)
+    assert cell in format_markdown(document)
 
 
 def test_seeds_parse_as_lists_and_ranges() -> None:
