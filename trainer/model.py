@@ -65,12 +65,37 @@ DATA_DIMS = frozenset({"obs_dim", "branches", "actions"})
 """ModelDims' fields that come from the data source, not from ModelConfig."""
 
 
+ALIGN = 8
+"""Elements every parameter starts at a multiple of, and padded dimensions are rounded up to: 8 × bf16 =
+16 bytes (8 × float32 = 32), the alignment cuBLAS's tensor-core tiles need. An output width of 765 (K·A·N)
+or a parameter at an odd offset sends a product to cuBLAS's 1-element-aligned kernels (round 2's slowest)."""
+
+PADDED = "_padded"
+"""`views` key suffix of a padded parameter's whole stored block (`adv2_w_padded`: [768, h] for [765, h])."""
+
+
+def round_up(n: int, multiple: int = ALIGN) -> int:
+    return -(-n // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
     shape: tuple[int, ...]
     fan_in: int  # for the uniform(±1/sqrt(fan_in)) init of nn.Linear; 0 = LayerNorm (ones/zeros)
     matrix: bool = False  # a weight matrix: spectral norm and pruning apply
+    pad_dim: int | None = None
+    """A dimension stored rounded up to `ALIGN` (zeros past `shape`: an output layer's extra rows, whose
+    outputs are sliced away, so their gradient, Adam moments and values stay exactly zero)."""
+
+    @property
+    def stored(self) -> tuple[int, ...]:
+        """The shape the flat buffer holds: `shape` with `pad_dim` rounded up to `ALIGN`."""
+        if self.pad_dim is None:
+            return self.shape
+        shape = list(self.shape)
+        shape[self.pad_dim] = round_up(shape[self.pad_dim])
+        return tuple(shape)
 
 
 class ParamLayout:
@@ -80,12 +105,17 @@ class ParamLayout:
     them is in `specs`), so each group is one more view: e.g. the heads' first-layer weights as one
     matrix, whose one product replaces one per head. `specs` keeps its order for everything else
     (initialisation draws, spectral norm, pruning), so grouping moves parameters, never changes them.
+
+    Every parameter (a group: its first) starts at a multiple of `ALIGN` elements, and a spec's
+    `pad_dim` is stored rounded up (`ParamSpec.stored`). The gaps and pads are zeros no view of a
+    parameter reads: `views[name]` is the parameter's own shape; `views[name + PADDED]` the padded block,
+    for the forward functions' products.
     """
 
     def __init__(self, specs: list[ParamSpec], groups: dict[str, list[str]] | None = None) -> None:
         self.specs = specs
         self.groups = groups or {}
-        shapes = {spec.name: spec.shape for spec in specs}
+        shapes = {spec.name: spec.stored for spec in specs}
         group_of = {name: group for group, names in self.groups.items() for name in names}
         order: list[str] = []
         for spec in specs:
@@ -94,10 +124,13 @@ class ParamLayout:
         self.offsets: dict[str, tuple[int, int]] = {}
         offset = 0
         for name in order:
+            if name not in group_of or self.groups[group_of[name]][0] == name:
+                offset = round_up(offset)  # a group's members stay adjacent: one view of them all
             size = math.prod(shapes[name])
             self.offsets[name] = (offset, offset + size)
             offset += size
         self.size = offset
+        self.stored = {spec.name: spec.stored for spec in specs}
         self.group_shapes: dict[str, tuple[int, ...]] = {}
         for group, names in self.groups.items():
             first = shapes[names[0]]
@@ -108,10 +141,14 @@ class ParamLayout:
 
     def views(self, flat: Tensor) -> dict[str, Tensor]:
         """Differentiable views of `flat` [P], one per parameter in its shape, and one per group."""
-        views = {
-            spec.name: flat[self.offsets[spec.name][0] : self.offsets[spec.name][1]].view(spec.shape)
-            for spec in self.specs
-        }
+        views: dict[str, Tensor] = {}
+        for spec in self.specs:
+            block = flat[self.offsets[spec.name][0] : self.offsets[spec.name][1]].view(spec.stored)
+            if spec.pad_dim is None:
+                views[spec.name] = block
+                continue
+            views[spec.name + PADDED] = block
+            views[spec.name] = block.narrow(spec.pad_dim, 0, spec.shape[spec.pad_dim])
         for group, names in self.groups.items():
             start, end = self.offsets[names[0]][0], self.offsets[names[-1]][1]
             views[group] = flat[start:end].view(self.group_shapes[group])
@@ -119,7 +156,7 @@ class ParamLayout:
 
     def init(self, generator: torch.Generator, device: torch.device) -> Tensor:
         """nn.Linear's default init (uniform ±1/sqrt(fan_in)) for weights and biases; LayerNorm 1/0."""
-        flat = torch.empty(self.size, device=device)
+        flat = torch.zeros(self.size, device=device)  # the gaps and pads stay zero
         views = self.views(flat)
         for spec in self.specs:
             view = views[spec.name]
@@ -135,8 +172,13 @@ class ParamLayout:
         return [spec for spec in self.specs if spec.matrix]
 
 
-def _linear(name: str, out_dim: int, in_dim: int, matrix: bool = True) -> list[ParamSpec]:
-    return [ParamSpec(f"{name}_w", (out_dim, in_dim), in_dim, matrix), ParamSpec(f"{name}_b", (out_dim,), in_dim)]
+def _linear(name: str, out_dim: int, in_dim: int, matrix: bool = True, pad_out: bool = False) -> list[ParamSpec]:
+    """nn.Linear's weight [out, in] and bias [out]; `pad_out`: the output rows stored padded to `ALIGN`."""
+    pad = 0 if pad_out else None
+    return [
+        ParamSpec(f"{name}_w", (out_dim, in_dim), in_dim, matrix, pad),
+        ParamSpec(f"{name}_b", (out_dim,), in_dim, pad_dim=pad),
+    ]
 
 
 def main_layout(d: ModelDims) -> ParamLayout:
@@ -145,12 +187,12 @@ def main_layout(d: ModelDims) -> ParamLayout:
         *_linear("trunk1", d.hidden, d.obs_dim),
         *_linear("trunk2", d.hidden, d.hidden),
         *_linear("value1", d.head_hidden, d.hidden),
-        *_linear("value2", d.atoms, d.head_hidden),
+        *_linear("value2", d.atoms, d.head_hidden, pad_out=True),
         *_linear("adv1", d.head_hidden, d.hidden),
-        *_linear("adv2", heads * d.atoms, d.head_hidden),
+        *_linear("adv2", heads * d.atoms, d.head_hidden, pad_out=True),
         *_linear("iqn_embed", d.hidden, d.iqn_embed),
         *_linear("iqn1", d.iqn_hidden, d.hidden),
-        *_linear("iqn2", heads, d.iqn_hidden),
+        *_linear("iqn2", heads, d.iqn_hidden, pad_out=True),
     ]
     first_layers = ["value1", "adv1"]
     if d.ensemble_heads:
@@ -158,8 +200,8 @@ def main_layout(d: ModelDims) -> ParamLayout:
         specs += [
             ParamSpec("ens1_w", (e, d.head_hidden, d.hidden), d.hidden),
             ParamSpec("ens1_b", (e, d.head_hidden), d.hidden),
-            ParamSpec("ens2_w", (e, heads * d.atoms, d.head_hidden), d.head_hidden),
-            ParamSpec("ens2_b", (e, heads * d.atoms), d.head_hidden),
+            ParamSpec("ens2_w", (e, heads * d.atoms, d.head_hidden), d.head_hidden, pad_dim=1),
+            ParamSpec("ens2_b", (e, heads * d.atoms), d.head_hidden, pad_dim=1),
         ]
         first_layers.append("ens1")
     # the heads' first layers side by side: value, advantage, ensemble rows of one [(2+E)·h, H] matrix
@@ -168,7 +210,9 @@ def main_layout(d: ModelDims) -> ParamLayout:
 
 
 def iql_layout(d: ModelDims) -> ParamLayout:
-    return ParamLayout([*_linear("iql1", d.iql_hidden, d.hidden, False), *_linear("iql2", 1, d.iql_hidden, False)])
+    return ParamLayout(
+        [*_linear("iql1", d.iql_hidden, d.hidden, False), *_linear("iql2", 1, d.iql_hidden, False, pad_out=True)]
+    )
 
 
 def attn_layout(d: ModelDims) -> ParamLayout:
@@ -180,11 +224,13 @@ def attn_layout(d: ModelDims) -> ParamLayout:
             *_linear("attn_out", D, D, False),
             ParamSpec("attn_ln1_w", (D,), 0),
             ParamSpec("attn_ln1_b", (D,), 0),
-            *_linear("attn_ffn1", d.attn_ffn, D, False),
-            *_linear("attn_ffn2", D, d.attn_ffn, False),
+            # the FFN's hidden width padded (700 -> 704): zero units, relu(0) = 0, that add nothing
+            *_linear("attn_ffn1", d.attn_ffn, D, False, pad_out=True),
+            ParamSpec("attn_ffn2_w", (D, d.attn_ffn), d.attn_ffn, pad_dim=1),
+            ParamSpec("attn_ffn2_b", (D,), d.attn_ffn),
             ParamSpec("attn_ln2_w", (D,), 0),
             ParamSpec("attn_ln2_b", (D,), 0),
-            *_linear("attn_head", d.obs_dim, D, False),
+            *_linear("attn_head", d.obs_dim, D, False, pad_out=True),
         ]
     )
 
@@ -192,11 +238,14 @@ def attn_layout(d: ModelDims) -> ParamLayout:
 # ---------------------------------------------------------------- forward functions (pure)
 
 
-def output_layer(hidden: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    """A network's last linear layer, always in float32: under mixed precision its output (logits,
-    quantiles, values) would otherwise be rounded to bf16 before the losses take small differences of it."""
+def output_layer(hidden: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
+    """A network's last linear layer `name` (padded rows: `ParamSpec.pad_dim`), always in float32: under
+    mixed precision its output (logits, quantiles, values) would otherwise be rounded to bf16 before the
+    losses take small differences of it. The product runs over the padded rows (an aligned width), whose
+    outputs are sliced away here: so their gradient is exactly zero."""
+    out = p[f"{name}_w"].shape[0]
     with torch.autocast(hidden.device.type, enabled=False):
-        return fn.linear(hidden.float(), w, b)
+        return fn.linear(hidden.float(), p[f"{name}_w{PADDED}"], p[f"{name}_b{PADDED}"])[..., :out]
 
 
 def trunk(p: dict[str, Tensor], obs: Tensor) -> Tensor:
@@ -216,8 +265,8 @@ def c51_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, hidden: Tensor 
     """Dueling per branch: logits = V + A − mean_a A (`hidden`: `head_hidden` of h_s2, if already computed)."""
     h = d.head_hidden
     hidden = head_hidden(p, h_s2, d) if hidden is None else hidden  # [B, ≥2h]
-    value = output_layer(hidden[:, :h], p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
-    advantage = output_layer(hidden[:, h : 2 * h], p["adv2_w"], p["adv2_b"])  # [B, K·A·N]
+    value = output_layer(hidden[:, :h], p, "value2")[:, None, None, :]  # [B, 1, 1, N]
+    advantage = output_layer(hidden[:, h : 2 * h], p, "adv2")  # [B, K·A·N]
     return dueling_logits(value, advantage.view(-1, d.branches, d.actions, d.atoms))  # [B, K, A, N]
 
 
@@ -227,10 +276,11 @@ def ensemble_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, hidden: Te
     h, e = d.head_hidden, d.ensemble_heads
     hidden = head_hidden(p, h_s2, d, ensemble=True) if hidden is None else hidden  # [B, (2+E)·h]
     ens = hidden[:, 2 * h :].view(-1, e, h).transpose(0, 1)  # [E, B, h]
+    w, b = p[f"ens2_w{PADDED}"], p[f"ens2_b{PADDED}"]  # [E, O, h], [E, O]: O = K·A·N padded to ALIGN
     with torch.autocast(h_s2.device.type, enabled=False):  # an output layer: float32, as `output_layer`
-        adv = torch.einsum("ebh,eoh->ebo", ens.float(), p["ens2_w"]) + p["ens2_b"][:, None, :]  # [E, B, K·A·N]
-    adv = adv.view(e, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
-    value = output_layer(hidden[:, :h], p["value2_w"], p["value2_b"])[:, None, None, :]  # [B, 1, 1, N]
+        adv = torch.einsum("ebh,eoh->ebo", ens.float(), w) + b[:, None, :]  # [E, B, O]
+    adv = adv[..., : p["ens2_w"].shape[1]].view(e, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
+    value = output_layer(hidden[:, :h], p, "value2")[:, None, None, :]  # [B, 1, 1, N]
     return torch.stack([dueling_logits(value, adv[i]) for i in range(e)])  # [E, B, K, A, N]
 
 
@@ -239,12 +289,12 @@ def iqn_quantiles(p: dict[str, Tensor], h_s2: Tensor, tau: Tensor, d: ModelDims)
     phi = fn.relu(fn.linear(cosine_features(tau, d.iqn_embed), p["iqn_embed_w"], p["iqn_embed_b"]))  # [B, T, H]
     mixed = h_s2[:, None, :] * phi  # [B, T, H]
     hidden = fn.relu(fn.linear(mixed, p["iqn1_w"], p["iqn1_b"]))  # [B, T, h]
-    return output_layer(hidden, p["iqn2_w"], p["iqn2_b"]).view(*tau.shape, d.branches, d.actions)  # [B, T, K, A]
+    return output_layer(hidden, p, "iqn2").view(*tau.shape, d.branches, d.actions)  # [B, T, K, A]
 
 
 def iql_value(p: dict[str, Tensor], h_s2: Tensor) -> Tensor:
     hidden = fn.relu(fn.linear(h_s2, p["iql1_w"], p["iql1_b"]))  # [B, h]
-    return output_layer(hidden, p["iql2_w"], p["iql2_b"]).squeeze(-1)  # [B]
+    return output_layer(hidden, p, "iql2").squeeze(-1)  # [B]
 
 
 def attention_predict(p: dict[str, Tensor], window: Tensor, d: ModelDims) -> Tensor:
@@ -257,9 +307,10 @@ def attention_predict(p: dict[str, Tensor], window: Tensor, d: ModelDims) -> Ten
     attended = fn.scaled_dot_product_attention(q, k, v)  # [B, h, W, d]
     attended = attended.transpose(1, 2).reshape(B, W, D)  # [B, W, D]
     x = fn.layer_norm(x + fn.linear(attended, p["attn_out_w"], p["attn_out_b"]), (D,), p["attn_ln1_w"], p["attn_ln1_b"])
-    ffn = fn.linear(fn.relu(fn.linear(x, p["attn_ffn1_w"], p["attn_ffn1_b"])), p["attn_ffn2_w"], p["attn_ffn2_b"])
+    ffn_hidden = fn.relu(fn.linear(x, p[f"attn_ffn1_w{PADDED}"], p[f"attn_ffn1_b{PADDED}"]))  # [B, W, ffn padded]
+    ffn = fn.linear(ffn_hidden, p[f"attn_ffn2_w{PADDED}"], p["attn_ffn2_b"])  # [B, W, D]
     x = fn.layer_norm(x + ffn, (D,), p["attn_ln2_w"], p["attn_ln2_b"])  # [B, W, D]
-    return output_layer(x.mean(dim=1), p["attn_head_w"], p["attn_head_b"])  # [B, F]
+    return output_layer(x.mean(dim=1), p, "attn_head")  # [B, F]
 
 
 def support(d: ModelDims, device: torch.device) -> Tensor:

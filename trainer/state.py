@@ -85,11 +85,12 @@ class TrainState:
 
     @torch.no_grad()
     def layout_record(self) -> dict[str, list[list[str | int]]]:
-        """Where each named parameter sits in the flat tensors, in memory order: stored with a checkpoint,
+        """Where each named parameter sits in the flat tensors, in memory order, and its stored shape (padded
+        dimensions rounded up, `trainer.model.ALIGN`): [name, start, end, *shape]. Stored with a checkpoint,
         whose flat tensors mean nothing under another layout (same sizes, other order: scrambled weights)."""
         layouts = {"main": self.main, "iql": self.iql, "attn": self.attn}
         return {
-            name: [[param, start, end] for param, (start, end) in layout.offsets.items()]
+            name: [[param, start, end, *layout.stored[param]] for param, (start, end) in layout.offsets.items()]
             for name, layout in layouts.items()
         }
 
@@ -105,7 +106,7 @@ class TrainState:
             if got != want:
                 where = next(
                     (
-                        f"{g[0]} at {g[1]}:{g[2]} there, {w[0]} at {w[1]}:{w[2]} here"
+                        f"{g[0]} at {g[1]}:{g[2]} {tuple(g[3:])} there, {w[0]} at {w[1]}:{w[2]} {tuple(w[3:])} here"
                         for g, w in zip(got or [], want, strict=False)  # a length change is said below
                         if g != w
                     ),

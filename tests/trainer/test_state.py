@@ -2,13 +2,14 @@
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from tests.factories import tiny_config
 from trainer.checkpoint import CheckpointError
-from trainer.model import ModelDims
+from trainer.model import ALIGN, ModelDims, round_up
 from trainer.state import TrainState
 from trainer.train import run_training
 
@@ -25,7 +26,11 @@ def test_the_layout_record_names_every_parameter_in_memory_order() -> None:
     assert set(record) == {"main", "iql", "attn"}
     main = record["main"]
     assert main[0][1] == 0 and main[-1][2] == state.main.size
-    assert all(earlier[2] == later[1] for earlier, later in itertools.pairwise(main))  # contiguous
+    # in order, no overlap, each gap only the padding to the next multiple of ALIGN
+    assert all(later[1] in (earlier[2], round_up(earlier[2])) for earlier, later in itertools.pairwise(main))
+    assert all(math.prod(shape) == end - start for _, start, end, *shape in main)  # the stored (padded) shape
+    value2 = next(entry for entry in main if entry[0] == "value2_w")
+    assert value2[3:] == [round_up(state.dims.atoms), state.dims.head_hidden] and value2[1] % ALIGN == 0
     state.check_layout(json.loads(json.dumps(record)))  # survives the JSON of meta.json
 
 
@@ -33,9 +38,14 @@ def test_a_checkpoint_laid_out_otherwise_is_refused_naming_the_first_difference(
     state = tiny_state()
     record = json.loads(json.dumps(state.layout_record()))
     first, second = record["main"][0], record["main"][1]
-    record["main"][0] = [second[0], first[1], first[1] + second[2] - second[1]]  # same size, other order
+    record["main"][0] = [second[0], first[1], first[1] + second[2] - second[1], *second[3:]]  # other order
     with pytest.raises(CheckpointError, match=f"main parameters are laid out differently .*{second[0]} at 0:"):
         state.check_layout(record)
+    padded = json.loads(json.dumps(state.layout_record()))
+    entry = next(entry for entry in padded["main"] if entry[0] == "adv2_w")
+    entry[3:] = [entry[3] - 1, entry[4]]  # the same offsets, unpadded rows: a layout of its own
+    with pytest.raises(CheckpointError, match="adv2_w at .* there"):
+        state.check_layout(padded)
     with pytest.raises(CheckpointError, match="no parameter layout record"):
         state.check_layout(None)
 

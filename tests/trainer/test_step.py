@@ -4,10 +4,11 @@ from dataclasses import fields
 
 import pytest
 import torch
+from torch import Tensor
 
 from tests.factories import random_batch, tiny_config, tiny_state
 from trainer.config import build_config
-from trainer.model import c51_logits, trunk
+from trainer.model import PADDED, ParamLayout, c51_logits, trunk
 from trainer.plans.fused import BF16_RTOL
 from trainer.step import (
     Draws,
@@ -97,6 +98,38 @@ def test_pruned_weights_stay_zero_through_training() -> None:
         train_step(state, random_batch(state, 16, seed), _draws(state, 16, seed), hp, StepFlags(vaccine=True))
     assert torch.all(state.online.detach()[pruned] == 0)
     assert torch.all(state.target[pruned] == 0)
+
+
+def _unused(layout: ParamLayout) -> Tensor:
+    """[P] bool: the flat elements no parameter's own view reads (alignment gaps, padded rows)."""
+    marks = torch.ones(layout.size)
+    for name, view in layout.views(marks).items():
+        if name not in layout.groups and not name.endswith(PADDED):
+            view.zero_()
+    return marks.bool()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_alignment_gaps_and_padded_rows_stay_zero_with_zero_adam_moments(precision: str) -> None:
+    """The padded outputs are sliced away, so their rows get no gradient: parameters, target and both Adam
+    moments stay exactly zero there through steps of every kind (vaccine, causal, ensemble, bf16)."""
+    config = tiny_config([f"run.precision={precision}"])
+    state = tiny_state(config)
+    hp = Hyper.from_config(config)
+    for step in range(4):
+        flags = StepFlags(vaccine=step % 2 == 0, causal=step == 1)
+        assert bool(train_step(state, random_batch(state, 16, step), _draws(state, 16, step), hp, flags).ok)
+    groups = [
+        (state.main, [state.online, state.target, state.adam_main.m, state.adam_main.v]),
+        (state.iql, [state.iql_params, state.adam_iql.m, state.adam_iql.v]),
+        (state.attn, [state.attn_params, state.adam_attn.m, state.adam_attn.v]),
+    ]
+    for layout, tensors in groups:
+        unused = _unused(layout)
+        assert unused.any()  # the tiny widths do leave pads
+        for tensor in tensors:
+            assert tensor.detach()[unused].eq(0).all()
+        assert state.adam_main.v[~_unused(state.main)].gt(0).any()  # and the rest did train
 
 
 def test_spectral_norm_bounds_every_matrix_after_steps() -> None:
