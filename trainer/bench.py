@@ -15,7 +15,9 @@ static. `eager` is the project's eager plan, which reads the losses back every s
 A method may carry a precision suffix, `METHOD-fp32|tf32|bf16`, which runs it with `run.precision`
 set so: `compile-bf16` is what a user gets from two flags (TF32 on, bf16 autocast) on top of
 torch.compile, and `zerocopy-bf16` the fastest plan in bf16. Without a suffix a method runs at its
-own precision (`run.precision=auto`: float32, TF32 for fused and zerocopy).
+own precision (`run.precision=auto`: float32, TF32 for fused and zerocopy). The compiled plans take
+one more suffix, `+combo` (`zerocopy-bf16+combo`): Inductor's combined Triton kernels
+(`trainer.plans.fused.HORIZONTAL_OPTIONS`).
 
 `train` rows (`--train cartpole`): real training as `trainer train` runs it, collection included: a recipe
 from `examples/` trains `train_updates` updates from an empty replay with each of `train_plans` (graph plans
@@ -66,6 +68,10 @@ a tenth of the time on a GPU (trainer/replay/sampler.py)."""
 BASE_METHODS: tuple[str, ...] = ("eager", "compile", "graph", "dual", "fused", "zerocopy")
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16")
 """Suffixes a method may carry (`zerocopy-bf16`): the `run.precision` it runs with."""
+HORIZONTAL = "combo"
+"""The suffix `+combo` (`zerocopy-bf16+combo`): compiled with Inductor's combined kernels."""
+HORIZONTAL_METHODS: tuple[str, ...] = ("fused", "zerocopy")
+"""The methods Inductor compiles as a plan, which `+combo` applies to."""
 METHODS: tuple[str, ...] = ("eager", "compile", "compile-bf16", "graph", "dual", "fused", "zerocopy", "zerocopy-bf16")
 """The default methods: every plan, both torch.compile baselines, and the fastest plan in bf16."""
 EPISODE = 200
@@ -136,14 +142,26 @@ class TrainResult:
 
 
 def split_method(method: str) -> tuple[str, str | None]:
-    """(base method, precision or None): "zerocopy-bf16" -> ("zerocopy", "bf16")."""
-    base, _, precision = method.partition("-")
-    if base not in BASE_METHODS or (precision and precision not in PRECISIONS):
+    """(base method, precision or None): "zerocopy-bf16" -> ("zerocopy", "bf16"); a `+combo` suffix
+    (`is_horizontal`) is allowed on the compiled plans."""
+    name, _, variant = method.partition("+")
+    base, _, precision = name.partition("-")
+    if (
+        base not in BASE_METHODS
+        or (precision and precision not in PRECISIONS)
+        or (variant and (variant != HORIZONTAL or base not in HORIZONTAL_METHODS))
+    ):
         raise ValueError(
             f"unknown bench method {method!r} (methods: {', '.join(BASE_METHODS)}, each with an optional "
-            f"suffix -{'|-'.join(PRECISIONS)})"
+            f"suffix -{'|-'.join(PRECISIONS)}; {' and '.join(HORIZONTAL_METHODS)} also +{HORIZONTAL})"
         )
     return base, precision or None
+
+
+def is_horizontal(method: str) -> bool:
+    """Whether `method` (e.g. "zerocopy-bf16+combo") compiles with Inductor's combined kernels."""
+    split_method(method)  # refuses an unknown method or a `+combo` on a plan that compiles nothing
+    return method.partition("+")[2] == HORIZONTAL
 
 
 def method_config(config: TrainConfig, method: str) -> TrainConfig:
@@ -293,7 +311,7 @@ def build_method(
     config = method_config(config, method)
     if base == "compile":
         return CompiledEagerPlan(state, replay, config, timer, generator)
-    return make_plan(base, state, replay, config, timer, generator)
+    return make_plan(base, state, replay, config, timer, generator, horizontal=is_horizontal(method))
 
 
 def _sync(device: torch.device) -> None:
@@ -560,7 +578,6 @@ def format_table(document: dict[str, Any]) -> str:
 
         lines += ["", "A/B (alternating, each run in a fresh process):", format_ab_table(document)]
     return "\n".join(lines)
-
 
 
 def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:

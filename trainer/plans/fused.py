@@ -43,6 +43,12 @@ COMPILE_MODE: str | None = None
 """Inductor's default mode: fused kernels, no CUDA graphs of its own (this plan captures the graph
 itself); "max-autotune-no-cudagraphs" tunes the matrix products too, at minutes of compile time."""
 
+HORIZONTAL_OPTIONS: dict[str, Any] = {"combo_kernels": True, "benchmark_combo_kernel": True}
+"""Inductor options of a plan with `horizontal` set (the bench's `+combo` methods): independent small
+Triton kernels (round 2's profile: 225 per step, most a few µs of launch and tail inside the graph) are
+launched as combined kernels, kept only where Inductor's benchmark finds the combination faster. Triton
+only: Inductor's CPU code is the same with or without them."""
+
 
 class _EagerSections:
     """The router's stream sections as opaque calls, so Dynamo breaks around them instead of tracing
@@ -77,10 +83,15 @@ def _exit(manager: contextlib.AbstractContextManager[None]) -> None:
 
 
 @functools.cache
-def compile_step(mode: str | None = COMPILE_MODE) -> Callable[..., StepOutput]:
-    """`train_step` through Inductor, one wrapper per mode: Dynamo's cache (per code object and
-    wrapper) then serves every plan instance and variant compiled before, instead of recompiling."""
+def compile_step(mode: str | None = COMPILE_MODE, horizontal: bool = False) -> Callable[..., StepOutput]:
+    """`train_step` through Inductor, one wrapper per mode (and `horizontal`: `HORIZONTAL_OPTIONS`):
+    Dynamo's cache (per code object and wrapper) then serves every plan instance and variant compiled
+    before, instead of recompiling."""
+    if mode and horizontal:
+        raise ValueError("torch.compile takes a mode or options, not both: horizontal fusion needs mode None")
     options: dict[str, Any] = {"mode": mode} if mode else {}
+    if horizontal:
+        options["options"] = dict(HORIZONTAL_OPTIONS)
     # Every variant (StepFlags, precision, Hyper) is its own entry by design; past Dynamo's
     # default limit of 8 it would silently run the step uncompiled.
     dynamo_config = torch._dynamo.config
@@ -95,13 +106,15 @@ class FusedPlan(DualStreamPlan):
     compiled = True
     """Run the step through Inductor (False: the dual plan's graph in TF32, for isolating tests)."""
     compile_mode: str | None = COMPILE_MODE
+    horizontal = False
+    """Compile with `HORIZONTAL_OPTIONS` (combined Triton kernels): the bench's `+combo` methods."""
     sections: _EagerSections | None = None
     """The router's sections as Dynamo sees them, made on the first routed call."""
 
     @functools.cached_property
     def step_fn(self) -> Callable[..., StepOutput]:
         """What `train` calls: the compiled step (one wrapper per mode), or the step itself."""
-        return compile_step(self.compile_mode) if self.compiled else train_step
+        return compile_step(self.compile_mode, self.horizontal) if self.compiled else train_step
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         if isinstance(timer, StreamRouter):
