@@ -10,14 +10,23 @@
 #       50-step test too with BF16_FULL=1)                     -> $OUT/gpu_tests_bf16.log, loss_curves-bf16.{json,png}
 #     bench-full: `full` without the two torch.compile rows (96 s of compilation each); zerocopy-bf16
 #       before fused and zerocopy, which share one compilation  -> $OUT/full/bench.{json,md,png}
-#   Every stage gets at most what is left of DEADLINE seconds (default 550) from the script's start,
-#   so the call ends in time and keeps what the earlier stages wrote.
+#   round3 = bench3,profile3,bf16-core,bench3-full (issue 14 round 3: aligned layout, +combo; DEADLINE 420 s):
+#     bench3: core: eager, compile, compile-bf16, fused, zerocopy, zerocopy-bf16, zerocopy-bf16+combo
+#       (Inductor's combined kernels), 3 windows                -> $OUT/core/bench.{json,md,png}
+#     profile3: kernels per step of zerocopy-bf16 and zerocopy-bf16+combo on `core`
+#                                                               -> $OUT/profile_round3_core.txt
+#     bf16-core: the core 50-step bf16 GPU equivalence test (fused bf16 against float32 eager, BF16_RTOL)
+#                                                               -> $OUT/gpu_tests_bf16_core.log
+#     bench3-full: `full`, compile-bf16 and zerocopy-bf16, in what time is left -> $OUT/full/bench.{json,md,png}
+#   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
+#   script's start, so the call ends in time and keeps what the earlier stages wrote.
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
 set -uo pipefail
 began=$SECONDS
 stage="${1:-all}"; shift || true
 [ "$stage" = all ] && stage=train,tests,curves,bench,profile
 [ "$stage" = round2 ] && stage=bench-core,profile-bf16,bf16,bench-full
+[ "$stage" = round3 ] && { stage=bench3,profile3,bf16-core,bench3-full; DEADLINE="${DEADLINE:-420}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -86,5 +95,31 @@ if has bench-full; then
   timeout "$(left 260)" python3 -m trainer bench --configs full \
     --methods eager,graph,dual,zerocopy-bf16,fused,zerocopy $quick --out "$OUT/full" "$@" 2>&1 \
     | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -10
+fi
+
+# ---- issue 14, round 3 (stage round3) ----
+if has bench3; then
+  timeout "$(left 200)" python3 -m trainer bench --configs core \
+    --methods eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo $quick --out "$OUT/core" "$@" 2>&1 \
+    | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -14
+fi
+if has profile3; then
+  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 \
+    --variant zerocopy-bf16+combo --top 25 2>&1 | grep -v "Warn\|check(" | tee "$OUT/profile_round3_core.txt" | tail -60
+fi
+if has bf16-core; then
+  budget=$(left 100)
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
+    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]" 2>&1 \
+    | grep -v vectorized_gather | tee "$OUT/gpu_tests_bf16_core.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
+fi
+if has bench3-full; then
+  budget=$(left 150)
+  if (( budget >= 60 )); then  # two full compilations do not fit in less
+    timeout "$budget" python3 -m trainer bench --configs full --methods compile-bf16,zerocopy-bf16 $quick \
+      --out "$OUT/full" "$@" 2>&1 | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -8
+  else
+    echo "bench3-full: skipped, ${budget} s left"
+  fi
 fi
 echo "gpu_check: $(( SECONDS - began )) s"

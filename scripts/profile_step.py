@@ -2,8 +2,8 @@
 
 Usage: python scripts/profile_step.py [--preset core] [--variant NAME ...] [--steps 20]
 A variant is a bench method (a plan name or "compile", with an optional precision suffix as in the
-bench: "zerocopy-bf16") with an optional flag "+tree" (sum-tree sampling instead of the bench's
-cumulative-sum search), e.g. "zerocopy-bf16+tree".
+bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") with an optional flag
+"+tree" (sum-tree sampling instead of the bench's cumulative-sum search), e.g. "zerocopy-bf16+tree".
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps.
@@ -18,7 +18,15 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from trainer.bench import BenchOptions, bench_spec, build_method, fill_with_random_transitions, preset_config, run_steps
+from trainer.bench import (
+    HORIZONTAL,
+    BenchOptions,
+    bench_spec,
+    build_method,
+    fill_with_random_transitions,
+    preset_config,
+    run_steps,
+)
 from trainer.model import ModelDims
 from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
@@ -38,6 +46,9 @@ def kind(name: str) -> str:
 
 def build(variant: str, preset: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
     method, *flags = variant.split("+")
+    if HORIZONTAL in flags:  # the bench's own suffix (`zerocopy-bf16+combo`): part of the method
+        flags.remove(HORIZONTAL)
+        method = f"{method}+{HORIZONTAL}"
     by_flag = {"tree": "replay.search=tree"}
     unknown = set(flags) - set(by_flag)
     if unknown:
