@@ -411,6 +411,7 @@ def train_config(recipe: str, plan: str, options: BenchOptions, device: torch.de
             f"run.log_every={options.train_updates}",
             f"run.checkpoint_every={options.train_updates}",
             "run.eval_every=0",
+            "run.stop_at_return=null",
             "run.eval_episodes=0",
             *options.train_overrides,
         ],
@@ -586,7 +587,7 @@ def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         f"{'train':<8} {'plan':<9} {'K':>3} {'updates':>7} {'updates/s':>10} {'ms/update':>10} "
-        f"{'collect ms':>10} {'update ms':>10}"
+        f"{'collect ms':>10} {'update ms':>10} {'x update':>8}"
     ]
     for r in rows:
         head = f"{r['recipe']:<8} {r['plan']:<9} {r['steps_per_replay']:>3} {r['updates']:>7}"
@@ -596,7 +597,11 @@ def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
         parts = {name: ms for name, ms in r["breakdown_ms"].items() if name != "step"}
         collect = sum(ms for name, ms in parts.items() if name in COLLECT_COMPONENTS)
         update = sum(ms for name, ms in parts.items() if name not in COLLECT_COMPONENTS)
-        lines.append(f"{head} {r['updates_per_s']:>10.1f} {r['ms_per_update']:>10.3f} {collect:>10.3f} {update:>10.3f}")
+        ratio = r["ms_per_update"] / update if update > 0 else float("nan")  # the epoch over its updates alone
+        lines.append(
+            f"{head} {r['updates_per_s']:>10.1f} {r['ms_per_update']:>10.3f} {collect:>10.3f} {update:>10.3f} "
+            f"{ratio:>8.2f}"
+        )
     return lines
 
 

@@ -112,6 +112,10 @@ def bench(
     ] = "",
     train_plans: Annotated[str, typer.Option(help="Comma-separated plans for the train rows.")] = "eager,zerocopy",
     train_updates: Annotated[int, typer.Option(help="Updates per train row.")] = 4000,
+    train_override: Annotated[
+        list[str] | None,
+        typer.Option(help="Dotted override for the train rows' recipes, e.g. run.collect_graph=true (repeatable)."),
+    ] = None,
     isolate: Annotated[
         bool, typer.Option(help="Run each preset's each method in a fresh process (no train rows).")
     ] = False,
@@ -147,6 +151,7 @@ def bench(
         train=[r for r in train.split(",") if r],
         train_plans=[p for p in train_plans.split(",") if p],
         train_updates=train_updates,
+        train_overrides=train_override or [],
     )
     if device not in ("auto", "cpu", "cuda"):
         raise fail(f"--device must be auto, cpu or cuda, got {device!r}")

@@ -25,6 +25,7 @@ from trainer.bench import (
 )
 from trainer.cli import app
 from trainer.replay.buffer import ReplayBuffer
+from trainer.timing import COLLECT_COMPONENTS
 
 TINY = [
     "model.hidden=16",
@@ -270,6 +271,10 @@ def test_train_rows_time_real_training_with_collection_on_cpu(tmp_path: Path) ->
     assert zerocopy["error"].startswith("not run: plan 'zerocopy' needs a CUDA GPU")
     table = format_table(document)
     assert "updates/s" in table and "zerocopy" in table and "failed: not run" in table
+    # the last column: ms/update over the update's own ms (the epoch target of issue 15: <= 1.25)
+    eager_line = next(line for line in table.splitlines() if line.startswith("cartpole eager"))
+    update = sum(ms for name, ms in eager["breakdown_ms"].items() if name not in COLLECT_COMPONENTS and name != "step")
+    assert float(eager_line.split()[-1]) == pytest.approx(eager["ms_per_update"] / update, abs=0.01)
     paths = write_outputs(document, tmp_path, "python -m trainer bench --train cartpole")
     assert json.loads(paths[0].read_text())["train"][0]["plan"] == "eager"
 

@@ -633,6 +633,7 @@ def cartpole_on_gpu(plan: str, steps: int, *extra: str) -> TrainConfig:
             f"run.log_every={steps // 3}",
             f"run.checkpoint_every={steps}",
             "run.eval_every=0",
+            "run.stop_at_return=null",
             "run.eval_episodes=5",
             *extra,
         ],

@@ -95,7 +95,14 @@ def test_a_different_learning_rate_is_caught_at_the_first_update(tmp_path: Path)
 def cartpole_on_gpu(plan: str, steps: int) -> TrainConfig:
     return load_config(
         CARTPOLE,
-        ["run.device=cuda", f"run.plan={plan}", f"run.steps={steps}", "run.eval_every=0", "run.eval_episodes=0"],
+        [
+            "run.device=cuda",
+            f"run.plan={plan}",
+            f"run.steps={steps}",
+            "run.eval_every=0",
+            "run.stop_at_return=null",
+            "run.eval_episodes=0",
+        ],
     )
 
 
