@@ -18,6 +18,10 @@
 #     bf16-core: the core 50-step bf16 GPU equivalence test (fused bf16 against float32 eager, BF16_RTOL)
 #                                                               -> $OUT/gpu_tests_bf16_core.log
 #     bench3-full: `full`, compile-bf16 and zerocopy-bf16, in what time is left -> $OUT/full/bench.{json,md,png}
+#   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
+#     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
+#     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
+#                                                               -> $OUT/collect/{tests.log,graph-false,graph-true}
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
 #   script's start, so the call ends in time and keeps what the earlier stages wrote.
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
@@ -67,6 +71,19 @@ if has profile; then
   # kernels per step and the costliest kernels of the fastest plan (scripts/profile_step.py)
   timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy-bf16 --top 25 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
+fi
+
+# ---- issue 15: the market's collection graph (stage collect) ----
+if has collect; then
+  mkdir -p "$OUT/collect"
+  budget=$(left 150)
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" tests/trainer/test_collect.py \
+    "tests/trainer/test_train.py::test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync" 2>&1 \
+    | grep -v vectorized_gather | tee "$OUT/collect/tests.log" | grep -E "passed|failed|PASS|FAIL|Error" | tail -8
+  for flag in false true; do
+    timeout "$(left 120)" python3 -m trainer bench --configs "" --train market --train-plans zerocopy --train-updates 2000 \
+      --train-override "run.collect_graph=$flag" --out "$OUT/collect/graph-$flag" 2>&1 | grep -v "Warn\|check(" | tail -3
+  done
 fi
 
 # ---- issue 14, round 2 (stage round2) ----
