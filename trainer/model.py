@@ -5,8 +5,10 @@ differentiable views. So a gradient is one flat tensor, Adam and the target EMA 
 one buffer, and budget clipping is one norm per loss: the shapes the GPU plans need, written once.
 
 Under mixed precision (`trainer.step.mixed_precision`: autocast) the matrix products and attention
-run in bf16 while the parameters stay float32; each network's last layer (`output_layer`) runs in
-float32, so every loss, softmax and projection downstream is float32 whatever the device's autocast lists.
+run in bf16 while the parameters stay float32; each network's last layer (`output_layer`) too, its
+output cast to float32, so every loss, softmax and projection downstream is float32 whatever the device's
+autocast lists (round 3: a float32 last layer cost four TF32 products as long as the bf16 rest, within
+the same tolerance; `trainer.plans.fused.BF16_RTOL`).
 
 Networks (letters: B batch, K branches, A actions, N atoms, T taus, W window, F features, H hidden):
 - `main`: trunk (F→H→H), C51 dueling heads (value H→h→N, advantage H→h→K·A·N), IQN head
@@ -239,13 +241,13 @@ def attn_layout(d: ModelDims) -> ParamLayout:
 
 
 def output_layer(hidden: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
-    """A network's last linear layer `name` (padded rows: `ParamSpec.pad_dim`), always in float32: under
-    mixed precision its output (logits, quantiles, values) would otherwise be rounded to bf16 before the
-    losses take small differences of it. The product runs over the padded rows (an aligned width), whose
-    outputs are sliced away here: so their gradient is exactly zero."""
+    """A network's last linear layer `name` (padded rows: `ParamSpec.pad_dim`), its output float32. Under
+    mixed precision the product runs in bf16 like every other layer (float32 accumulation); its outputs
+    (logits, quantiles, values) are rounded to bf16 once, then the losses run in float32. The product
+    runs over the padded rows (an aligned width), whose outputs are sliced away here: so their gradient
+    is exactly zero."""
     out = p[f"{name}_w"].shape[0]
-    with torch.autocast(hidden.device.type, enabled=False):
-        return fn.linear(hidden.float(), p[f"{name}_w{PADDED}"], p[f"{name}_b{PADDED}"])[..., :out]
+    return fn.linear(hidden, p[f"{name}_w{PADDED}"], p[f"{name}_b{PADDED}"])[..., :out].float()
 
 
 def trunk(p: dict[str, Tensor], obs: Tensor) -> Tensor:
@@ -277,9 +279,8 @@ def ensemble_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, hidden: Te
     hidden = head_hidden(p, h_s2, d, ensemble=True) if hidden is None else hidden  # [B, (2+E)·h]
     ens = hidden[:, 2 * h :].view(-1, e, h).transpose(0, 1)  # [E, B, h]
     w, b = p[f"ens2_w{PADDED}"], p[f"ens2_b{PADDED}"]  # [E, O, h], [E, O]: O = K·A·N padded to ALIGN
-    with torch.autocast(h_s2.device.type, enabled=False):  # an output layer: float32, as `output_layer`
-        adv = torch.einsum("ebh,eoh->ebo", ens.float(), w) + b[:, None, :]  # [E, B, O]
-    adv = adv[..., : p["ens2_w"].shape[1]].view(e, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
+    adv = torch.einsum("ebh,eoh->ebo", ens, w) + b[:, None, :]  # [E, B, O]: an output layer, as `output_layer`
+    adv = adv[..., : p["ens2_w"].shape[1]].float().view(e, -1, d.branches, d.actions, d.atoms)  # [E, B, K, A, N]
     value = output_layer(hidden[:, :h], p, "value2")[:, None, None, :]  # [B, 1, 1, N]
     return torch.stack([dueling_logits(value, adv[i]) for i in range(e)])  # [E, B, K, A, N]
 

@@ -79,8 +79,9 @@ class Hyper:
     target_tau: float
     spectral_norm: bool
     sigma_max: float
-    # The dtype of the networks' matrix products and attention (autocast), None: float32 throughout.
-    # Master weights, gradients, Adam, spectral norm, the C51 projection and every loss stay float32.
+    # The dtype of the networks' matrix products and attention (autocast, the output layers included,
+    # their outputs cast to float32), None: float32 throughout. Master weights, gradients, Adam, spectral
+    # norm, the C51 projection and every loss stay float32.
     autocast: torch.dtype | None = None
 
     @classmethod
