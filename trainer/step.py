@@ -30,6 +30,7 @@ from trainer.losses.iqn import iqn_target, quantile_huber_loss
 from trainer.losses.vaccine import distribution_shift_penalty, fgsm_states
 from trainer.model import (
     ModelDims,
+    ParamLayout,
     attention_predict,
     c51_logits,
     ensemble_logits,
@@ -194,6 +195,13 @@ def mixed_precision(hp: Hyper, device: torch.device) -> contextlib.AbstractConte
     return torch.autocast(device.type, dtype=hp.autocast, cache_enabled=False)
 
 
+def network_views(layout: ParamLayout, flat: Tensor, hp: Hyper) -> dict[str, Tensor]:
+    """`layout`'s views of `flat` [P] for the forward functions; under mixed precision of `flat` cast once
+    to `hp.autocast` (one kernel, and one cast of its gradient back), where autocast would cast each
+    weight at each of its uses. The same rounding as autocast's: bf16 operands, float32 accumulation."""
+    return layout.views(flat if hp.autocast is None else flat.to(hp.autocast))
+
+
 def budget_names(hp: Hyper) -> list[str]:
     """The budgeted losses this configuration computes, in BUDGET_NAMES order."""
     enabled = {"c51": True, "cql": hp.cql, "iqn": hp.iqn, "ensemble": hp.ensemble}
@@ -204,7 +212,7 @@ def budget_names(hp: Hyper) -> list[str]:
 def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) -> Targets:
     d, atoms = state.dims, state.atoms
     reward = batch.reward * hp.reward_scale  # [B]
-    p, pt = state.main.views(state.online), state.main.views(state.target)
+    p, pt = network_views(state.main, state.online, hp), network_views(state.main, state.target, hp)
     with mixed_precision(hp, atoms.device):  # the networks; their outputs are float32
         # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
         a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
@@ -234,7 +242,7 @@ def head_losses(
     ensemble) as a function of the online parameters [Pm], in `budget_names` order without IQN; and
     what the rest of the step reads from the same forward pass."""
     d, atoms, weight = state.dims, state.atoms, batch.weight  # weight: [B] importance sampling
-    p = state.main.views(online)
+    p = network_views(state.main, online, hp)
     losses: dict[str, Tensor] = {}
 
     def c51_of_states(obs: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
@@ -277,7 +285,7 @@ def iqn_loss(
 ) -> tuple[Tensor, Tensor]:
     """The IQN loss (and its per-sample values [B]) as a function of the online parameters [Pm]."""
     assert targets.z_target is not None
-    p = state.main.views(online)
+    p = network_views(state.main, online, hp)
     z = iqn_quantiles(p, trunk(p, batch.obs), draws.tau, state.dims)  # [B, T, K, A]
     z_data = take(z, batch.action[:, None, :, None], dim=3)  # [B, T, K]
     per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
@@ -336,7 +344,7 @@ def train_step(
     if flags.causal:
         with timer.section("causal"), torch.no_grad(), mixed_precision(hp, atoms.device):
             # do(s_f := shuffled s_f) for each feature f; effect_f = mean |Q(do) − Q|.
-            p = state.main.views(state.online)
+            p = network_views(state.main, state.online, hp)
             intervened = intervene(batch.obs, draws.perm)  # [F, B, F]
             q_do = expected_q(c51_logits(p, trunk(p, intervened.flatten(0, 1)), d), atoms)  # [F·B, K, A]
             state.causal_effects.copy_(intervention_effects(fwd.q, q_do.view(d.obs_dim, *fwd.q.shape)))
@@ -347,12 +355,12 @@ def train_step(
     if hp.iql:
         with timer.section("iql"):
             with torch.no_grad(), mixed_precision(hp, atoms.device):
-                pt = state.main.views(state.target)
+                pt = network_views(state.main, state.target, hp)
                 q_target = expected_q(c51_logits(pt, targets.h_target_obs, d), atoms)  # [B, K, A]
                 q_target_data = q_target.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
 
             def iql_loss(params: Tensor) -> Tensor:
-                value = iql_value(state.iql.views(params), fwd.h_s2)  # [B]
+                value = iql_value(network_views(state.iql, params, hp), fwd.h_s2)  # [B]
                 return (weight * expectile_loss(value, q_target_data, hp.expectile)).mean()
 
             with mixed_precision(hp, atoms.device):
@@ -366,7 +374,7 @@ def train_step(
         with timer.section("attention"):
 
             def attention_loss(params: Tensor) -> Tensor:
-                prediction = attention_predict(state.attn.views(params), batch.window, d)  # [B, F]
+                prediction = attention_predict(network_views(state.attn, params, hp), batch.window, d)  # [B, F]
                 return (weight * next_state_loss(prediction, batch.next_obs)).mean()
 
             with mixed_precision(hp, atoms.device):
