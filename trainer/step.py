@@ -172,7 +172,7 @@ class Targets(NamedTuple):
     Dynamo can rebuild one that lives across a graph break (the fused plan's stream sections)."""
 
     target_pmf: Tensor  # [B, K, N] projected C51 target
-    h_target_obs: Tensor  # [B, H] target trunk at s (IQL's target)
+    q_target_obs: Tensor | None  # [B, K, A] target network's expected returns at s (IQL's target; None: IQL off)
     z_target: Tensor | None  # [B, T', K] IQN target quantiles (None when IQN is off)
 
 
@@ -217,9 +217,12 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
         # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
         a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
         h_target = trunk(pt, torch.cat([batch.obs, batch.next_obs]))  # [2B, H]
-        h_target_obs, h_target_next = h_target.chunk(2)  # 2 × [B, H]
-        next_logits = c51_logits(pt, h_target_next, d)  # [B, K, A, N]
+        h_target_next = h_target.chunk(2)[1]  # [B, H]
+        # the target heads at s too when IQL reads them: one pass over 2B rows, not a second pass over B
+        target_logits = c51_logits(pt, h_target if hp.iql else h_target_next, d)  # [2B or B, K, A, N]
+        next_logits = target_logits[-batch.obs.shape[0] :]  # [B, K, A, N]
         z_next = iqn_quantiles(pt, h_target_next, draws.tau_target, d) if hp.iqn else None  # [B, T', K, A]
+    q_target_obs = expected_q(target_logits[: batch.obs.shape[0]], atoms) if hp.iql else None  # [B, K, A]
     index = a_star[:, :, None, None].expand(-1, -1, 1, d.atoms)  # [B, K, 1, N]
     next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
     target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)  # [B, K, N], float32
@@ -227,7 +230,7 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
     if z_next is not None:
         z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)
         z_target = iqn_target(z_next, reward, batch.done, hp.gamma)  # [B, T', K]
-    return Targets(target_pmf=target_pmf, h_target_obs=h_target_obs, z_target=z_target)
+    return Targets(target_pmf=target_pmf, q_target_obs=q_target_obs, z_target=z_target)
 
 
 def head_losses(
@@ -354,10 +357,8 @@ def train_step(
     checks: list[Tensor] = []
     if hp.iql:
         with timer.section("iql"):
-            with torch.no_grad(), mixed_precision(hp, atoms.device):
-                pt = network_views(state.main, state.target, hp)
-                q_target = expected_q(c51_logits(pt, targets.h_target_obs, d), atoms)  # [B, K, A]
-                q_target_data = q_target.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
+            assert targets.q_target_obs is not None
+            q_target_data = targets.q_target_obs.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
 
             def iql_loss(params: Tensor) -> Tensor:
                 value = iql_value(network_views(state.iql, params, hp), fwd.h_s2)  # [B]
