@@ -609,12 +609,15 @@ def test_the_collection_graph_is_timed_as_one_component(tmp_path: Path, monkeypa
     assert parts["collect_graph"] > 0 and not {"act", "env", "store"} & set(parts)
 
 
-def test_the_collection_graph_is_off_with_its_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_collection_graph_is_on_by_default_and_off_with_its_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     collector_on_the_cpu(monkeypatch)
-    run = build_run(tiny_config(["run.collect_graph=false"], data={"market_backend": "torch"}), tmp_path)
-    fill_replay(run)
-    start_plan(run)
-    assert run.collector is None and not run.collect_in_graph
+    for flag, collected_in_graph in (([], True), (["run.collect_graph=false"], False)):
+        run = build_run(tiny_config(flag, data={"market_backend": "torch"}), tmp_path / str(collected_in_graph))
+        fill_replay(run)
+        start_plan(run)
+        assert (run.collector is not None, run.collect_in_graph) == (collected_in_graph, collected_in_graph)
 
 
 CARTPOLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole.yaml"
