@@ -337,7 +337,7 @@ def train_step(
     flags: StepFlags = StepFlags(),
     timer: SectionTimer = NO_TIMER,
 ) -> StepOutput:
-    d, atoms, weight = state.dims, state.atoms, batch.weight  # weight: [B]
+    d, atoms = state.dims, state.atoms
 
     with timer.section("forward_backward"):
         targets = compute_targets(state, batch, draws, hp)
@@ -353,39 +353,76 @@ def train_step(
             state.causal_effects.copy_(intervention_effects(fwd.q, q_do.view(d.obs_dim, *fwd.q.shape)))
 
     # IQL and attention read the pre-update trunk and target; every group commits at the guard.
+    # Each section's work is one function call: where a plan breaks Dynamo's graph at a section (the fused
+    # plan's streams), Dynamo runs the rest of this frame as Python and compiles each call whole.
     updates: list[tuple[Tensor, Tensor]] = []
     checks: list[Tensor] = []
     if hp.iql:
         with timer.section("iql"):
-            assert targets.q_target_obs is not None
-            q_target_data = targets.q_target_obs.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
-
-            def iql_loss(params: Tensor) -> Tensor:
-                value = iql_value(network_views(state.iql, params, hp), fwd.h_s2)  # [B]
-                return (weight * expectile_loss(value, q_target_data, hp.expectile)).mean()
-
-            with mixed_precision(hp, atoms.device):
-                iql_grad, losses["iql"] = torch.func.grad_and_value(iql_loss)(state.iql_params)  # [Pq], []
-            new, m_q, v_q = adam_update(
-                state.iql_params, iql_grad, state.adam_iql, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
-            )
-            updates += [(state.iql_params, new), (state.adam_iql.m, m_q), (state.adam_iql.v, v_q)]
-            checks += [iql_grad, losses["iql"][None]]
+            losses["iql"], pairs, checked = iql_update(state, batch, hp, targets, fwd.h_s2)
+            updates += pairs
+            checks += checked
     if hp.attention:
         with timer.section("attention"):
+            losses["attention"], pairs, checked = attention_update(state, batch, hp)
+            updates += pairs
+            checks += checked
+    pairs, checked = main_update(state, grads, fwd, hp, timer)
+    updates += pairs
+    checks += checked
 
-            def attention_loss(params: Tensor) -> Tensor:
-                prediction = attention_predict(network_views(state.attn, params, hp), batch.window, d)  # [B, F]
-                return (weight * next_state_loss(prediction, batch.next_obs)).mean()
+    with timer.section("guard"), torch.no_grad():
+        ok, priority = guard_commit(state, updates, checks, fwd.per_sample)
 
-            with mixed_precision(hp, atoms.device):
-                attn_grad, losses["attention"] = torch.func.grad_and_value(attention_loss)(state.attn_params)
-            new, m_a, v_a = adam_update(
-                state.attn_params, attn_grad, state.adam_attn, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
-            )
-            updates += [(state.attn_params, new), (state.adam_attn.m, m_a), (state.adam_attn.v, v_a)]
-            checks += [attn_grad, losses["attention"][None]]
+    with timer.section("ema"), torch.no_grad():
+        ema_commit(state, ok, hp)
 
+    return StepOutput(losses=losses, priority=priority, ok=ok)
+
+
+Pairs = list[tuple[Tensor, Tensor]]
+"""(state tensor, its new value) for the guard to commit."""
+
+
+def iql_update(
+    state: TrainState, batch: Batch, hp: Hyper, targets: Targets, h_s2: Tensor
+) -> tuple[Tensor, Pairs, list[Tensor]]:
+    """IQL's loss [], its Adam step as pairs to commit, and what the guard checks."""
+    assert targets.q_target_obs is not None
+    q_target_data = targets.q_target_obs.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
+
+    def iql_loss(params: Tensor) -> Tensor:
+        value = iql_value(network_views(state.iql, params, hp), h_s2)  # [B]
+        return (batch.weight * expectile_loss(value, q_target_data, hp.expectile)).mean()
+
+    with mixed_precision(hp, state.atoms.device):
+        grad, loss = torch.func.grad_and_value(iql_loss)(state.iql_params)  # [Pq], []
+    new, m, v = adam_update(
+        state.iql_params, grad, state.adam_iql, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
+    )
+    return loss, [(state.iql_params, new), (state.adam_iql.m, m), (state.adam_iql.v, v)], [grad, loss[None]]
+
+
+def attention_update(state: TrainState, batch: Batch, hp: Hyper) -> tuple[Tensor, Pairs, list[Tensor]]:
+    """The attention model's loss [], its Adam step as pairs to commit, and what the guard checks."""
+
+    def attention_loss(params: Tensor) -> Tensor:
+        prediction = attention_predict(network_views(state.attn, params, hp), batch.window, state.dims)  # [B, F]
+        return (batch.weight * next_state_loss(prediction, batch.next_obs)).mean()
+
+    with mixed_precision(hp, state.atoms.device):
+        grad, loss = torch.func.grad_and_value(attention_loss)(state.attn_params)  # [Pa], []
+    new, m, v = adam_update(
+        state.attn_params, grad, state.adam_attn, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
+    )
+    return loss, [(state.attn_params, new), (state.adam_attn.m, m), (state.adam_attn.v, v)], [grad, loss[None]]
+
+
+def main_update(
+    state: TrainState, grads: dict[str, Tensor], fwd: Forward, hp: Hyper, timer: SectionTimer
+) -> tuple[Pairs, list[Tensor]]:
+    """The main network's budget clipping, pruning, Adam and spectral norm, as pairs to commit; and
+    what the guard checks."""
     with timer.section("clip_prune"):
         grad = combine_budgeted(grads, hp.budgets) * state.prune_mask  # [Pm]
 
@@ -399,24 +436,20 @@ def train_step(
         if hp.spectral_norm:
             candidate, u = spectral_project(candidate, state.spectral_u, state.main, hp.sigma_max)
 
-    updates += [
-        (state.online, candidate),
-        (state.adam_main.m, m),
-        (state.adam_main.v, v),
-        (state.spectral_u, u),
-    ]
-    checks += [grad, candidate, fwd.budgeted]
+    pairs = [(state.online, candidate), (state.adam_main.m, m), (state.adam_main.v, v), (state.spectral_u, u)]
+    return pairs, [grad, candidate, fwd.budgeted]
 
-    with timer.section("guard"), torch.no_grad():
-        # Any non-finite loss or gradient skips the whole update on the device: torch.where, no host branch.
-        ok = torch.stack([torch.isfinite(tensor).all() for tensor in checks]).all()  # []
-        _commit(ok, updates)
-        state.updates.add_(ok.to(state.updates.dtype))
-        state.guard_skips.add_((~ok).to(state.guard_skips.dtype))
 
-    with timer.section("ema"), torch.no_grad():
-        # target ← lerp(target, online, τ), only when the online update was applied.
-        _commit(ok, [(state.target, ema(state.target, state.online, hp.target_tau))])
+def guard_commit(state: TrainState, updates: Pairs, checks: list[Tensor], per_sample: Tensor) -> tuple[Tensor, Tensor]:
+    """Commit every update only if every check is finite: ok [] bool, and the priorities [B] (finite)."""
+    # Any non-finite loss or gradient skips the whole update on the device: torch.where, no host branch.
+    ok = torch.stack([torch.isfinite(tensor).all() for tensor in checks]).all()  # []
+    _commit(ok, updates)
+    state.updates.add_(ok.to(state.updates.dtype))
+    state.guard_skips.add_((~ok).to(state.guard_skips.dtype))
+    return ok, torch.nan_to_num(per_sample, nan=0.0, posinf=0.0, neginf=0.0)  # [B]
 
-    priority = torch.nan_to_num(fwd.per_sample, nan=0.0, posinf=0.0, neginf=0.0)  # [B]
-    return StepOutput(losses=losses, priority=priority, ok=ok)
+
+def ema_commit(state: TrainState, ok: Tensor, hp: Hyper) -> None:
+    """target ← lerp(target, online, τ), only when the online update was applied."""
+    _commit(ok, [(state.target, ema(state.target, state.online, hp.target_tau))])
