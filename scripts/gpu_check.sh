@@ -10,7 +10,7 @@
 #       50-step test too with BF16_FULL=1)                     -> $OUT/gpu_tests_bf16.log, loss_curves-bf16.{json,png}
 #     bench-full: `full` without the two torch.compile rows (96 s of compilation each); zerocopy-bf16
 #       before fused and zerocopy, which share one compilation  -> $OUT/full/bench.{json,md,png}
-#   round3 = bench3,profile3,bf16-core,bench3-full (issue 14 round 3: aligned layout, +combo; DEADLINE 420 s):
+#   round3 = bench3,profile3,bf16-core,bench3-full (issue 14 round 3, ~400 s with DEADLINE 420 s, its default here):
 #     bench3: core: eager, compile, compile-bf16, fused, zerocopy, zerocopy-bf16, zerocopy-bf16+combo
 #       (Inductor's combined kernels), 3 windows                -> $OUT/core/bench.{json,md,png}
 #     profile3: kernels per step of zerocopy-bf16 and zerocopy-bf16+combo on `core`
@@ -116,16 +116,16 @@ fi
 
 # ---- issue 14, round 3 (stage round3) ----
 if has bench3; then
-  timeout "$(left 200)" python3 -m trainer bench --configs core \
+  timeout "$(left 240)" python3 -m trainer bench --configs core \
     --methods eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo $quick --out "$OUT/core" "$@" 2>&1 \
     | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -14
 fi
 if has profile3; then
-  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 \
+  timeout "$(left 100)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 \
     --variant zerocopy-bf16+combo --top 25 2>&1 | grep -v "Warn\|check(" | tee "$OUT/profile_round3_core.txt" | tail -60
 fi
 if has bf16-core; then
-  budget=$(left 100)
+  budget=$(left 80)
   timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
     "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/gpu_tests_bf16_core.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20

@@ -3,10 +3,13 @@
 `train_step` runs through `torch.compile` (Inductor, no CUDA graphs of its own) and the graph plan's
 capture then records the generated kernels, with the dual plan's side-stream forks, into one CUDA
 graph per variant. Because the step takes its gradients with `torch.func` (no `autograd.grad` calls
-for Dynamo to break at), the main network's whole update (targets, forward, the heads' batched
-backward and IQN's own, clipping, Adam and spectral norm) is one Inductor graph: its pointwise work
-is fused into the matrix products' neighbours. Only the router's stream sections (attention, IQL,
-the guard's join, the EMA) stay eager calls (`torch.compiler.disable`) that Dynamo breaks around.
+for Dynamo to break at), the main network's targets, forward and backward (the heads' batched
+backward and IQN's own) are one Inductor graph: its pointwise work is fused into the matrix
+products' neighbours. The router's stream sections (attention, IQL, the guard's join, the EMA) are
+eager calls (`torch.compiler.disable`) that Dynamo breaks around; it cannot resume inside their
+`with` blocks, so it runs the rest of `train_step` as Python and compiles each call it makes: the
+step writes each section's work as one call (`trainer.step.iql_update`, `main_update`, …), so each is
+one graph and no tensor op runs outside a graph (`scripts/kernel_count.py --as-plan`: 6 graphs).
 
 Matrix products run in TF32 (captured as such; eager code elsewhere stays float32). Tolerance
 against the float32 eager step, stated by the equivalence test: every state tensor within a relative

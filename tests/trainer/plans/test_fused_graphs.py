@@ -1,0 +1,74 @@
+"""The fused plan's compiled step leaves no tensor op outside Inductor's graphs (CPU: Dynamo and Inductor)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from typing import ClassVar
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tests.factories import random_batch, tiny_config, tiny_state
+from trainer.plans._capture import StreamRouter
+from trainer.plans.fused import _EagerSections, compile_step
+from trainer.step import Draws, Hyper, StepFlags
+
+VIEWS = frozenset(
+    f"aten::{name}"
+    for name in (
+        "view",
+        "slice",
+        "select",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "t",
+        "transpose",
+        "permute",
+        "reshape",
+        "alias",
+        "detach",
+        "unbind",
+        "split",
+        "chunk",
+        "as_strided",
+    )
+)
+
+
+class _NoStreams:
+    """The router's section names (where `_EagerSections` breaks the graph), without CUDA streams."""
+
+    FORKS: ClassVar[dict[str, str]] = StreamRouter.FORKS
+    JOINS: ClassVar[frozenset[str]] = StreamRouter.JOINS
+
+    def section(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def test_every_op_after_the_first_stream_section_runs_inside_a_compiled_graph() -> None:
+    """Dynamo cannot resume inside a routed section's `with` block, so it runs the rest of train_step as
+    Python and compiles only the calls it makes: an op written inline there (round 2's guard) would run
+    as an eager kernel, outside every graph and every fusion."""
+    config = tiny_config(["model.ensemble_heads=0", "loss.vaccine=false", "loss.causal=false", "run.precision=bf16"])
+    hp = Hyper.from_config(config)
+    assert hp.iql and hp.attention  # both stream sections are in the step
+    state = tiny_state(config)
+    batch = random_batch(state, 16, 0)
+    draws = Draws.empty(state.dims, 16, torch.device("cpu"), permute=False).fill_(torch.Generator().manual_seed(1))
+    timer = _EagerSections(_NoStreams())  # type: ignore[arg-type]
+    step = compile_step()
+    for _ in range(2):  # compile, then run what was compiled
+        assert bool(step(state, batch, draws, hp, StepFlags(), timer).ok)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(state, batch, draws, hp, StepFlags(), timer)
+    outside: collections.Counter[str] = collections.Counter()
+    regions = 0
+    for event in prof.events():
+        parent = event.cpu_parent
+        if parent is not None and parent.name.startswith("Torch-Compiled Region") and event.name.startswith("aten::"):
+            outside[event.name] += 1
+        regions += event.name.startswith("## Call CompiledFxGraph")
+    assert regions >= 4  # the step did run as several compiled graphs (the breaks are there)
+    assert {name: n for name, n in outside.items() if name not in VIEWS} == {}
