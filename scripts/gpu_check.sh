@@ -18,6 +18,9 @@
 #     bf16-core: the core 50-step bf16 GPU equivalence test (fused bf16 against float32 eager, BF16_RTOL)
 #                                                               -> $OUT/gpu_tests_bf16_core.log
 #     bench3-full: `full`, compile-bf16 and zerocopy-bf16, in what time is left -> $OUT/full/bench.{json,md,png}
+#   round3b = bench3b,profile3b,bf16-core (round 3 re-measured in ~280 s, DEADLINE 280 s, its default here):
+#     bench3b: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
+#     profile3b: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round3_core.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -31,6 +34,7 @@ stage="${1:-all}"; shift || true
 [ "$stage" = all ] && stage=train,tests,curves,bench,profile
 [ "$stage" = round2 ] && stage=bench-core,profile-bf16,bf16,bench-full
 [ "$stage" = round3 ] && { stage=bench3,profile3,bf16-core,bench3-full; DEADLINE="${DEADLINE:-420}"; }
+[ "$stage" = round3b ] && { stage=bench3b,profile3b,bf16-core; DEADLINE="${DEADLINE:-280}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -123,6 +127,14 @@ fi
 if has profile3; then
   timeout "$(left 100)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 \
     --variant zerocopy-bf16+combo --top 25 2>&1 | grep -v "Warn\|check(" | tee "$OUT/profile_round3_core.txt" | tail -60
+fi
+if has bench3b; then
+  timeout "$(left 170)" python3 -m trainer bench --configs core --methods compile-bf16,zerocopy-bf16,zerocopy-bf16+combo \
+    $quick --out "$OUT/core" "$@" 2>&1 | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -8
+fi
+if has profile3b; then
+  timeout "$(left 80)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16+combo --top 25 2>&1 \
+    | grep -v "Warn\|check(" | tee "$OUT/profile_round3_core.txt" | tail -32
 fi
 if has bf16-core; then
   budget=$(left 80)
