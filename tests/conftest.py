@@ -12,11 +12,6 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     # core, which makes the small CPU models here several times slower. Set before torch is imported.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# Inductor compiles in a pool of subprocesses, one per core, each importing torch: on the 2-core CI
-# machine starting that pool costs far more than it saves (the compile baseline test: 66 s with it,
-# 14 s without). Set before torch is imported; the trainer processes that tests start inherit it.
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The `slow` tests first (a stable sort: the rest keep their order).
