@@ -212,6 +212,7 @@ def test_cli_bench_runs_and_writes_files(tmp_path: Path) -> None:
     assert {path.name for path in tmp_path.iterdir()} == {"bench.json", "bench.png", "bench.md"}
 
 
+@pytest.mark.slow  # a cold CPU compilation of the step: 1.5-3.5 minutes on 2 cores
 def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
     """`compile` is the eager plan with train_step under torch.compile: same batches, same maths."""
     from trainer.bench import CompiledEagerPlan

@@ -6,6 +6,7 @@ import collections
 import contextlib
 from typing import ClassVar
 
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -47,6 +48,7 @@ class _NoStreams:
         return contextlib.nullcontext()
 
 
+@pytest.mark.slow  # a cold CPU compilation of the step: 1.5-3.5 minutes on 2 cores
 def test_every_op_after_the_first_stream_section_runs_inside_a_compiled_graph() -> None:
     """Dynamo cannot resume inside a routed section's `with` block, so it runs the rest of train_step as
     Python and compiles only the calls it makes: an op written inline there (round 2's guard) would run
