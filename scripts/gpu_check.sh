@@ -21,6 +21,13 @@
 #   round3b = bench3b,profile3b,bf16-core (round 3 re-measured in ~280 s, DEADLINE 280 s, its default here):
 #     bench3b: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
 #     profile3b: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round3_core.txt
+#   round4 = ab4,tests4,bench4,profile4 (issue 14 round 4, compiled sampling; DEADLINE 560 s, its default here):
+#     ab4: compile-bf16 on `core` from the folders .ab/A and .ab/B (`git archive` exports of two commits,
+#       carried), one child process each, alternating for AB_ROUNDS (1) rounds -> $OUT/ab/bench.{json,md}
+#     tests4: the compiled replay ops against eager on the GPU (tests/trainer/plans/test_replay_ops.py) and
+#       the core 50-step bf16 equivalence test                      -> $OUT/gpu_tests_round4.log
+#     bench4: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
+#     profile4: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round4_core.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -35,6 +42,7 @@ stage="${1:-all}"; shift || true
 [ "$stage" = round2 ] && stage=bench-core,profile-bf16,bf16,bench-full
 [ "$stage" = round3 ] && { stage=bench3,profile3,bf16-core,bench3-full; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round3b ] && { stage=bench3b,profile3b,bf16-core; DEADLINE="${DEADLINE:-280}"; }
+[ "$stage" = round4 ] && { stage=ab4,tests4,bench4,profile4; DEADLINE="${DEADLINE:-560}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -150,5 +158,26 @@ if has bench3-full; then
   else
     echo "bench3-full: skipped, ${budget} s left"
   fi
+fi
+
+# ---- issue 14, round 4 (stage round4) ----
+if has ab4; then
+  timeout "$(left 170)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" --configs core \
+    --methods compile-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" | tail -10
+fi
+if has tests4; then
+  budget=$(left 130)
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
+    tests/trainer/plans/test_replay_ops.py \
+    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]" 2>&1 \
+    | grep -v vectorized_gather | tee "$OUT/gpu_tests_round4.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
+fi
+if has bench4; then
+  timeout "$(left 180)" python3 -m trainer bench --configs core --methods compile-bf16,zerocopy-bf16,zerocopy-bf16+combo \
+    $quick --out "$OUT/core" "$@" 2>&1 | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -8
+fi
+if has profile4; then
+  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16+combo --top 30 2>&1 \
+    | grep -v "Warn\|check(" | tee "$OUT/profile_round4_core.txt" | tail -36
 fi
 echo "gpu_check: $(( SECONDS - began )) s"

@@ -27,12 +27,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import Tensor
 
 from trainer.plans._capture import StreamRouter
 from trainer.plans.dual import DualStreamPlan
+from trainer.replay.buffer import ReplayBuffer
 from trainer.step import SectionTimer, StepFlags, StepOutput, train_step
 
 TF32_RTOL = 2e-2
@@ -105,6 +107,27 @@ def compile_step(mode: str | None = COMPILE_MODE, horizontal: bool = False) -> C
     return torch.compile(train_step, dynamic=False, **options)  # type: ignore[return-value]
 
 
+class ReplayOps(NamedTuple):
+    """The replay's work inside an update, through Inductor: sampling without its random numbers (one
+    `torch.rand` stays eager: Dynamo does not trace a generator) and the priority write-back."""
+
+    gather_into: Callable[..., Tensor]  # ReplayBuffer.gather_into(replay, batch, draw, step) -> valid [B, W]
+    update_priorities: Callable[..., None]  # ReplayBuffer.update_priorities(replay, index, loss)
+
+
+@functools.cache
+def compile_replay_ops() -> ReplayOps:
+    """`ReplayOps` compiled once per process (Dynamo guards on each replay it is given).
+
+    Eager, they are ~40 small kernels per update (the search, gathers of rows and windows, weights,
+    the write-back's casts and scatter); compiled, the tree descent's levels and the gathers fuse.
+    """
+    return ReplayOps(
+        torch.compile(ReplayBuffer.gather_into, dynamic=False),
+        torch.compile(ReplayBuffer.update_priorities, dynamic=False),
+    )
+
+
 class FusedPlan(DualStreamPlan):
     name = "fused"
     tf32 = True
@@ -120,6 +143,21 @@ class FusedPlan(DualStreamPlan):
     def step_fn(self) -> Callable[..., StepOutput]:
         """What `train` calls: the compiled step (one wrapper per mode), or the step itself."""
         return compile_step(self.compile_mode, self.horizontal) if self.compiled else train_step
+
+    def sample_batch(self, step: Tensor) -> None:
+        if self.compiled:
+            replay = self.replay
+            draw = replay.sampler.draw(self.batch.size, replay.generator)  # [B]
+            valid = compile_replay_ops().gather_into(replay, self.batch, draw, step)  # [B, W]
+            replay.relabel(self.batch, valid)
+        else:
+            super().sample_batch(step)
+
+    def write_priorities(self, output: StepOutput) -> None:
+        if self.compiled:
+            compile_replay_ops().update_priorities(self.replay, self.batch.index, output.priority)
+        else:
+            super().write_priorities(output)
 
     def train(self, flags: StepFlags, timer: SectionTimer) -> StepOutput:
         if isinstance(timer, StreamRouter):

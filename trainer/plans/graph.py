@@ -104,6 +104,14 @@ class GraphPlan(BasePlan):
         """The maths of one update over the static buffers (the fused plan swaps in its compiled form)."""
         return train_step(self.state, self.batch, self.draws, self.hp, flags, timer)
 
+    def sample_batch(self, step: torch.Tensor) -> None:
+        """Step `step`'s batch into the static buffers (the fused plan compiles the gathers)."""
+        self.replay.sample_into(self.batch, step)
+
+    def write_priorities(self, output: StepOutput) -> None:
+        """The update's per-sample losses back into the replay's priorities (compiled in the fused plan)."""
+        self.replay.update_priorities(self.batch.index, output.priority)
+
     def update_body(self, flags: StepFlags) -> StepOutput:
         """One update and its priority write-back, streams forked and joined inside."""
         timer: SectionTimer = NO_TIMER
@@ -111,7 +119,7 @@ class GraphPlan(BasePlan):
             self.router.begin()
             timer = self.router
         output = self.train(flags, timer)
-        self.replay.update_priorities(self.batch.index, output.priority)
+        self.write_priorities(output)
         if self.router is not None:
             self.router.join()
         return output
@@ -121,7 +129,7 @@ class GraphPlan(BasePlan):
         output: StepOutput | None = None
         for i, flags in enumerate(key.flags):
             if key.sampled:
-                self.replay.sample_into(self.batch, self.step_base + i)
+                self.sample_batch(self.step_base + i)
                 self.draws.fill_(self.generator)
             output = self.update_body(flags)
         assert output is not None

@@ -89,7 +89,15 @@ class ReplayBuffer:
         """Fill the static `batch` in place: no allocation visible to the caller, no host sync."""
         if len(self) == 0:
             raise ValueError("cannot sample from an empty replay buffer: add transitions first")
-        index, weight = self.sampler.sample(batch.size, step, self.generator)  # [B], [B]
+        valid = self.gather_into(batch, self.sampler.draw(batch.size, self.generator), step)
+        self.relabel(batch, valid)
+        return batch
+
+    def gather_into(self, batch: Batch, draw: Tensor, step: int | Tensor) -> Tensor:
+        """Sampling without its random numbers: the slots of the points `draw` [B], their weights, rows
+        and attention windows into `batch` (what a compiled plan compiles; `sample_into` draws first).
+        Returns which window steps are real states [B, W], for `relabel`."""
+        index, weight = self.sampler.locate(draw, step)  # [B], [B]
         store = self.storage
         batch.index.copy_(index)
         batch.weight.copy_(weight)
@@ -100,9 +108,15 @@ class ReplayBuffer:
         batch.done.copy_(store.done[index])
         window, valid = store.window(index, batch.window.shape[1])  # [B, W, F], [B, W]
         batch.window.copy_(window)
+        return valid
+
+    def relabel(self, batch: Batch, valid: Tensor) -> None:
+        """HER's goal relabelling of a gathered `batch` with window mask `valid` [B, W] (draws from the
+        replay's generator; nothing without HER)."""
         if self.her is not None:
-            self.her.relabel(store, index, batch.obs, batch.next_obs, batch.reward, batch.window, valid, self.generator)
-        return batch
+            store = self.storage
+            rows = batch.obs, batch.next_obs, batch.reward, batch.window
+            self.her.relabel(store, batch.index, *rows, valid, self.generator)
 
     def update_priorities(self, index: Tensor, loss: Tensor) -> None:
         """priority_i = (|loss_i| + eps)^alpha for the slots `index` [B] (on the device, no sync)."""

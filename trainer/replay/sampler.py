@@ -132,17 +132,30 @@ class PrioritizedSampler:
         p = loss.detach().abs().to(torch.float64) + self.eps  # [B]
         p = torch.where(torch.isfinite(p), p, self.max_priority)  # a non-finite loss must not poison the tree
         self._set_leaves(index, p.pow(self.alpha))
-        torch.maximum(self.max_priority, p.max(), out=self.max_priority)
+        # An indexed write: under torch.compile (2.13, CPU) an out= or copy_ into this 0-d input is dropped
+        # (tests/trainer/plans/test_replay_ops.py caught it); the indexed write is kept.
+        self.max_priority[...] = torch.maximum(self.max_priority, p.max())
 
     def sample(self, batch_size: int, step: int | Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """Stratified draw of `batch_size` slots and their importance weights ([B] int64, [B] float32).
+        """Stratified draw of `batch_size` slots and their importance weights ([B] int64, [B] float32)."""
+        return self.locate(self.draw(batch_size, generator), step)
 
-        Segment b of the total mass [b, b+1) * total / B gets one uniform point u_b, mapped to the
+    def draw(self, batch_size: int, generator: torch.Generator) -> Tensor:
+        """The random half of `sample`: one point per stratum, U(0, 1) [B] float64.
+
+        Apart from `locate` (no random numbers), so a compiled plan can compile `locate` and draw here:
+        Dynamo does not trace an explicit generator.
+        """
+        return torch.rand(batch_size, device=self.device, dtype=torch.float64, generator=generator)
+
+    def locate(self, draw: Tensor, step: int | Tensor) -> tuple[Tensor, Tensor]:
+        """The slots and importance weights of the points `draw` [B] ([B] int64, [B] float32).
+
+        Segment b of the total mass [b, b+1) * total / B gets the point u_b = b + draw_b, mapped to the
         slot i whose mass interval [sum_{j<i} p_j^alpha, sum_{j<=i} p_j^alpha) holds it.
         """
-        strata = torch.arange(batch_size, device=self.device, dtype=torch.float64) + torch.rand(
-            batch_size, device=self.device, dtype=torch.float64, generator=generator
-        )  # [B] b + U(0, 1)
+        batch_size = draw.shape[0]
+        strata = torch.arange(batch_size, device=self.device, dtype=torch.float64) + draw  # [B] b + U(0, 1)
         if self.search == "tree":
             total = self.tree[1]
             index = self._descend(strata * (total / batch_size))  # [B]

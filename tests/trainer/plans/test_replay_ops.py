@@ -1,0 +1,74 @@
+"""The fused plan's compiled replay work (`compile_replay_ops`) against the replay's own eager code.
+
+Same replay contents and the same random points: the compiled sampling must pick the same slots with
+the same weights, gather the same rows and windows, and write the same priorities back, so the
+compiled plans train on what eager would. On the CPU (sum-tree descent, the training default) and on
+a GPU (both searches; marked `gpu`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.batch import Batch
+from trainer.bench import BenchOptions, bench_spec, fill_with_random_transitions, preset_config
+from trainer.plans.fused import compile_replay_ops
+from trainer.replay.buffer import ReplayBuffer
+
+CAPACITY = 1 << 12
+BATCH = 256
+FIELDS = ("index", "weight", "obs", "next_obs", "action", "reward", "done", "window")
+
+
+def filled_replay(search: str, device: str) -> ReplayBuffer:
+    config = preset_config("core", BenchOptions(capacity=CAPACITY))
+    config.replay.search = search  # type: ignore[assignment]
+    replay = ReplayBuffer(config, bench_spec(config), device, torch.Generator(device).manual_seed(1))
+    fill_with_random_transitions(replay, CAPACITY, seed=0)
+    return replay
+
+
+def assert_compiled_replay_matches_eager(search: str, device: str) -> None:
+    eager, compiled = filled_replay(search, device), filled_replay(search, device)
+    eager_batch, compiled_batch = eager.empty_batch(BATCH), compiled.empty_batch(BATCH)
+    ops = compile_replay_ops()
+    losses = torch.Generator(device).manual_seed(5)
+    for step in range(3):  # the write-backs change the priorities the next step samples from
+        draw = eager.sampler.draw(BATCH, eager.generator)  # [B]
+        step_tensor = torch.tensor(step, device=device)
+        eager_valid = eager.gather_into(eager_batch, draw, step_tensor)
+        compiled_valid = ops.gather_into(compiled, compiled_batch, draw, step_tensor)
+        differ = [name for name in FIELDS if not torch.equal(getattr(eager_batch, name), getattr(compiled_batch, name))]
+        assert differ == [], f"step {step}: compiled sampling differs in {differ}"
+        assert torch.equal(eager_valid, compiled_valid)
+        # losses spanning the priorities' range, one non-finite (kept at the max priority, not written)
+        loss = torch.rand(BATCH, device=device, generator=losses) * 10.0  # [B]
+        loss[7] = float("nan")
+        eager.update_priorities(eager_batch.index, loss)
+        ops.update_priorities(compiled, compiled_batch.index, loss)
+        assert torch.equal(eager.sampler.tree, compiled.sampler.tree), f"step {step}: priorities differ"
+        assert torch.equal(eager.sampler.max_priority, compiled.sampler.max_priority)
+    assert eager.sampler.max_priority > 1.0  # the write-backs were real: the largest loss raised the max
+
+
+def test_compiled_replay_ops_match_eager_on_cpu() -> None:
+    assert_compiled_replay_matches_eager("tree", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("search", ["tree", "cdf"])
+def test_compiled_replay_ops_match_eager_on_gpu(search: str) -> None:
+    assert_compiled_replay_matches_eager(search, "cuda")
+
+
+def test_sample_into_is_draw_then_gather() -> None:
+    """`sample_into` = `draw` + `gather_into` (+ HER): the split keeps the replay's random stream."""
+    whole, split = filled_replay("tree", "cpu"), filled_replay("tree", "cpu")
+    batch = whole.sample(BATCH, 4)
+    parts = Batch.empty(BATCH, split.spec.obs_dim, split.spec.branches, split.window, "cpu")
+    split.gather_into(parts, split.sampler.draw(BATCH, split.generator), 4)
+    for name in FIELDS:
+        assert torch.equal(getattr(batch, name), getattr(parts, name)), name
+    assert torch.equal(whole.generator.get_state(), split.generator.get_state())
