@@ -162,8 +162,10 @@ fi
 
 # ---- issue 14, round 4 (stage round4) ----
 if has ab4; then
-  timeout "$(left 170)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" --configs core \
-    --methods compile-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" | tail -10
+  # perf_hints: Inductor says why it skips its CUDA graphs (mutated inputs, CPU tensors, ...), if it does
+  TORCH_LOGS=perf_hints timeout "$(left 170)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" \
+    --configs core --methods compile-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" \
+    | grep -i -E "skipping cudagraph|ms/step|ratio|^\|" | tail -16
 fi
 if has tests4; then
   budget=$(left 130)
