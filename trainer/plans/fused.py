@@ -108,10 +108,10 @@ def compile_step(mode: str | None = COMPILE_MODE, horizontal: bool = False) -> C
 
 
 class ReplayOps(NamedTuple):
-    """The replay's work inside an update, through Inductor: sampling without its random numbers (one
-    `torch.rand` stays eager: Dynamo does not trace a generator) and the priority write-back."""
+    """The replay's work inside an update, through Inductor: sampling without its random numbers (PER's
+    and HER's `torch.rand` stay eager: Dynamo does not trace a generator) and the priority write-back."""
 
-    gather_into: Callable[..., Tensor]  # ReplayBuffer.gather_into(replay, batch, draw, step) -> valid [B, W]
+    gather_into: Callable[..., None]  # ReplayBuffer.gather_into(replay, batch, points, her_draw, step)
     update_priorities: Callable[..., None]  # ReplayBuffer.update_priorities(replay, index, loss)
 
 
@@ -119,8 +119,9 @@ class ReplayOps(NamedTuple):
 def compile_replay_ops() -> ReplayOps:
     """`ReplayOps` compiled once per process (Dynamo guards on each replay it is given).
 
-    Eager, they are ~40 small kernels per update (the search, gathers of rows and windows, weights,
-    the write-back's casts and scatter); compiled, the tree descent's levels and the gathers fuse.
+    Eager, they are ~50 small kernels per update (the search, gathers of rows and windows, weights, HER's
+    relabelling, the write-back's casts and scatter); compiled, the tree descent's levels and the gathers
+    fuse into a few.
     """
     return ReplayOps(
         torch.compile(ReplayBuffer.gather_into, dynamic=False),
@@ -146,10 +147,7 @@ class FusedPlan(DualStreamPlan):
 
     def sample_batch(self, step: Tensor) -> None:
         if self.compiled:
-            replay = self.replay
-            draw = replay.sampler.draw(self.batch.size, replay.generator)  # [B]
-            valid = compile_replay_ops().gather_into(replay, self.batch, draw, step)  # [B, W]
-            replay.relabel(self.batch, valid)
+            compile_replay_ops().gather_into(self.replay, self.batch, *self.replay.draw(self.batch.size), step)
         else:
             super().sample_batch(step)
 

@@ -89,15 +89,20 @@ class ReplayBuffer:
         """Fill the static `batch` in place: no allocation visible to the caller, no host sync."""
         if len(self) == 0:
             raise ValueError("cannot sample from an empty replay buffer: add transitions first")
-        valid = self.gather_into(batch, self.sampler.draw(batch.size, self.generator), step)
-        self.relabel(batch, valid)
+        self.gather_into(batch, *self.draw(batch.size), step)
         return batch
 
-    def gather_into(self, batch: Batch, draw: Tensor, step: int | Tensor) -> Tensor:
-        """Sampling without its random numbers: the slots of the points `draw` [B], their weights, rows
-        and attention windows into `batch` (what a compiled plan compiles; `sample_into` draws first).
-        Returns which window steps are real states [B, W], for `relabel`."""
-        index, weight = self.sampler.locate(draw, step)  # [B], [B]
+    def draw(self, batch_size: int) -> tuple[Tensor, Tensor | None]:
+        """The random numbers of one sample, from the replay's generator in this order: PER's points [B]
+        and HER's [2, B] (None without HER)."""
+        points = self.sampler.draw(batch_size, self.generator)
+        her = None if self.her is None else self.her.draw(batch_size, self.device, self.generator)
+        return points, her
+
+    def gather_into(self, batch: Batch, points: Tensor, her_draw: Tensor | None, step: int | Tensor) -> None:
+        """Sampling without its random numbers (`draw`'s): the slots of PER's `points` [B], their weights,
+        rows and attention windows into `batch`, then HER's relabelling. What a compiled plan compiles."""
+        index, weight = self.sampler.locate(points, step)  # [B], [B]
         store = self.storage
         batch.index.copy_(index)
         batch.weight.copy_(weight)
@@ -108,15 +113,10 @@ class ReplayBuffer:
         batch.done.copy_(store.done[index])
         window, valid = store.window(index, batch.window.shape[1])  # [B, W, F], [B, W]
         batch.window.copy_(window)
-        return valid
-
-    def relabel(self, batch: Batch, valid: Tensor) -> None:
-        """HER's goal relabelling of a gathered `batch` with window mask `valid` [B, W] (draws from the
-        replay's generator; nothing without HER)."""
         if self.her is not None:
-            store = self.storage
+            assert her_draw is not None
             rows = batch.obs, batch.next_obs, batch.reward, batch.window
-            self.her.relabel(store, batch.index, *rows, valid, self.generator)
+            self.her.relabel(store, index, *rows, valid, her_draw)
 
     def update_priorities(self, index: Tensor, loss: Tensor) -> None:
         """priority_i = (|loss_i| + eps)^alpha for the slots `index` [B] (on the device, no sync)."""

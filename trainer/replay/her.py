@@ -8,7 +8,8 @@ For a fraction `ratio` of the sampled rows i (episode e, step s, episode length 
     reward    = base_reward_i + goal_reward(achieved_goal_i, g')
 
 The future row is always still stored: it was written after row i, and the ring overwrites the
-oldest rows first. Pure tensor ops with an explicit generator: no host sync, capturable.
+oldest rows first. Pure tensor ops: no host sync, capturable. The random numbers are drawn apart
+(`draw`, from the replay's generator), so a compiled plan can compile `relabel` itself.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class HindsightRelabeler:
         self.goal = goal
         self.ratio = ratio
 
+    @staticmethod
+    def draw(batch_size: int, device: torch.device, generator: torch.Generator) -> Tensor:
+        """The random numbers of one relabelling [2, B]: which rows, and how far ahead."""
+        return torch.rand(2, batch_size, device=device, generator=generator)
+
     def relabel(
         self,
         storage: TensorStorage,
@@ -38,15 +44,14 @@ class HindsightRelabeler:
         reward: Tensor,
         window: Tensor,
         window_valid: Tensor,
-        generator: torch.Generator,
+        draw: Tensor,
     ) -> Tensor:
-        """Relabel the gathered obs, next_obs [B, F], reward [B] and window [B, W, F] in place.
+        """Relabel the gathered obs, next_obs [B, F], reward [B] and window [B, W, F] in place, with the
+        random numbers `draw` [2, B] (`draw`).
 
         The goal is constant within an episode, so every real state of a relabelled row's window
         gets the new goal too. Returns the relabel mask [B].
         """
-        batch = index.shape[0]
-        draw = torch.rand(2, batch, device=index.device, generator=generator)  # [2, B]
         relabel = draw[0] < self.ratio  # [B]
         step = storage.episode_step[index]  # [B]
         ahead = storage.lengths(index) - step  # [B] >= 1: rows from s to L-1

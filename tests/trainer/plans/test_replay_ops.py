@@ -1,9 +1,9 @@
 """The fused plan's compiled replay work (`compile_replay_ops`) against the replay's own eager code.
 
-Same replay contents and the same random points: the compiled sampling must pick the same slots with
-the same weights, gather the same rows and windows, and write the same priorities back, so the
-compiled plans train on what eager would. On the CPU (sum-tree descent, the training default) and on
-a GPU (both searches; marked `gpu`).
+Same replay contents and the same random numbers: the compiled sampling must pick the same slots with
+the same weights, gather the same rows and windows, relabel the same goals (HER, in `full`), and write
+the same priorities back, so the compiled plans train on what eager would. On the CPU (`full`, the
+sum-tree descent: the training default) and on a GPU (both presets and searches; marked `gpu`).
 """
 
 from __future__ import annotations
@@ -21,27 +21,27 @@ BATCH = 256
 FIELDS = ("index", "weight", "obs", "next_obs", "action", "reward", "done", "window")
 
 
-def filled_replay(search: str, device: str) -> ReplayBuffer:
-    config = preset_config("core", BenchOptions(capacity=CAPACITY))
+def filled_replay(preset: str, search: str, device: str) -> ReplayBuffer:
+    config = preset_config(preset, BenchOptions(capacity=CAPACITY))
     config.replay.search = search  # type: ignore[assignment]
     replay = ReplayBuffer(config, bench_spec(config), device, torch.Generator(device).manual_seed(1))
     fill_with_random_transitions(replay, CAPACITY, seed=0)
     return replay
 
 
-def assert_compiled_replay_matches_eager(search: str, device: str) -> None:
-    eager, compiled = filled_replay(search, device), filled_replay(search, device)
+def assert_compiled_replay_matches_eager(preset: str, search: str, device: str) -> None:
+    eager, compiled = filled_replay(preset, search, device), filled_replay(preset, search, device)
+    assert (eager.her is not None) == (preset == "full")
     eager_batch, compiled_batch = eager.empty_batch(BATCH), compiled.empty_batch(BATCH)
     ops = compile_replay_ops()
     losses = torch.Generator(device).manual_seed(5)
     for step in range(3):  # the write-backs change the priorities the next step samples from
-        draw = eager.sampler.draw(BATCH, eager.generator)  # [B]
+        points, her_draw = eager.draw(BATCH)  # [B], [2, B] or None
         step_tensor = torch.tensor(step, device=device)
-        eager_valid = eager.gather_into(eager_batch, draw, step_tensor)
-        compiled_valid = ops.gather_into(compiled, compiled_batch, draw, step_tensor)
+        eager.gather_into(eager_batch, points, her_draw, step_tensor)
+        ops.gather_into(compiled, compiled_batch, points, her_draw, step_tensor)
         differ = [name for name in FIELDS if not torch.equal(getattr(eager_batch, name), getattr(compiled_batch, name))]
         assert differ == [], f"step {step}: compiled sampling differs in {differ}"
-        assert torch.equal(eager_valid, compiled_valid)
         # losses spanning the priorities' range, one non-finite (kept at the max priority, not written)
         loss = torch.rand(BATCH, device=device, generator=losses) * 10.0  # [B]
         loss[7] = float("nan")
@@ -53,22 +53,23 @@ def assert_compiled_replay_matches_eager(search: str, device: str) -> None:
 
 
 def test_compiled_replay_ops_match_eager_on_cpu() -> None:
-    assert_compiled_replay_matches_eager("tree", "cpu")
+    assert_compiled_replay_matches_eager("full", "tree", "cpu")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("search", ["tree", "cdf"])
-def test_compiled_replay_ops_match_eager_on_gpu(search: str) -> None:
-    assert_compiled_replay_matches_eager(search, "cuda")
+@pytest.mark.parametrize("preset", ["core", "full"])
+def test_compiled_replay_ops_match_eager_on_gpu(preset: str, search: str) -> None:
+    assert_compiled_replay_matches_eager(preset, search, "cuda")
 
 
 def test_sample_into_is_draw_then_gather() -> None:
-    """`sample_into` = `draw` + `gather_into` (+ HER): the split keeps the replay's random stream."""
-    whole, split = filled_replay("tree", "cpu"), filled_replay("tree", "cpu")
+    """`sample_into` = `draw` + `gather_into`: the split keeps the replay's random stream, HER's included."""
+    whole, split = filled_replay("full", "tree", "cpu"), filled_replay("full", "tree", "cpu")
     batch = whole.sample(BATCH, 4)
     parts = Batch.empty(BATCH, split.spec.obs_dim, split.spec.branches, split.window, "cpu")
-    split.gather_into(parts, split.sampler.draw(BATCH, split.generator), 4)
+    split.gather_into(parts, *split.draw(BATCH), 4)
     for name in FIELDS:
         assert torch.equal(getattr(batch, name), getattr(parts, name)), name
     assert torch.equal(whole.generator.get_state(), split.generator.get_state())
