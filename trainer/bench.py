@@ -62,6 +62,9 @@ PRESETS: dict[str, list[str]] = {
     "full": ["model.ensemble_heads=2", "loss.vaccine=true", "loss.causal=true", "replay.her=true"],
 }
 """Bench presets: name -> the overrides that switch the optional parts (`preset_config` builds the TrainConfig)."""
+TIMED_WITH_TIMER_OFF = ("eager", "zerocopy")
+"""Base methods whose StepTimer overhead the bench measures in the first preset, each variant (precision,
+`+combo`) of them: the slowest plan and the fastest."""
 SAMPLER = ["replay.search=cdf"]
 """Every method samples by the cumulative-sum search: the same draws as the sum-tree descent in
 a tenth of the time on a GPU (trainer/replay/sampler.py)."""
@@ -519,7 +522,7 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
             timing = f"{result.ms_median:.3f} ms/step (setup {result.setup_s:.1f}s)" if result.ms_median else ""
             log(f"[{preset}] {method}: {result.error or timing}")
         if options.timer_overhead and preset == options.configs[0]:
-            for method in [m for m in ("eager", "zerocopy") if m in options.methods]:
+            for method in [m for m in options.methods if split_method(m)[0] in TIMED_WITH_TIMER_OFF]:
                 on = next(r for r in results if r.config == preset and r.method == method)
                 off = time_method(preset, method, config, replay, priorities, options, timer_enabled=False)
                 if on.ms_median and off.ms_median:

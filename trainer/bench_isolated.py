@@ -37,12 +37,10 @@ from typing import Any
 
 import torch
 
-from trainer.bench import BenchOptions, Result, environment, split_method
+from trainer.bench import TIMED_WITH_TIMER_OFF, BenchOptions, Result, environment, split_method
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_FIELDS = frozenset(Result.__dataclass_fields__)
-TIMED_WITH_TIMER_OFF = ("eager", "zerocopy")
-"""The methods whose StepTimer overhead the bench measures (in the first preset)."""
 
 
 @dataclass(frozen=True)
