@@ -28,6 +28,15 @@
 #       the core 50-step bf16 equivalence test                      -> $OUT/gpu_tests_round4.log
 #     bench4: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
 #     profile4: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round4_core.txt
+#   round5 = bench5,combo5,profile5 (issue 14 round 5; DEADLINE 560 s, its default here):
+#     bench5: core: every method (eager, compile, compile-bf16, fused, zerocopy, zerocopy-bf16,
+#       zerocopy-bf16+combo: each plan against the one before it), 3 windows, with the timer overhead of
+#       eager and each zerocopy variant                          -> $OUT/core/bench.{json,md,png}
+#     combo5: the compiled replay ops (GPU) and the core bf16 equivalence test with and without Inductor's
+#       combined kernels                                         -> $OUT/gpu_tests_round5.log
+#     profile5: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round5_core.txt
+#   full5 (its own call: two compilations of 110-225 s): `full`, compile-bf16 and zerocopy-bf16+combo
+#                                                               -> $OUT/full/bench.{json,md,png}
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -43,6 +52,7 @@ stage="${1:-all}"; shift || true
 [ "$stage" = round3 ] && { stage=bench3,profile3,bf16-core,bench3-full; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round3b ] && { stage=bench3b,profile3b,bf16-core; DEADLINE="${DEADLINE:-280}"; }
 [ "$stage" = round4 ] && { stage=ab4,tests4,bench4,profile4; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round5 ] && { stage=bench5,combo5,profile5; DEADLINE="${DEADLINE:-560}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -109,9 +119,9 @@ if has profile-bf16; then
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_bf16_core.txt" | tail -32
 fi
 if has bf16; then
-  tests="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]"
+  tests="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]"
   tests="$tests tests/trainer/plans/test_equivalence.py::test_bf16_loss_curves_agree_over_2000_steps"
-  [ -n "${BF16_FULL:-}" ] && tests="$tests tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[full]"
+  [ -n "${BF16_FULL:-}" ] && tests="$tests tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-full]"
   budget=$(left 120)
   # shellcheck disable=SC2086  # $tests is a list of test ids
   FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA \
@@ -147,7 +157,7 @@ fi
 if has bf16-core; then
   budget=$(left 80)
   timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
-    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]" 2>&1 \
+    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/gpu_tests_bf16_core.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
 fi
 if has bench3-full; then
@@ -171,7 +181,7 @@ if has tests4; then
   budget=$(left 130)
   timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
     tests/trainer/plans/test_replay_ops.py \
-    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[core]" 2>&1 \
+    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/gpu_tests_round4.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
 fi
 if has bench4; then
@@ -181,5 +191,28 @@ fi
 if has profile4; then
   timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16+combo --top 30 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/profile_round4_core.txt" | tail -36
+fi
+
+# ---- issue 14, round 5 (stages round5, full5) ----
+if has bench5; then
+  timeout "$(left 330)" python3 -m trainer bench --configs core \
+    --methods eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo --repeats 3 \
+    --out "$OUT/core" "$@" 2>&1 | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -16
+fi
+if has combo5; then
+  budget=$(left 150)
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
+    tests/trainer/plans/test_replay_ops.py \
+    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]" \
+    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-combo-core]" 2>&1 \
+    | grep -v vectorized_gather | tee "$OUT/gpu_tests_round5.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
+fi
+if has profile5; then
+  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16+combo --top 40 2>&1 \
+    | grep -v "Warn\|check(" | tee "$OUT/profile_round5_core.txt" | tail -46
+fi
+if has full5; then
+  timeout "$(left 420)" python3 -m trainer bench --configs full --methods compile-bf16,zerocopy-bf16+combo --repeats 3 \
+    --no-timer-overhead --out "$OUT/full" "$@" 2>&1 | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -8
 fi
 echo "gpu_check: $(( SECONDS - began )) s"

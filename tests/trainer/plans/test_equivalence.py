@@ -57,6 +57,12 @@ class FusedFp32(FusedPlan):
     tf32 = False
 
 
+class FusedCombo(FusedPlan):
+    """The fused plan compiled with Inductor's combined kernels (the bench's `+combo`, the fastest)."""
+
+    horizontal = True
+
+
 class ZeroCopyFp32(ZeroCopyPlan):
     """In-graph sampling, K steps per replay, float32 and uncompiled: the zerocopy machinery alone."""
 
@@ -121,9 +127,11 @@ def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], conf
 
 
 @pytest.mark.parametrize("config_name", ["core", "full"])
-def test_fused_bf16_matches_eager_after_50_steps(config_name: str) -> None:
-    """run.precision = bf16: the fused plan's bf16 matrix products against float32 eager."""
-    assert_fed_plan_matches_eager(FusedPlan, config_name, precision="bf16")
+@pytest.mark.parametrize("plan_class", [FusedPlan, FusedCombo], ids=["fused", "fused-combo"])
+def test_fused_bf16_matches_eager_after_50_steps(plan_class: type[GraphPlan], config_name: str) -> None:
+    """run.precision = bf16: the fused plan's bf16 matrix products against float32 eager (and with
+    Inductor's combined kernels: they change the kernels' grouping, not the maths)."""
+    assert_fed_plan_matches_eager(plan_class, config_name, precision="bf16")
 
 
 def assert_fed_plan_matches_eager(plan_class: type[GraphPlan], config_name: str, precision: str = "auto") -> None:
