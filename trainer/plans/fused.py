@@ -99,12 +99,16 @@ def compile_step(mode: str | None = COMPILE_MODE, horizontal: bool = False) -> C
     options: dict[str, Any] = {"mode": mode} if mode else {}
     if horizontal:
         options["options"] = dict(HORIZONTAL_OPTIONS)
-    # Every variant (StepFlags, precision, Hyper) is its own entry by design; past Dynamo's
-    # default limit of 8 it would silently run the step uncompiled.
+    raise_dynamo_cache_limits()
+    return torch.compile(train_step, dynamic=False, **options)  # type: ignore[return-value]
+
+
+def raise_dynamo_cache_limits() -> None:
+    """Every variant (StepFlags, precision, Hyper, replay sizes) is its own compiled entry by design; past
+    Dynamo's default limit of 8 per function it would silently run the rest uncompiled."""
     dynamo_config = torch._dynamo.config
     dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 256)
     dynamo_config.accumulated_cache_size_limit = max(dynamo_config.accumulated_cache_size_limit, 1024)
-    return torch.compile(train_step, dynamic=False, **options)  # type: ignore[return-value]
 
 
 class ReplayOps(NamedTuple):
@@ -123,6 +127,7 @@ def compile_replay_ops() -> ReplayOps:
     relabelling, the write-back's casts and scatter); compiled, the tree descent's levels and the gathers
     fuse into a few.
     """
+    raise_dynamo_cache_limits()
     return ReplayOps(
         torch.compile(ReplayBuffer.gather_into, dynamic=False),
         torch.compile(ReplayBuffer.update_priorities, dynamic=False),
