@@ -11,6 +11,11 @@ eager calls (`torch.compiler.disable`) that Dynamo breaks around; it cannot resu
 step writes each section's work as one call (`trainer.step.iql_update`, `main_update`, …), so each is
 one graph and no tensor op runs outside a graph (`scripts/kernel_count.py --as-plan`: 6 graphs).
 
+The replay's work in each update is compiled too (`compile_replay_ops`): sampling without its random
+numbers (the search, weights, gathers and HER's relabelling, `ReplayBuffer.gather_into`) and the
+priority write-back, each one Inductor graph, so that inside the captured graph only the draws
+(`torch.rand` with a generator, which Dynamo does not trace) remain eager kernels.
+
 Matrix products run in TF32 (captured as such; eager code elsewhere stays float32). Tolerance
 against the float32 eager step, stated by the equivalence test: every state tensor within a relative
 error of `TF32_RTOL` after 50 steps, and loss curves agreeing over 2000 steps.
