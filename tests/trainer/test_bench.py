@@ -212,7 +212,7 @@ def test_cli_bench_runs_and_writes_files(tmp_path: Path) -> None:
     assert {path.name for path in tmp_path.iterdir()} == {"bench.json", "bench.png", "bench.md"}
 
 
-@pytest.mark.slow  # a cold CPU compilation of the step: 1.5-3.5 minutes on 2 cores
+@pytest.mark.slow  # a cold CPU compilation of the step: 1-2 minutes on 2 cores
 def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
     """`compile` is the eager plan with train_step under torch.compile: same batches, same maths."""
     from trainer.bench import CompiledEagerPlan
@@ -231,8 +231,10 @@ def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
             config, ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions), "cpu"
         )
         plan = plan_class(state, replay, config, NO_TIMER, torch.Generator().manual_seed(2))
-        for step in range(3):  # step 0 is a vaccine + causal step, 1 and 2 plain ones
-            plan.run(step)
+        # Step 0 only: a vaccine + causal step, the variant holding every op of the plain one. Each
+        # further StepFlags variant is a compilation of its own (1.5 minutes more on 2 cores). Adam's
+        # moments after it carry the gradients themselves, so a wrong gradient still shows.
+        plan.run(0)
         states.append(state.tensors())
     eager, compiled = states
     errors = {  # ‖compiled − eager‖ / ‖eager‖: Inductor reorders float32 sums, nothing more
