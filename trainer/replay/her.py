@@ -47,7 +47,7 @@ class HindsightRelabeler:
         draw: Tensor,
     ) -> Tensor:
         """Relabel the gathered obs, next_obs [B, F], reward [B] and window [B, W, F] in place, with the
-        random numbers `draw` [2, B] (`draw`).
+        random numbers `draw` [2, B] (from `HindsightRelabeler.draw`).
 
         The goal is constant within an episode, so every real state of a relabelled row's window
         gets the new goal too. Returns the relabel mask [B].
