@@ -287,12 +287,30 @@ def iqn_loss(
     online: Tensor, state: TrainState, batch: Batch, draws: Draws, hp: Hyper, targets: Targets
 ) -> tuple[Tensor, Tensor]:
     """The IQN loss (and its per-sample values [B]) as a function of the online parameters [Pm]."""
+    p = network_views(state.main, online, hp)
+    return iqn_loss_of_features(online, trunk(p, batch.obs), state, batch, draws, hp, targets)
+
+
+def iqn_loss_of_features(
+    online: Tensor, h_s2: Tensor, state: TrainState, batch: Batch, draws: Draws, hp: Hyper, targets: Targets
+) -> tuple[Tensor, Tensor]:
+    """`iqn_loss` past the trunk: of the online parameters [Pm] (IQN's own layers) and the trunk features
+    h_s2 [B, H], whose gradient carries IQN's share of the trunk's."""
     assert targets.z_target is not None
     p = network_views(state.main, online, hp)
-    z = iqn_quantiles(p, trunk(p, batch.obs), draws.tau, state.dims)  # [B, T, K, A]
+    z = iqn_quantiles(p, h_s2, draws.tau, state.dims)  # [B, T, K, A]
     z_data = take(z, batch.action[:, None, :, None], dim=3)  # [B, T, K]
     per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
     return (batch.weight * per_sample).mean(), per_sample
+
+
+def heads_and_features(
+    online: Tensor, state: TrainState, batch: Batch, flags: StepFlags, hp: Hyper, targets: Targets
+) -> tuple[tuple[Tensor, Tensor], Forward]:
+    """`head_losses`, with the trunk features h_s2 [B, H] as a second output: a cotangent on them is
+    pushed back through the trunk by the same backward as the heads' losses."""
+    stacked, fwd = head_losses(online, state, batch, flags, hp, targets)
+    return (stacked, fwd.h_s2), fwd
 
 
 def per_loss_gradients(
@@ -305,23 +323,38 @@ def per_loss_gradients(
     timer: SectionTimer = NO_TIMER,
 ) -> tuple[dict[str, Tensor], Forward]:
     """∂L_i/∂θ [Pm] for every budgeted loss, and the forward pass's outputs; timed as the sections
-    "forward_backward" (the heads, ensemble and vaccine included) and "iqn".
+    "forward_backward" (the trunk, the heads, ensemble and vaccine) and "iqn" (IQN's own layers).
 
-    The heads' losses share one forward and one batched backward: the rows of their Jacobian. IQN's
-    gradient is a backward of its own (with its own trunk forward): its layers see B·T rows, and in a
-    batched backward their weight gradients become batched matrix products with a B·T-long
-    reduction that cuBLAS runs without split-K, ten times slower on an H200 than one plain backward.
+    One trunk forward serves every loss. The heads' losses share one batched backward: the rows of
+    their Jacobian. IQN's own layers get a backward of their own, from the trunk's features: they see
+    B·T rows, and in a batched backward their weight gradients become batched matrix products with a
+    B·T-long reduction that cuBLAS runs without split-K, ten times slower on an H200 than one plain
+    backward. Its gradient with respect to the features then joins the heads' backward as one more
+    row, so the trunk is run forward once and backward once for all of them.
     """
-    with timer.section("forward_backward"), mixed_precision(hp, state.atoms.device):
-        jacobian, fwd = torch.func.jacrev(head_losses, has_aux=True)(state.online, state, batch, flags, hp, targets)
     names = [name for name in budget_names(hp) if name != "iqn"]
-    grads = dict(zip(names, jacobian.unbind(0), strict=True))  # name -> [Pm]
     if not hp.iqn:
-        return grads, fwd
+        with timer.section("forward_backward"), mixed_precision(hp, state.atoms.device):
+            jacobian, fwd = torch.func.jacrev(head_losses, has_aux=True)(state.online, state, batch, flags, hp, targets)
+        return dict(zip(names, jacobian.unbind(0), strict=True)), fwd  # name -> [Pm]
+
+    def heads(online: Tensor) -> tuple[tuple[Tensor, Tensor], Forward]:
+        return heads_and_features(online, state, batch, flags, hp, targets)
+
+    with timer.section("forward_backward"), mixed_precision(hp, state.atoms.device):
+        (stacked, h_s2), backward, fwd = torch.func.vjp(heads, state.online, has_aux=True)  # [L], [B, H]
     with timer.section("iqn"), mixed_precision(hp, state.atoms.device):
-        grads["iqn"], (loss, per_sample) = torch.func.grad_and_value(iqn_loss, has_aux=True)(
-            state.online, state, batch, draws, hp, targets
-        )
+        # IQN's own layers [Pm] and ∂L_iqn/∂h_s2 [B, H], from the features the heads saw
+        (iqn_layers, iqn_features), (loss, per_sample) = torch.func.grad_and_value(
+            iqn_loss_of_features, argnums=(0, 1), has_aux=True
+        )(state.online, fwd.h_s2, state, batch, draws, hp, targets)
+    with timer.section("forward_backward"), mixed_precision(hp, state.atoms.device):
+        rows = len(names)
+        loss_rows = torch.eye(rows + 1, rows, dtype=stacked.dtype, device=stacked.device)  # [L+1, L]: IQN's row 0
+        feature_rows = torch.cat([iqn_features.new_zeros(rows, *h_s2.shape), iqn_features[None]])  # [L+1, B, H]
+        (jacobian,) = torch.func.vmap(backward)((loss_rows, feature_rows))  # [L+1, Pm]
+    grads = dict(zip(names, jacobian[:rows].unbind(0), strict=True))  # name -> [Pm]
+    grads["iqn"] = jacobian[rows] + iqn_layers  # the trunk's share + IQN's own layers
     by_name = {**dict(zip(names, fwd.budgeted.unbind(0), strict=True)), "iqn": loss}
     budgeted = torch.stack([by_name[name] for name in budget_names(hp)])  # [L]
     # A new Forward, not `fwd._replace`: Dynamo (torch 2.11) cannot rebuild _replace's object at a graph break.
