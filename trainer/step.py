@@ -342,7 +342,7 @@ def per_loss_gradients(
         return heads_and_features(online, state, batch, flags, hp, targets)
 
     with timer.section("forward_backward"), mixed_precision(hp, state.atoms.device):
-        # with has_aux, vjp returns (output, vjp_fn, aux); its stub knows only the pair
+        # outputs [L] and [B, H]; with has_aux, vjp returns (output, vjp_fn, aux): its stub knows only the pair
         (stacked, h_s2), backward, fwd = torch.func.vjp(heads, state.online, has_aux=True)  # type: ignore[misc]
     with timer.section("iqn"), mixed_precision(hp, state.atoms.device):
         # IQN's own layers [Pm] and ∂L_iqn/∂h_s2 [B, H], from the features the heads saw
