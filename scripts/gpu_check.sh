@@ -47,6 +47,7 @@
 set -uo pipefail
 began=$SECONDS
 stage="${1:-all}"; shift || true
+extra=("$@")  # bench options for the bench stages
 [ "$stage" = all ] && stage=train,tests,curves,bench,profile
 [ "$stage" = round2 ] && stage=bench-core,profile-bf16,bf16,bench-full
 [ "$stage" = round3 ] && { stage=bench3,profile3,bf16-core,bench3-full; DEADLINE="${DEADLINE:-420}"; }
@@ -108,111 +109,66 @@ if has collect; then
   done
 fi
 
-# ---- issue 14, round 2 (stage round2) ----
-if has bench-core; then
-  timeout "$(left 210)" python3 -m trainer bench --configs core \
-    --methods eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16 $quick --out "$OUT/core" "$@" 2>&1 \
-    | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -14
-fi
-if has profile-bf16; then
-  timeout "$(left 80)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 --top 25 2>&1 \
-    | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_bf16_core.txt" | tail -32
-fi
+# ---- issue 14, rounds 2-5: each stage one call of these, within its budget (`left`) ----
+bench_preset() {  # PRESET METHODS SECONDS [bench options...] -> $OUT/PRESET/bench.{json,md,png}, $OUT/bench_PRESET.log
+  local preset=$1 methods=$2 seconds=$3; shift 3
+  timeout "$(left "$seconds")" python3 -m trainer bench --configs "$preset" --methods "$methods" --out "$OUT/$preset" \
+    "$@" "${extra[@]}" 2>&1 | tee "$OUT/bench_$preset.log" | grep -v "Warn\|check(" | tail -16
+}
+profile_core() {  # FILE SECONDS VARIANT... : kernels per step on `core`, the costliest first -> $OUT/FILE
+  local file=$1 seconds=$2 variants=(); shift 2
+  for v in "$@"; do variants+=(--variant "$v"); done
+  timeout "$(left "$seconds")" python3 scripts/profile_step.py --config core "${variants[@]}" --top 30 2>&1 \
+    | grep -v "Warn\|check(" | tee "$OUT/$file" | tail -40
+}
+gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
+  local log=$1 budget; budget=$(left "$2"); shift 2
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
+    | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
+}
+bf16_test="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
+
+# round 2
+has bench-core && bench_preset core eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16 210 $quick
+has profile-bf16 && profile_core profile_zerocopy_bf16_core.txt 80 zerocopy-bf16
 if has bf16; then
-  tests="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]"
-  tests="$tests tests/trainer/plans/test_equivalence.py::test_bf16_loss_curves_agree_over_2000_steps"
-  [ -n "${BF16_FULL:-}" ] && tests="$tests tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-full]"
-  budget=$(left 120)
-  # shellcheck disable=SC2086  # $tests is a list of test ids
-  FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA \
-    --timeout "$budget" $tests 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_tests_bf16.log" \
-    | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
+  tests=("$bf16_test[fused-core]" tests/trainer/plans/test_equivalence.py::test_bf16_loss_curves_agree_over_2000_steps)
+  [ -n "${BF16_FULL:-}" ] && tests+=("$bf16_test[fused-full]")
+  FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" gpu_tests gpu_tests_bf16.log 120 "${tests[@]}"
   [ -f "$OUT/loss_curves-bf16.json" ] \
     && python3 scripts/plot_loss_curves.py "$OUT/loss_curves-bf16.json" "$OUT/loss_curves-bf16.png" bf16
 fi
-if has bench-full; then
-  timeout "$(left 260)" python3 -m trainer bench --configs full \
-    --methods eager,graph,dual,zerocopy-bf16,fused,zerocopy $quick --out "$OUT/full" "$@" 2>&1 \
-    | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -10
-fi
+has bench-full && bench_preset full eager,graph,dual,zerocopy-bf16,fused,zerocopy 260 $quick
 
-# ---- issue 14, round 3 (stage round3) ----
-if has bench3; then
-  timeout "$(left 240)" python3 -m trainer bench --configs core \
-    --methods eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo $quick --out "$OUT/core" "$@" 2>&1 \
-    | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -14
-fi
-if has profile3; then
-  timeout "$(left 100)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16 \
-    --variant zerocopy-bf16+combo --top 25 2>&1 | grep -v "Warn\|check(" | tee "$OUT/profile_round3_core.txt" | tail -60
-fi
-if has bench3b; then
-  timeout "$(left 170)" python3 -m trainer bench --configs core --methods compile-bf16,zerocopy-bf16,zerocopy-bf16+combo \
-    $quick --out "$OUT/core" "$@" 2>&1 | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -8
-fi
-if has profile3b; then
-  timeout "$(left 80)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16+combo --top 25 2>&1 \
-    | grep -v "Warn\|check(" | tee "$OUT/profile_round3_core.txt" | tail -32
-fi
-if has bf16-core; then
-  budget=$(left 80)
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
-    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]" 2>&1 \
-    | grep -v vectorized_gather | tee "$OUT/gpu_tests_bf16_core.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
-fi
+# round 3
+has bench3 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 240 $quick
+has profile3 && profile_core profile_round3_core.txt 100 zerocopy-bf16 zerocopy-bf16+combo
+has bench3b && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 170 $quick
+has profile3b && profile_core profile_round3_core.txt 80 zerocopy-bf16+combo
+has bf16-core && gpu_tests gpu_tests_bf16_core.log 80 "$bf16_test[fused-core]"
 if has bench3-full; then
-  budget=$(left 150)
-  if (( budget >= 60 )); then  # two full compilations do not fit in less
-    timeout "$budget" python3 -m trainer bench --configs full --methods compile-bf16,zerocopy-bf16 $quick \
-      --out "$OUT/full" "$@" 2>&1 | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -8
+  if (( $(left 150) >= 60 )); then  # two full compilations do not fit in less
+    bench_preset full compile-bf16,zerocopy-bf16 150 $quick
   else
-    echo "bench3-full: skipped, ${budget} s left"
+    echo "bench3-full: skipped, $(left 150) s left"
   fi
 fi
 
-# ---- issue 14, round 4 (stage round4) ----
+# round 4
 if has ab4; then
   # perf_hints: Inductor says why it skips its CUDA graphs (mutated inputs, CPU tensors, ...), if it does
   TORCH_LOGS=perf_hints timeout "$(left 170)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" \
     --configs core --methods compile-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" \
     | grep -i -E "skipping cudagraph|ms/step|ratio|^\|" | tail -16
 fi
-if has tests4; then
-  budget=$(left 130)
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
-    tests/trainer/plans/test_replay_ops.py \
-    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]" 2>&1 \
-    | grep -v vectorized_gather | tee "$OUT/gpu_tests_round4.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
-fi
-if has bench4; then
-  timeout "$(left 180)" python3 -m trainer bench --configs core --methods compile-bf16,zerocopy-bf16,zerocopy-bf16+combo \
-    $quick --out "$OUT/core" "$@" 2>&1 | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -8
-fi
-if has profile4; then
-  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16+combo --top 30 2>&1 \
-    | grep -v "Warn\|check(" | tee "$OUT/profile_round4_core.txt" | tail -36
-fi
+has tests4 && gpu_tests gpu_tests_round4.log 130 tests/trainer/plans/test_replay_ops.py "$bf16_test[fused-core]"
+has bench4 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 180 $quick
+has profile4 && profile_core profile_round4_core.txt 90 zerocopy-bf16+combo
 
-# ---- issue 14, round 5 (stages round5, full5) ----
-if has bench5; then
-  timeout "$(left 330)" python3 -m trainer bench --configs core \
-    --methods eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo --repeats 3 \
-    --out "$OUT/core" "$@" 2>&1 | tee "$OUT/bench_core.log" | grep -v "Warn\|check(" | tail -16
-fi
-if has combo5; then
-  budget=$(left 150)
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
-    tests/trainer/plans/test_replay_ops.py \
-    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-core]" \
-    "tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps[fused-combo-core]" 2>&1 \
-    | grep -v vectorized_gather | tee "$OUT/gpu_tests_round5.log" | grep -E "passed|failed|PASS|FAIL|relative|Error" | tail -20
-fi
-if has profile5; then
-  timeout "$(left 90)" python3 scripts/profile_step.py --config core --variant zerocopy-bf16+combo --top 40 2>&1 \
-    | grep -v "Warn\|check(" | tee "$OUT/profile_round5_core.txt" | tail -46
-fi
-if has full5; then
-  timeout "$(left 420)" python3 -m trainer bench --configs full --methods compile-bf16,zerocopy-bf16+combo --repeats 3 \
-    --no-timer-overhead --out "$OUT/full" "$@" 2>&1 | tee "$OUT/bench_full.log" | grep -v "Warn\|check(" | tail -8
-fi
+# round 5 (and full5, a call of its own)
+has bench5 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
+has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay_ops.py "$bf16_test[fused-core]" \
+  "$bf16_test[fused-combo-core]"
+has profile5 && profile_core profile_round5_core.txt 90 zerocopy-bf16+combo
+has full5 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
 echo "gpu_check: $(( SECONDS - began )) s"
