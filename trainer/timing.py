@@ -53,7 +53,8 @@ EAGER_COMPONENTS: tuple[str, ...] = (
     "priority",
 )
 """Component names of the eager plan, in step order (also the order of the breakdown line). The ensemble
-and vaccine losses are inside `forward_backward`: their backward is a row of the heads' batched backward."""
+and vaccine losses are inside `forward_backward`: their backward is a row of the heads' batched backward, as is
+IQN's share of the trunk's (`iqn` times IQN's own layers, forward and backward)."""
 
 GRAPH_COMPONENTS: tuple[str, ...] = ("sample", "graph", "aux_stream", "guard")
 """Component names every graphed plan uses (a plan may add its own)."""
