@@ -53,7 +53,10 @@ def assert_compiled_replay_matches_eager(preset: str, search: str, device: str) 
 
 
 def test_compiled_replay_ops_match_eager_on_cpu() -> None:
-    assert_compiled_replay_matches_eager("full", "tree", "cpu")
+    # With the machine's SIMD, as eager's ATen kernels: the suite turns it off to compile faster
+    # (tests/conftest.py), and scalar std::pow rounds some priorities 1 ulp away from ATen's vectorised pow.
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": None}):
+        assert_compiled_replay_matches_eager("full", "tree", "cpu")
 
 
 @pytest.mark.gpu
