@@ -375,6 +375,8 @@ class _Handler(BaseHTTPRequestHandler):
                         continue
                     if state.rv == cursor:
                         state.cond.wait(timeout=0.05)
+                        if fake.watches_paused and not state.closing:
+                            continue  # paused while we waited: what changed since stays undelivered
                     if cursor < state.compacted_rv:
                         gone = ApiError(410, "Expired", f"too old resource version: {cursor} ({state.rv})")
                         self._chunk(json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n")
