@@ -51,7 +51,7 @@ def call_body(source: str) -> str:
     return source[start : end if end > 0 else len(source)]
 
 
-class _NoStreams:
+class NoStreams:
     """The router's sections by name (what `_EagerSections` breaks Dynamo's graph at), without CUDA streams."""
 
     FORKS: ClassVar[dict[str, str]] = StreamRouter.FORKS
@@ -61,18 +61,21 @@ class _NoStreams:
         return contextlib.nullcontext()
 
 
-def eager_ops(run: Callable[[], object]) -> collections.Counter[str]:
-    """The ATen ops one call of `run` makes outside every compiled graph (profiled on the CPU)."""
+def eager_ops(run: Callable[[], object]) -> tuple[collections.Counter[str], int]:
+    """The ATen ops one call of `run` makes outside every compiled graph, and how many compiled graphs
+    it called (profiled on the CPU)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
     outside: collections.Counter[str] = collections.Counter()
+    graphs = 0
     for event in prof.events():
+        graphs += event.name.startswith("## Call CompiledFxGraph")
         parent = event.cpu_parent
         if not event.name.startswith("aten::") or parent is None or parent.name.startswith("aten::"):
             continue
         if parent.name.startswith("Torch-Compiled Region"):  # called by the compiled frame's Python, not a graph
             outside[event.name] += 1
-    return outside
+    return outside, graphs
 
 
 def main() -> None:
@@ -96,10 +99,10 @@ def main() -> None:
     draws.fill_(torch.Generator().manual_seed(2))
     hp = Hyper.from_config(config)
     compiled = compile_step() if args.as_plan else torch.compile(train_step, dynamic=False)
-    timer: SectionTimer = _EagerSections(_NoStreams()) if args.as_plan else NO_TIMER  # type: ignore[arg-type]
+    timer: SectionTimer = _EagerSections(NoStreams()) if args.as_plan else NO_TIMER  # type: ignore[arg-type]
     with precision_scope(config.run.precision, default_tf32=False):
         _, sources = run_and_get_code(compiled, state, batch, draws, hp, StepFlags(), timer)
-        outside = eager_ops(lambda: compiled(state, batch, draws, hp, StepFlags(), timer))
+        outside, _ = eager_ops(lambda: compiled(state, batch, draws, hp, StepFlags(), timer))
     generated = extern = 0
     names: collections.Counter[str] = collections.Counter()
     for i, source in enumerate(sources):

@@ -10,6 +10,7 @@ CUDA graph, split it over streams, or compile it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, Protocol
 
@@ -17,7 +18,7 @@ import torch
 from torch import Tensor
 
 from trainer.batch import Batch
-from trainer.budgets import BUDGET_NAMES, adam_update, combine_budgeted, ema, spectral_project
+from trainer.budgets import BUDGET_NAMES, AdamMoments, adam_update, combine_budgeted, ema, spectral_project
 from trainer.config import TrainConfig
 from trainer.losses._select import take
 from trainer.losses.aux import next_state_loss
@@ -286,7 +287,8 @@ def head_losses(
 def iqn_loss(
     online: Tensor, state: TrainState, batch: Batch, draws: Draws, hp: Hyper, targets: Targets
 ) -> tuple[Tensor, Tensor]:
-    """The IQN loss (and its per-sample values [B]) as a function of the online parameters [Pm]."""
+    """The IQN loss (and its per-sample values [B]) as a function of the online parameters [Pm]: the
+    definition `per_loss_gradients` differentiates in two parts (the test's reference)."""
     p = network_views(state.main, online, hp)
     return iqn_loss_of_features(online, trunk(p, batch.obs), state, batch, draws, hp, targets)
 
@@ -351,7 +353,7 @@ def per_loss_gradients(
         )(state.online, fwd.h_s2, state, batch, draws, hp, targets)
     with timer.section("forward_backward"), mixed_precision(hp, state.atoms.device):
         rows = len(names)
-        loss_rows = torch.eye(rows + 1, rows, dtype=stacked.dtype, device=stacked.device)  # [L+1, L]: IQN's row 0
+        loss_rows = torch.eye(rows + 1, rows, dtype=stacked.dtype, device=stacked.device)  # [L+1, L]: IQN's last, 0
         feature_rows = torch.cat([iqn_features.new_zeros(rows, *h_s2.shape), iqn_features[None]])  # [L+1, B, H]
         (jacobian,) = torch.func.vmap(backward)((loss_rows, feature_rows))  # [L+1, Pm]
     grads = dict(zip(names, jacobian[:rows].unbind(0), strict=True))  # name -> [Pm]
@@ -429,12 +431,7 @@ def iql_update(
         value = iql_value(network_views(state.iql, params, hp), h_s2)  # [B]
         return (batch.weight * expectile_loss(value, q_target_data, hp.expectile)).mean()
 
-    with mixed_precision(hp, state.atoms.device):
-        grad, loss = torch.func.grad_and_value(iql_loss)(state.iql_params)  # [Pq], []
-    new, m, v = adam_update(
-        state.iql_params, grad, state.adam_iql, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
-    )
-    return loss, [(state.iql_params, new), (state.adam_iql.m, m), (state.adam_iql.v, v)], [grad, loss[None]]
+    return aux_adam_step(state, hp, state.iql_params, state.adam_iql, iql_loss)
 
 
 def attention_update(state: TrainState, batch: Batch, hp: Hyper) -> tuple[Tensor, Pairs, list[Tensor]]:
@@ -444,12 +441,18 @@ def attention_update(state: TrainState, batch: Batch, hp: Hyper) -> tuple[Tensor
         prediction = attention_predict(network_views(state.attn, params, hp), batch.window, state.dims)  # [B, F]
         return (batch.weight * next_state_loss(prediction, batch.next_obs)).mean()
 
+    return aux_adam_step(state, hp, state.attn_params, state.adam_attn, attention_loss)
+
+
+def aux_adam_step(
+    state: TrainState, hp: Hyper, params: Tensor, moments: AdamMoments, loss_fn: Callable[[Tensor], Tensor]
+) -> tuple[Tensor, Pairs, list[Tensor]]:
+    """An auxiliary network's loss [] (`loss_fn` of its flat parameters [P]), its Adam step at `aux_lr` as
+    pairs to commit, and what the guard checks."""
     with mixed_precision(hp, state.atoms.device):
-        grad, loss = torch.func.grad_and_value(attention_loss)(state.attn_params)  # [Pa], []
-    new, m, v = adam_update(
-        state.attn_params, grad, state.adam_attn, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps
-    )
-    return loss, [(state.attn_params, new), (state.adam_attn.m, m), (state.adam_attn.v, v)], [grad, loss[None]]
+        grad, loss = torch.func.grad_and_value(loss_fn)(params)  # [P], []
+    new, m, v = adam_update(params, grad, moments, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps)
+    return loss, [(params, new), (moments.m, m), (moments.v, v)], [grad, loss[None]]
 
 
 def main_update(

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import collections
-import contextlib
-from typing import ClassVar
-
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from scripts.kernel_count import NoStreams, eager_ops
 from tests.factories import random_batch, tiny_config, tiny_state
-from trainer.plans._capture import StreamRouter
 from trainer.plans.fused import _EagerSections, compile_step
 from trainer.step import Draws, Hyper, StepFlags
 
@@ -38,16 +33,6 @@ VIEWS = frozenset(
 )
 
 
-class _NoStreams:
-    """The router's section names (where `_EagerSections` breaks the graph), without CUDA streams."""
-
-    FORKS: ClassVar[dict[str, str]] = StreamRouter.FORKS
-    JOINS: ClassVar[frozenset[str]] = StreamRouter.JOINS
-
-    def section(self, name: str) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-
 @pytest.mark.slow  # a cold CPU compilation of the step: 1.5-3.5 minutes on 2 cores
 def test_every_op_after_the_first_stream_section_runs_inside_a_compiled_graph() -> None:
     """Dynamo cannot resume inside a routed section's `with` block, so it runs the rest of train_step as
@@ -59,18 +44,10 @@ def test_every_op_after_the_first_stream_section_runs_inside_a_compiled_graph() 
     state = tiny_state(config)
     batch = random_batch(state, 16, 0)
     draws = Draws.empty(state.dims, 16, torch.device("cpu"), permute=False).fill_(torch.Generator().manual_seed(1))
-    timer = _EagerSections(_NoStreams())  # type: ignore[arg-type]
+    timer = _EagerSections(NoStreams())  # type: ignore[arg-type]
     step = compile_step()
     for _ in range(2):  # compile, then run what was compiled
         assert bool(step(state, batch, draws, hp, StepFlags(), timer).ok)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step(state, batch, draws, hp, StepFlags(), timer)
-    outside: collections.Counter[str] = collections.Counter()
-    regions = 0
-    for event in prof.events():
-        parent = event.cpu_parent
-        if parent is not None and parent.name.startswith("Torch-Compiled Region") and event.name.startswith("aten::"):
-            outside[event.name] += 1
-        regions += event.name.startswith("## Call CompiledFxGraph")
+    outside, regions = eager_ops(lambda: step(state, batch, draws, hp, StepFlags(), timer))
     assert regions >= 4  # the step did run as several compiled graphs (the breaks are there)
     assert {name: n for name, n in outside.items() if name not in VIEWS} == {}
