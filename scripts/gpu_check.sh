@@ -28,14 +28,16 @@
 #       the core 50-step bf16 equivalence test                      -> $OUT/gpu_tests_round4.log
 #     bench4: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
 #     profile4: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round4_core.txt
-#   round5 = bench5,combo5,profile5 (issue 14 round 5; DEADLINE 560 s, its default here):
+#   round5 = bench5,profile5 (issue 14 round 5; DEADLINE 570 s, its default here):
 #     bench5: core: every method (eager, compile, compile-bf16, fused, zerocopy, zerocopy-bf16,
 #       zerocopy-bf16+combo: each plan against the one before it), 3 windows, with the timer overhead of
 #       eager and each zerocopy variant                          -> $OUT/core/bench.{json,md,png}
-#     combo5: the compiled replay ops (GPU) and the core bf16 equivalence test with and without Inductor's
-#       combined kernels                                         -> $OUT/gpu_tests_round5.log
-#     profile5: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round5_core.txt
-#   full5 (its own call: two compilations of 110-225 s): `full`, compile-bf16 and zerocopy-bf16+combo
+#     profile5: every kernel per step of zerocopy-bf16+combo on `core`, with and without split-K in the
+#       bf16 products (+nosplitk), in one process              -> $OUT/profile_round5_core.txt
+#   round5b = combo5,full5 (DEADLINE 580 s, its default here):
+#     combo5: the compiled replay ops (GPU), the split-K scope, and the core bf16 equivalence test with
+#       and without Inductor's combined kernels                 -> $OUT/gpu_tests_round5.log
+#     full5: `full`, compile-bf16 and zerocopy-bf16+combo (two compilations of 110-225 s)
 #                                                               -> $OUT/full/bench.{json,md,png}
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
@@ -53,7 +55,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round3 ] && { stage=bench3,profile3,bf16-core,bench3-full; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round3b ] && { stage=bench3b,profile3b,bf16-core; DEADLINE="${DEADLINE:-280}"; }
 [ "$stage" = round4 ] && { stage=ab4,tests4,bench4,profile4; DEADLINE="${DEADLINE:-560}"; }
-[ "$stage" = round5 ] && { stage=bench5,combo5,profile5; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round5 ] && { stage=bench5,profile5; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = round5b ] && { stage=combo5,full5; DEADLINE="${DEADLINE:-580}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -118,7 +121,7 @@ bench_preset() {  # PRESET METHODS SECONDS [bench options...] -> $OUT/PRESET/ben
 profile_core() {  # FILE SECONDS VARIANT... : kernels per step on `core`, the costliest first -> $OUT/FILE
   local file=$1 seconds=$2 variants=(); shift 2
   for v in "$@"; do variants+=(--variant "$v"); done
-  timeout "$(left "$seconds")" python3 scripts/profile_step.py --config core "${variants[@]}" --top 30 2>&1 \
+  timeout "$(left "$seconds")" python3 scripts/profile_step.py --config core "${variants[@]}" --top "${TOP:-30}" 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/$file" | tail -40
 }
 gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
@@ -167,8 +170,8 @@ has profile4 && profile_core profile_round4_core.txt 90 zerocopy-bf16+combo
 
 # round 5 (and full5, a call of its own)
 has bench5 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
-has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay_ops.py "$bf16_test[fused-core]" \
-  "$bf16_test[fused-combo-core]"
-has profile5 && profile_core profile_round5_core.txt 90 zerocopy-bf16+combo
+has profile5 && TOP=400 profile_core profile_round5_core.txt 230 zerocopy-bf16+combo zerocopy-bf16+combo+nosplitk
+has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay_ops.py tests/trainer/plans/test_capture.py \
+  "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
 has full5 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
 echo "gpu_check: $(( SECONDS - began )) s"

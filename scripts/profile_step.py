@@ -2,8 +2,10 @@
 
 Usage: python scripts/profile_step.py [--preset core] [--variant NAME ...] [--steps 20]
 A variant is a bench method (a plan name or "compile", with an optional precision suffix as in the
-bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") with an optional flag
-"+tree" (sum-tree sampling instead of the bench's cumulative-sum search), e.g. "zerocopy-bf16+tree".
+bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") with optional flags:
+"+tree" (sum-tree sampling instead of the bench's cumulative-sum search), e.g. "zerocopy-bf16+tree";
+"+nosplitk" (bf16 products without split-K, through cuBLASLt: `trainer.plans._capture.bf16_split_k`),
+e.g. "zerocopy-bf16+combo+nosplitk".
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import time
 
 import torch
@@ -28,6 +31,7 @@ from trainer.bench import (
     run_steps,
 )
 from trainer.model import ModelDims
+from trainer.plans._capture import bf16_split_k
 from trainer.plans.base import Plan
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
@@ -46,16 +50,38 @@ def kind(name: str) -> str:
     return "triton" if name.startswith("triton") else "other"
 
 
-def build(variant: str, preset: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
+OVERRIDE_FLAGS = {"tree": "replay.search=tree"}
+"""Variant flags that are config overrides."""
+SCOPE_FLAGS = {"nosplitk": lambda: bf16_split_k(False)}
+"""Variant flags that are process settings, held while the variant is built (captured) and run."""
+
+
+def split_variant(variant: str) -> tuple[str, list[str]]:
+    """(bench method, flags): "zerocopy-bf16+combo+nosplitk" -> ("zerocopy-bf16+combo", ["nosplitk"])."""
     method, *flags = variant.split("+")
     if HORIZONTAL in flags:  # the bench's own suffix (`zerocopy-bf16+combo`): part of the method
         flags.remove(HORIZONTAL)
         method = f"{method}+{HORIZONTAL}"
-    by_flag = {"tree": "replay.search=tree"}
-    unknown = set(flags) - set(by_flag)
+    unknown = set(flags) - set(OVERRIDE_FLAGS) - set(SCOPE_FLAGS)
     if unknown:
-        raise ValueError(f"unknown variant suffix {sorted(unknown)} (choose from {sorted(by_flag)})")
-    overrides = [by_flag[flag] for flag in flags]
+        raise ValueError(
+            f"unknown variant suffix {sorted(unknown)} (choose from {sorted([*OVERRIDE_FLAGS, *SCOPE_FLAGS])})"
+        )
+    return method, flags
+
+
+def variant_scope(variant: str) -> contextlib.ExitStack:
+    """The process settings of `variant`'s flags, entered together."""
+    stack = contextlib.ExitStack()
+    for flag in split_variant(variant)[1]:
+        if flag in SCOPE_FLAGS:
+            stack.enter_context(SCOPE_FLAGS[flag]())
+    return stack
+
+
+def build(variant: str, preset: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
+    method, flags = split_variant(variant)
+    overrides = [OVERRIDE_FLAGS[flag] for flag in flags if flag in OVERRIDE_FLAGS]
     config = preset_config(preset, BenchOptions(**{**vars(options), "overrides": overrides}))
     spec = bench_spec(config)
     replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(1))
@@ -81,19 +107,20 @@ def main() -> None:
     for variant in args.variant or ["fused", "zerocopy"]:
         began = time.perf_counter()
         try:
-            plan, timer = build(variant, args.preset, options, device)
-            step, _ = run_steps(plan, timer, 0, 20)
-            torch.cuda.synchronize()
-            setup = time.perf_counter() - began
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step, _ = run_steps(plan, timer, step, args.steps)
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end) / args.steps
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                step, _ = run_steps(plan, timer, step, args.steps)
+            with variant_scope(variant):
+                plan, timer = build(variant, args.preset, options, device)
+                step, _ = run_steps(plan, timer, 0, 20)
                 torch.cuda.synchronize()
+                setup = time.perf_counter() - began
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step, _ = run_steps(plan, timer, step, args.steps)
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end) / args.steps
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    step, _ = run_steps(plan, timer, step, args.steps)
+                    torch.cuda.synchronize()
         except Exception as error:  # report and go on to the next variant
             print(f"[{args.preset}] {variant}: failed: {type(error).__name__}: {str(error)[:400]}")
             continue

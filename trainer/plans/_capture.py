@@ -52,6 +52,30 @@ def matmul_precision(tf32: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
+@contextlib.contextmanager
+def bf16_split_k(allowed: bool) -> Iterator[None]:
+    """Allow or forbid split-K in bf16 matrix products inside the block (a no-op where torch cannot).
+
+    A split-K product is two kernels (partial products, then cuBLASLt's `splitKreduce_kernel`): 8 of a
+    bf16 step's ~190 in round 4's profile. Forbidding it needs the tuple form of
+    `allow_bf16_reduced_precision_reduction` (torch 2.10+) and cuBLASLt for every product: plain
+    cuBLAS ignores the setting.
+    """
+    matmul = torch.backends.cuda.matmul
+    if allowed or torch.version.cuda is None or not hasattr(matmul, "allow_bf16_reduced_precision_reduction_split_k"):
+        yield
+        return
+    old_library = torch.backends.cuda.preferred_blas_library()
+    old = matmul.allow_bf16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction_split_k
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    matmul.allow_bf16_reduced_precision_reduction = (old[0], False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(old_library)
+        matmul.allow_bf16_reduced_precision_reduction = old
+
+
 def uses_tf32(precision: str, plan_default: bool) -> bool:
     """Whether `run.precision` runs the float32 matrix products in TF32: 'auto' keeps the plan's own
     choice, 'bf16' keeps TF32 for what autocast leaves in float32 (spectral norm's power iteration)."""

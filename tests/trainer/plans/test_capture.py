@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.trainer.plans.test_fallback import SMALL, small_setup
 from trainer.batch import Batch
 from trainer.config import build_config
-from trainer.plans._capture import Snapshot, flag_variants, matmul_precision, unique_generators
+from trainer.plans._capture import Snapshot, bf16_split_k, flag_variants, matmul_precision, unique_generators
 from trainer.step import Draws, Hyper, StepFlags, train_step
 
 
@@ -34,6 +35,32 @@ def test_matmul_precision_restores_after_an_error() -> None:
     except RuntimeError:
         pass
     assert torch.backends.cuda.matmul.allow_tf32 is before
+
+
+def _blas_settings() -> tuple[object, ...]:
+    return torch.backends.cuda.preferred_blas_library(), torch._C._get_cublas_allow_bf16_reduced_precision_reduction()
+
+
+def test_bf16_split_k_is_a_no_op_where_torch_has_no_cuda() -> None:
+    """The CPU build cannot select cuBLASLt: forbidding split-K there must change nothing, not fail."""
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA build of torch")
+    before = _blas_settings()
+    with bf16_split_k(False):
+        assert _blas_settings() == before
+    assert _blas_settings() == before
+
+
+@pytest.mark.gpu
+def test_bf16_split_k_forbidden_selects_cublaslt_and_is_restored() -> None:
+    before = _blas_settings()
+    with bf16_split_k(False):
+        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+        assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction_split_k is False
+        a = torch.randn(64, 8192, device="cuda", dtype=torch.bfloat16)
+        reference = (a.float().T @ a.float()).bfloat16()
+        assert torch.allclose(a.T @ a, reference, rtol=2e-2, atol=1.0)
+    assert _blas_settings() == before
 
 
 def test_snapshot_undoes_a_warm_up_step() -> None:
