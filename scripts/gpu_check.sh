@@ -34,7 +34,7 @@
 #       eager and each zerocopy variant                          -> $OUT/core/bench.{json,md,png}
 #     profile5: every kernel per step of zerocopy-bf16+combo on `core`, with and without split-K in the
 #       bf16 products (+nosplitk), in one process              -> $OUT/profile_round5_core.txt
-#   round5b = combo5,full5 (DEADLINE 580 s, its default here):
+#   round5b = profile5,combo5 (DEADLINE 480 s, its default here); full5 in a call of its own:
 #     combo5: the compiled replay ops (GPU), the split-K scope, and the core bf16 equivalence test with
 #       and without Inductor's combined kernels                 -> $OUT/gpu_tests_round5.log
 #     full5: `full`, compile-bf16 and zerocopy-bf16+combo (two compilations of 110-225 s)
@@ -56,7 +56,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round3b ] && { stage=bench3b,profile3b,bf16-core; DEADLINE="${DEADLINE:-280}"; }
 [ "$stage" = round4 ] && { stage=ab4,tests4,bench4,profile4; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round5 ] && { stage=bench5,profile5; DEADLINE="${DEADLINE:-570}"; }
-[ "$stage" = round5b ] && { stage=combo5,full5; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = round5b ] && { stage=profile5,combo5; DEADLINE="${DEADLINE:-480}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -170,7 +170,7 @@ has profile4 && profile_core profile_round4_core.txt 90 zerocopy-bf16+combo
 
 # round 5 (and full5, a call of its own)
 has bench5 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
-has profile5 && TOP=400 profile_core profile_round5_core.txt 230 zerocopy-bf16+combo zerocopy-bf16+combo+nosplitk
+has profile5 && TOP=400 profile_core profile_round5_core.txt 250 zerocopy-bf16+combo zerocopy-bf16+combo+nosplitk
 has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay_ops.py tests/trainer/plans/test_capture.py \
   "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
 has full5 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick

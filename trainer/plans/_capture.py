@@ -68,7 +68,7 @@ def bf16_split_k(allowed: bool) -> Iterator[None]:
     old_library = torch.backends.cuda.preferred_blas_library()
     old = matmul.allow_bf16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction_split_k
     torch.backends.cuda.preferred_blas_library("cublaslt")
-    matmul.allow_bf16_reduced_precision_reduction = (old[0], False)
+    matmul.allow_bf16_reduced_precision_reduction = (False, False)  # torch refuses (True, False)
     try:
         yield
     finally:

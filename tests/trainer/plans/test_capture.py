@@ -56,7 +56,7 @@ def test_bf16_split_k_forbidden_selects_cublaslt_and_is_restored() -> None:
     before = _blas_settings()
     with bf16_split_k(False):
         assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
-        assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction_split_k is False
+        assert torch._C._get_cublas_allow_bf16_reduced_precision_reduction() == (False, False)
         a = torch.randn(64, 8192, device="cuda", dtype=torch.bfloat16)
         reference = (a.float().T @ a.float()).bfloat16()
         assert torch.allclose(a.T @ a, reference, rtol=2e-2, atol=1.0)
