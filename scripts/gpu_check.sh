@@ -34,7 +34,7 @@
 #       eager and each zerocopy variant                          -> $OUT/core/bench.{json,md,png}
 #     profile5: every kernel per step of zerocopy-bf16+combo on `core`, with and without split-K in the
 #       bf16 products (+nosplitk), in one process              -> $OUT/profile_round5_core.txt
-#   round5b = profile5,combo5 (DEADLINE 480 s, its default here); full5 in a call of its own:
+#   round5b = combo5,full5 (DEADLINE 580 s, its default here):
 #     combo5: the compiled replay ops (GPU), the split-K scope, and the core bf16 equivalence test with
 #       and without Inductor's combined kernels                 -> $OUT/gpu_tests_round5.log
 #     full5: `full`, compile-bf16 and zerocopy-bf16+combo (two compilations of 110-225 s)
@@ -56,7 +56,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round3b ] && { stage=bench3b,profile3b,bf16-core; DEADLINE="${DEADLINE:-280}"; }
 [ "$stage" = round4 ] && { stage=ab4,tests4,bench4,profile4; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round5 ] && { stage=bench5,profile5; DEADLINE="${DEADLINE:-570}"; }
-[ "$stage" = round5b ] && { stage=profile5,combo5; DEADLINE="${DEADLINE:-480}"; }
+[ "$stage" = round5b ] && { stage=combo5,full5; DEADLINE="${DEADLINE:-580}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))

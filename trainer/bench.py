@@ -16,7 +16,7 @@ A method may carry a precision suffix, `METHOD-fp32|tf32|bf16`, which runs it wi
 set so: `compile-bf16` is what a user gets from two flags (TF32 on, bf16 autocast) on top of
 torch.compile, and `zerocopy-bf16` the fastest plan in bf16. Without a suffix a method runs at its
 own precision (`run.precision=auto`: float32, TF32 for fused and zerocopy). The compiled plans take
-one more suffix, `+combo` (`zerocopy-bf16+combo`): Inductor's combined Triton kernels
+one more suffix, `+combo` (`zerocopy-bf16+combo`): `run.combo_kernels`, Inductor's combined Triton kernels
 (`trainer.plans.fused.HORIZONTAL_OPTIONS`).
 
 `train` rows (`--train cartpole`): real training as `trainer train` runs it, collection included: a recipe
@@ -168,11 +168,15 @@ def is_horizontal(method: str) -> bool:
 
 
 def method_config(config: TrainConfig, method: str) -> TrainConfig:
-    """The configuration `method` runs: `config` with its precision suffix applied."""
+    """The configuration `method` runs: `config` with its suffixes applied (precision; `+combo`:
+    `run.combo_kernels`)."""
     _, precision = split_method(method)
-    if precision is None:
+    run: dict[str, Any] = {"precision": precision} if precision else {}
+    if is_horizontal(method):
+        run["combo_kernels"] = True
+    if not run:
         return config
-    return config.model_copy(update={"run": config.run.model_copy(update={"precision": precision})})
+    return config.model_copy(update={"run": config.run.model_copy(update=run)})
 
 
 def preset_config(preset: str, options: BenchOptions) -> TrainConfig:
@@ -314,7 +318,7 @@ def build_method(
     config = method_config(config, method)
     if base == "compile":
         return CompiledEagerPlan(state, replay, config, timer, generator)
-    return make_plan(base, state, replay, config, timer, generator, horizontal=is_horizontal(method))
+    return make_plan(base, state, replay, config, timer, generator)
 
 
 def _sync(device: torch.device) -> None:

@@ -61,19 +61,11 @@ def make_plan(
     config: TrainConfig,
     timer: SectionTimer,
     generator: torch.Generator,
-    horizontal: bool = False,
 ) -> Plan:
     """Plan `name` (or eager, see `resolve_plan`). Graph plans capture on real samples: build them
-    once `replay` holds transitions (the training loop does, after its warm-up to learning_starts).
-    `horizontal`: a compiled plan (fused, zerocopy) compiles with Inductor's combined kernels
-    (`trainer.plans.fused.HORIZONTAL_OPTIONS`); the others have nothing to combine and refuse it."""
+    once `replay` holds transitions (the training loop does, after its warm-up to learning_starts)."""
     name = resolve_plan(name, state.atoms.device)
     module, cls = _IMPLEMENTATIONS[name]
     plan_class = getattr(importlib.import_module(module), cls)
-    if horizontal and name != "eager":  # eager: the fallback on a machine without the plan's GPU
-        if not getattr(plan_class, "compiled", False):
-            raise ValueError(f"plan {name!r} compiles nothing: combined kernels apply to fused and zerocopy")
-        # set before the constructor, which captures (and so compiles) every variant
-        plan_class = type(f"{cls}Horizontal", (plan_class,), {"horizontal": True})
     plan: Plan = plan_class(state, replay, config, timer, generator)
     return plan

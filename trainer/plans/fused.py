@@ -56,7 +56,7 @@ COMPILE_MODE: str | None = None
 itself); "max-autotune-no-cudagraphs" tunes the matrix products too, at minutes of compile time."""
 
 HORIZONTAL_OPTIONS: dict[str, Any] = {"combo_kernels": True, "benchmark_combo_kernel": True}
-"""Inductor options of a plan with `horizontal` set (the bench's `+combo` methods): independent small
+"""Inductor options of a plan under `run.combo_kernels` (the bench's `+combo` methods): independent small
 Triton kernels (round 2's profile: 225 per step, most a few µs of launch and tail inside the graph) are
 launched as combined kernels, kept only where Inductor's benchmark finds the combination faster. Triton
 only: Inductor's CPU code is the same with or without them."""
@@ -145,15 +145,14 @@ class FusedPlan(DualStreamPlan):
     compiled = True
     """Run the step through Inductor (False: the dual plan's graph in TF32, for isolating tests)."""
     compile_mode: str | None = COMPILE_MODE
-    horizontal = False
-    """Compile with `HORIZONTAL_OPTIONS` (combined Triton kernels): the bench's `+combo` methods."""
     sections: _EagerSections | None = None
     """The router's sections as Dynamo sees them, made on the first routed call."""
 
     @functools.cached_property
     def step_fn(self) -> Callable[..., StepOutput]:
-        """What `train` calls: the compiled step (one wrapper per mode), or the step itself."""
-        return compile_step(self.compile_mode, self.horizontal) if self.compiled else train_step
+        """What `train` calls: the compiled step (one wrapper per mode, with `HORIZONTAL_OPTIONS` under
+        `run.combo_kernels`), or the step itself."""
+        return compile_step(self.compile_mode, self.config.run.combo_kernels) if self.compiled else train_step
 
     def sample_batch(self, step: Tensor) -> None:
         if self.compiled:

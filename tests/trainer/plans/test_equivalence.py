@@ -57,12 +57,6 @@ class FusedFp32(FusedPlan):
     tf32 = False
 
 
-class FusedCombo(FusedPlan):
-    """The fused plan compiled with Inductor's combined kernels (the bench's `+combo`, the fastest)."""
-
-    horizontal = True
-
-
 class ZeroCopyFp32(ZeroCopyPlan):
     """In-graph sampling, K steps per replay, float32 and uncompiled: the zerocopy machinery alone."""
 
@@ -127,17 +121,20 @@ def test_fed_plan_matches_eager_after_50_steps(plan_class: type[GraphPlan], conf
 
 
 @pytest.mark.parametrize("config_name", ["core", "full"])
-@pytest.mark.parametrize("plan_class", [FusedPlan, FusedCombo], ids=["fused", "fused-combo"])
-def test_fused_bf16_matches_eager_after_50_steps(plan_class: type[GraphPlan], config_name: str) -> None:
+@pytest.mark.parametrize("combo", [False, True], ids=["fused", "fused-combo"])
+def test_fused_bf16_matches_eager_after_50_steps(combo: bool, config_name: str) -> None:
     """run.precision = bf16: the fused plan's bf16 matrix products against float32 eager (and with
-    Inductor's combined kernels: they change the kernels' grouping, not the maths)."""
-    assert_fed_plan_matches_eager(plan_class, config_name, precision="bf16")
+    Inductor's combined kernels, `run.combo_kernels`: they change the kernels' grouping, not the maths)."""
+    assert_fed_plan_matches_eager(FusedPlan, config_name, precision="bf16", combo_kernels=combo)
 
 
-def assert_fed_plan_matches_eager(plan_class: type[GraphPlan], config_name: str, precision: str = "auto") -> None:
+def assert_fed_plan_matches_eager(
+    plan_class: type[GraphPlan], config_name: str, precision: str = "auto", combo_kernels: bool = False
+) -> None:
     """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor."""
     config = config_for(config_name)
     config.run.precision = precision  # read by the plan; eager below runs float32
+    config.run.combo_kernels = combo_kernels
     hp = Hyper.from_config(config_for(config_name))
     replay = new_replay(config)
     inputs = fed_inputs(config, replay, STEPS)
@@ -151,7 +148,7 @@ def assert_fed_plan_matches_eager(plan_class: type[GraphPlan], config_name: str,
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision})"
+    name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision}, combo kernels: {combo_kernels})"
     print(f"{config_name} {name} relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
     assert_within(errors, plan_class, precision)

@@ -1,12 +1,14 @@
-"""The `+combo` methods: the compiled plans with Inductor's combined kernels (CPU: options and routing)."""
+"""`run.combo_kernels` and the bench's `+combo` methods: the compiled plans with Inductor's combined
+kernels (CPU: options and routing)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trainer.bench import is_horizontal, split_method
-from trainer.plans.fused import HORIZONTAL_OPTIONS, FusedPlan, compile_step
+from trainer.bench import BenchOptions, is_horizontal, method_config, preset_config, split_method
+from trainer.config import TrainConfig
+from trainer.plans.fused import HORIZONTAL_OPTIONS, compile_step
 
 
 def test_combo_is_a_suffix_of_the_compiled_plans_only() -> None:
@@ -16,7 +18,16 @@ def test_combo_is_a_suffix_of_the_compiled_plans_only() -> None:
     for method in ("graph+combo", "compile-bf16+combo", "zerocopy+fast"):
         with pytest.raises(ValueError, match="unknown bench method"):
             split_method(method)
-    assert FusedPlan.horizontal is False  # the plans as trained are unchanged
+
+
+def test_combo_suffix_is_the_run_option() -> None:
+    """The bench's `+combo` is what a user sets in a recipe, so the bench times what `trainer train` runs."""
+    config = preset_config("core", BenchOptions())
+    assert TrainConfig().run.combo_kernels is False  # off unless asked for: ~70 s more compilation
+    combo = method_config(config, "zerocopy-bf16+combo").run
+    assert (combo.combo_kernels, combo.precision) == (True, "bf16")
+    plain = method_config(config, "zerocopy-bf16").run
+    assert (plain.combo_kernels, plain.precision) == (False, "bf16")
 
 
 def test_horizontal_compilation_is_accepted_by_inductor() -> None:

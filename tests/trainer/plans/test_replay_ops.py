@@ -19,6 +19,10 @@ from trainer.replay.buffer import ReplayBuffer
 CAPACITY = 1 << 12
 BATCH = 256
 FIELDS = ("index", "weight", "obs", "next_obs", "action", "reward", "done", "window")
+ROUNDED = frozenset({"reward"})
+"""Fields compared within float32 rounding on a GPU: HER's relabelled reward (base + -c·Σ|a − g|) is one
+Triton kernel there, which rounds differently from eager's separate kernels (not bit for bit in round 5's
+H200 run, every other field was). The rest are copies and indices: equal bit for bit."""
 
 
 def filled_replay(preset: str, search: str, device: str) -> ReplayBuffer:
@@ -40,8 +44,15 @@ def assert_compiled_replay_matches_eager(preset: str, search: str, device: str) 
         step_tensor = torch.tensor(step, device=device)
         eager.gather_into(eager_batch, points, her_draw, step_tensor)
         ops.gather_into(compiled, compiled_batch, points, her_draw, step_tensor)
-        differ = [name for name in FIELDS if not torch.equal(getattr(eager_batch, name), getattr(compiled_batch, name))]
+        rounded = ROUNDED if device == "cuda" else frozenset()
+        exact = [name for name in FIELDS if name not in rounded]
+        differ = [name for name in exact if not torch.equal(getattr(eager_batch, name), getattr(compiled_batch, name))]
         assert differ == [], f"step {step}: compiled sampling differs in {differ}"
+        for name in rounded:
+            label = f"step {step}, {name}"
+            torch.testing.assert_close(
+                getattr(compiled_batch, name), getattr(eager_batch, name), msg=lambda text, at=label: f"{at}: {text}"
+            )
         # losses spanning the priorities' range, one non-finite (kept at the max priority, not written)
         loss = torch.rand(BATCH, device=device, generator=losses) * 10.0  # [B]
         loss[7] = float("nan")
