@@ -3,12 +3,14 @@ kernels (CPU: options and routing)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from trainer.bench import BenchOptions, is_horizontal, method_config, preset_config, split_method
 from trainer.config import TrainConfig
-from trainer.plans.fused import HORIZONTAL_OPTIONS, compile_step
+from trainer.plans.fused import HORIZONTAL_OPTIONS, FusedPlan, compile_step
 
 
 def test_combo_is_a_suffix_of_the_compiled_plans_only() -> None:
@@ -41,3 +43,12 @@ def test_horizontal_compilation_is_accepted_by_inductor() -> None:
     assert callable(compile_step.__wrapped__(None, True))
     with pytest.raises(RuntimeError, match="Unexpected optimization option"):
         torch.compile(lambda x: x, options={**HORIZONTAL_OPTIONS, "not_an_option": True})
+
+
+@pytest.mark.parametrize("combo", [False, True])
+def test_the_compiled_plans_take_combined_kernels_from_the_run_config(combo: bool) -> None:
+    """`run.combo_kernels` picks the step's compiled wrapper (the plan itself needs a GPU to build)."""
+    config = TrainConfig()
+    config.run.combo_kernels = combo
+    plan = SimpleNamespace(compiled=True, compile_mode=None, config=config)
+    assert FusedPlan.step_fn.func(plan) is compile_step(None, combo)  # type: ignore[arg-type]
