@@ -59,7 +59,8 @@ def bf16_split_k(allowed: bool) -> Iterator[None]:
     A split-K product is two kernels (partial products, then cuBLASLt's `splitKreduce_kernel`): 8 of a
     bf16 step's ~190 in round 4's profile. Forbidding it needs the tuple form of
     `allow_bf16_reduced_precision_reduction` (torch 2.10+) and cuBLASLt for every product: plain
-    cuBLAS ignores the setting.
+    cuBLAS ignores the setting. Measured on an H200 (round 5, `scripts/profile_step.py`'s `+nosplitk`):
+    178 kernels but 2.74 ms per `core` step instead of 0.995, so no plan uses it.
     """
     matmul = torch.backends.cuda.matmul
     if allowed or torch.version.cuda is None or not hasattr(matmul, "allow_bf16_reduced_precision_reduction_split_k"):
