@@ -39,6 +39,9 @@
 #       and without Inductor's combined kernels                 -> $OUT/gpu_tests_round5.log
 #     full5: `full`, compile-bf16 and zerocopy-bf16+combo (two compilations of 110-225 s)
 #                                                               -> $OUT/full/bench.{json,md,png}
+#   round6 = profile6 (issue 14 round 6, DEADLINE 450 s, its default here): every kernel per step of
+#     zerocopy-bf16+combo on `core` and on `full`, with each one's timeline (Chrome trace format)
+#                                                               -> $OUT/profile_round6_{core,full}.txt, $OUT/trace/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -57,6 +60,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round4 ] && { stage=ab4,tests4,bench4,profile4; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round5 ] && { stage=bench5,profile5; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round5b ] && { stage=combo5,full5; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = round6 ] && { stage=profile6; DEADLINE="${DEADLINE:-450}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -118,10 +122,11 @@ bench_preset() {  # PRESET METHODS SECONDS [bench options...] -> $OUT/PRESET/ben
   timeout "$(left "$seconds")" python3 -m trainer bench --configs "$preset" --methods "$methods" --out "$OUT/$preset" \
     "$@" "${extra[@]}" 2>&1 | tee "$OUT/bench_$preset.log" | grep -v "Warn\|check(" | tail -16
 }
-profile_core() {  # FILE SECONDS VARIANT... : kernels per step on `core`, the costliest first -> $OUT/FILE
+profile_core() {  # FILE SECONDS VARIANT... : kernels per step on PRESET (core), the costliest first -> $OUT/FILE
   local file=$1 seconds=$2 variants=(); shift 2
   for v in "$@"; do variants+=(--variant "$v"); done
-  timeout "$(left "$seconds")" python3 scripts/profile_step.py --config core "${variants[@]}" --top "${TOP:-30}" 2>&1 \
+  [ -n "${TRACE:-}" ] && variants+=(--trace "$TRACE")
+  timeout "$(left "$seconds")" python3 scripts/profile_step.py --config "${PRESET:-core}" "${variants[@]}" --top "${TOP:-30}" 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/$file" | tail -40
 }
 gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
@@ -174,4 +179,9 @@ has profile5 && TOP=400 profile_core profile_round5_core.txt 250 zerocopy-bf16+c
 has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay_ops.py tests/trainer/plans/test_capture.py \
   "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
 has full5 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
+# round 6
+if has profile6; then
+  TOP=400 TRACE="$OUT/trace" profile_core profile_round6_core.txt 180 zerocopy-bf16+combo
+  TOP=400 TRACE="$OUT/trace" PRESET=full profile_core profile_round6_full.txt 260 zerocopy-bf16+combo
+fi
 echo "gpu_check: $(( SECONDS - began )) s"

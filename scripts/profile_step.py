@@ -8,7 +8,9 @@ bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") wit
 e.g. "zerocopy-bf16+combo+nosplitk".
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
-then profiled over the same number of steps.
+then profiled over the same number of steps. `--trace DIR` also writes each variant's kernel timeline
+(`DIR/VARIANT.json`, Chrome's trace format: chrome://tracing or Perfetto), where the streams' overlap
+and the chain that sets the step time can be read; the totals above cannot show them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import collections
 import contextlib
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -99,6 +102,7 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--trace", type=Path, default=None, help="write each variant's timeline here")
     args = parser.parse_args()
     device = torch.device("cuda")
     options = BenchOptions(capacity=1_000_000, steps_per_replay=10)
@@ -124,6 +128,9 @@ def main() -> None:
         except Exception as error:  # report and go on to the next variant
             print(f"[{args.preset}] {variant}: failed: {type(error).__name__}: {str(error)[:400]}")
             continue
+        if args.trace is not None:
+            args.trace.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(args.trace / f"{variant}.json"))
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         busy = sum(e.device_time for e in kernels) / 1e3 / args.steps  # ms per step
         by_name: collections.Counter[str] = collections.Counter()
