@@ -23,6 +23,10 @@ ROUNDED = frozenset({"reward"})
 """Fields compared within float32 rounding on a GPU: HER's relabelled reward (base + -c·Σ|a − g|) is one
 Triton kernel there, which rounds differently from eager's separate kernels (not bit for bit in round 5's
 H200 run, every other field was). The rest are copies and indices: equal bit for bit."""
+PRIORITY_RTOL = 1e-12
+"""The priorities (float64) written back by the compiled `(|loss| + eps)^alpha` may differ from eager's in the
+last bits on the CPU: Inductor's generated pow and ATen's vectorised one need not round alike (a clean clone's
+`make test` saw it, 2026-12-04, where a warm cache had hidden it); a tree node sums a dozen such leaves."""
 
 
 def filled_replay(preset: str, search: str, device: str) -> ReplayBuffer:
@@ -58,16 +62,20 @@ def assert_compiled_replay_matches_eager(preset: str, search: str, device: str) 
         loss[7] = float("nan")
         eager.update_priorities(eager_batch.index, loss)
         ops.update_priorities(compiled, compiled_batch.index, loss)
-        assert torch.equal(eager.sampler.tree, compiled.sampler.tree), f"step {step}: priorities differ"
-        assert torch.equal(eager.sampler.max_priority, compiled.sampler.max_priority)
+        for name in ("tree", "max_priority"):
+            label = f"step {step}, priorities' {name}"
+            torch.testing.assert_close(
+                getattr(compiled.sampler, name),
+                getattr(eager.sampler, name),
+                rtol=PRIORITY_RTOL,
+                atol=0.0,
+                msg=lambda text, at=label: f"{at}: {text}",
+            )
     assert eager.sampler.max_priority > 1.0  # the write-backs were real: the largest loss raised the max
 
 
 def test_compiled_replay_ops_match_eager_on_cpu() -> None:
-    # With the machine's SIMD, as eager's ATen kernels: the suite turns it off to compile faster
-    # (tests/conftest.py), and scalar std::pow rounds some priorities 1 ulp away from ATen's vectorised pow.
-    with torch._inductor.config.patch({"cpp.vec_isa_ok": None}):
-        assert_compiled_replay_matches_eager("full", "tree", "cpu")
+    assert_compiled_replay_matches_eager("full", "tree", "cpu")
 
 
 @pytest.mark.gpu
