@@ -39,9 +39,12 @@
 #       and without Inductor's combined kernels                 -> $OUT/gpu_tests_round5.log
 #     full5: `full`, compile-bf16 and zerocopy-bf16+combo (two compilations of 110-225 s)
 #                                                               -> $OUT/full/bench.{json,md,png}
-#   round6 = profile6 (issue 14 round 6, DEADLINE 450 s, its default here): every kernel per step of
-#     zerocopy-bf16+combo on `core` and on `full`, with each one's timeline (Chrome trace format)
-#                                                               -> $OUT/profile_round6_{core,full}.txt, $OUT/trace/
+#   round6 = ab6,profile6 (issue 14 round 6, DEADLINE 560 s, its default here):
+#     ab6: zerocopy-bf16 on `core` from the folders .ab/A and .ab/B (carried `git archive` exports: before
+#       and after the online and target networks' stacked pass in compute_targets, 680edf9 and its
+#       successor), one child process each, alternating for AB_ROUNDS (1) rounds -> $OUT/ab/bench.{json,md}
+#     profile6: every kernel per step of zerocopy-bf16+combo on `core` and on `full`, with each one's
+#       timeline (Chrome trace format)                          -> $OUT/profile_round6_{core,full}.txt, $OUT/trace/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -60,7 +63,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round4 ] && { stage=ab4,tests4,bench4,profile4; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round5 ] && { stage=bench5,profile5; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round5b ] && { stage=combo5,full5; DEADLINE="${DEADLINE:-580}"; }
-[ "$stage" = round6 ] && { stage=profile6; DEADLINE="${DEADLINE:-450}"; }
+[ "$stage" = round6 ] && { stage=ab6,profile6; DEADLINE="${DEADLINE:-560}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -180,6 +183,11 @@ has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay
   "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
 has full5 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
 # round 6
+if has ab6; then
+  timeout "$(left 150)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" --configs core \
+    --methods zerocopy-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" \
+    | grep -i -E "ms/step|ratio|^\|" | tail -12
+fi
 if has profile6; then
   TOP=400 TRACE="$OUT/trace" profile_core profile_round6_core.txt 180 zerocopy-bf16+combo
   TOP=400 TRACE="$OUT/trace" PRESET=full profile_core profile_round6_full.txt 260 zerocopy-bf16+combo

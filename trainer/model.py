@@ -142,18 +142,20 @@ class ParamLayout:
             self.group_shapes[group] = (rows,) if len(first) == 1 else (rows // first[-1], first[-1])
 
     def views(self, flat: Tensor) -> dict[str, Tensor]:
-        """Differentiable views of `flat` [P], one per parameter in its shape, and one per group."""
+        """Differentiable views of `flat` [P], one per parameter in its shape, and one per group. Of
+        stacked networks `flat` [S, P] (`stack_networks`), each view has the leading dim S too."""
+        lead = flat.shape[:-1]
         views: dict[str, Tensor] = {}
         for spec in self.specs:
-            block = flat[self.offsets[spec.name][0] : self.offsets[spec.name][1]].view(spec.stored)
+            block = flat[..., self.offsets[spec.name][0] : self.offsets[spec.name][1]].view(*lead, *spec.stored)
             if spec.pad_dim is None:
                 views[spec.name] = block
                 continue
             views[spec.name + PADDED] = block
-            views[spec.name] = block.narrow(spec.pad_dim, 0, spec.shape[spec.pad_dim])
+            views[spec.name] = block.narrow(len(lead) + spec.pad_dim, 0, spec.shape[spec.pad_dim])
         for group, names in self.groups.items():
             start, end = self.offsets[names[0]][0], self.offsets[names[-1]][1]
-            views[group] = flat[start:end].view(self.group_shapes[group])
+            views[group] = flat[..., start:end].view(*lead, *self.group_shapes[group])
         return views
 
     def init(self, generator: torch.Generator, device: torch.device) -> Tensor:
@@ -238,6 +240,15 @@ def attn_layout(d: ModelDims) -> ParamLayout:
 
 
 # ---------------------------------------------------------------- forward functions (pure)
+# Each takes one network's views (`ParamLayout.views` of [P]: inputs [B, ...]) or S networks' stacked views
+# (of [S, P]: inputs [S, B, ...], weights [S, out, in]), where every layer is one batched product for all S.
+
+
+def affine(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """x Wᵀ + b: [B, in] -> [B, out]; of stacked networks, [S, B, in] -> [S, B, out] as one batched product."""
+    if weight.dim() == 2:
+        return fn.linear(x, weight, bias)
+    return torch.baddbmm(bias.unsqueeze(-2), x, weight.transpose(-1, -2))
 
 
 def output_layer(hidden: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
@@ -246,30 +257,32 @@ def output_layer(hidden: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
     (logits, quantiles, values) are rounded to bf16 once, then the losses run in float32. The product
     runs over the padded rows (an aligned width), whose outputs are sliced away here: so their gradient
     is exactly zero."""
-    out = p[f"{name}_w"].shape[0]
-    return fn.linear(hidden, p[f"{name}_w{PADDED}"], p[f"{name}_b{PADDED}"])[..., :out].float()
+    out = p[f"{name}_w"].shape[-2]
+    return affine(hidden, p[f"{name}_w{PADDED}"], p[f"{name}_b{PADDED}"])[..., :out].float()
 
 
 def trunk(p: dict[str, Tensor], obs: Tensor) -> Tensor:
     """h_s2 = relu(W2 relu(W1 s + b1) + b2)."""
-    h_s1 = fn.relu(fn.linear(obs, p["trunk1_w"], p["trunk1_b"]))  # [B, H]
-    return fn.relu(fn.linear(h_s1, p["trunk2_w"], p["trunk2_b"]))  # [B, H]
+    h_s1 = fn.relu(affine(obs, p["trunk1_w"], p["trunk1_b"]))  # [B, H]
+    return fn.relu(affine(h_s1, p["trunk2_w"], p["trunk2_b"]))  # [B, H]
 
 
 def head_hidden(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, ensemble: bool = False) -> Tensor:
     """The heads' first layers as ONE product: relu(W1 h_s2 + b1) with W1 the value, advantage (and, with
     `ensemble`, the E ensemble heads') weights stacked in `heads1_w`; a row prefix of it otherwise."""
     rows = (2 + (d.ensemble_heads if ensemble else 0)) * d.head_hidden
-    return fn.relu(fn.linear(h_s2, p["heads1_w"][:rows], p["heads1_b"][:rows]))  # [B, (2(+E))·h]
+    weight, bias = p["heads1_w"].narrow(-2, 0, rows), p["heads1_b"].narrow(-1, 0, rows)
+    return fn.relu(affine(h_s2, weight, bias))  # [B, (2(+E))·h]
 
 
 def c51_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, hidden: Tensor | None = None) -> Tensor:
     """Dueling per branch: logits = V + A − mean_a A (`hidden`: `head_hidden` of h_s2, if already computed)."""
     h = d.head_hidden
     hidden = head_hidden(p, h_s2, d) if hidden is None else hidden  # [B, ≥2h]
-    value = output_layer(hidden[:, :h], p, "value2")[:, None, None, :]  # [B, 1, 1, N]
-    advantage = output_layer(hidden[:, h : 2 * h], p, "adv2")  # [B, K·A·N]
-    return dueling_logits(value, advantage.view(-1, d.branches, d.actions, d.atoms))  # [B, K, A, N]
+    rows = hidden.shape[:-1]  # (B,), or (S, B) of stacked networks
+    value = output_layer(hidden[..., :h], p, "value2").reshape(-1, 1, 1, d.atoms)  # [B, 1, 1, N]
+    advantage = output_layer(hidden[..., h : 2 * h], p, "adv2").reshape(-1, d.branches, d.actions, d.atoms)
+    return dueling_logits(value, advantage).view(*rows, d.branches, d.actions, d.atoms)  # [B, K, A, N]
 
 
 def ensemble_logits(p: dict[str, Tensor], h_s2: Tensor, d: ModelDims, hidden: Tensor | None = None) -> Tensor:

@@ -197,9 +197,10 @@ def mixed_precision(hp: Hyper, device: torch.device) -> contextlib.AbstractConte
 
 
 def network_views(layout: ParamLayout, flat: Tensor, hp: Hyper) -> dict[str, Tensor]:
-    """`layout`'s views of `flat` [P] for the forward functions; under mixed precision of `flat` cast once
-    to `hp.autocast` (one kernel, and one cast of its gradient back), where autocast would cast each
-    weight at each of its uses. The same rounding as autocast's: bf16 operands, float32 accumulation."""
+    """`layout`'s views of `flat` [P] (or of S stacked networks [S, P]) for the forward functions; under
+    mixed precision of `flat` cast once to `hp.autocast` (one kernel, and one cast of its gradient back),
+    where autocast would cast each weight at each of its uses. The same rounding as autocast's: bf16
+    operands, float32 accumulation."""
     return layout.views(flat if hp.autocast is None else flat.to(hp.autocast))
 
 
@@ -211,19 +212,20 @@ def budget_names(hp: Hyper) -> list[str]:
 
 @torch.no_grad()
 def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) -> Targets:
-    d, atoms = state.dims, state.atoms
+    d, atoms, rows = state.dims, state.atoms, batch.obs.shape[0]
     reward = batch.reward * hp.reward_scale  # [B]
-    p, pt = network_views(state.main, state.online, hp), network_views(state.main, state.target, hp)
+    # The online and target networks stacked [2, P]: each layer of the two passes is one batched product.
+    both = network_views(state.main, torch.stack([state.online, state.target]), hp)
     with mixed_precision(hp, atoms.device):  # the networks; their outputs are float32
+        states = torch.cat([batch.obs, batch.next_obs]).expand(2, -1, -1)  # [2, 2B, F]: s and s' for each network
+        h = trunk(both, states)  # [2, 2B, H]
+        logits = c51_logits(both, h, d)  # [2, 2B, K, A, N]
         # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
-        a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
-        h_target = trunk(pt, torch.cat([batch.obs, batch.next_obs]))  # [2B, H]
-        h_target_next = h_target.chunk(2)[1]  # [B, H]
-        # the target heads at s too when IQL reads them: one pass over 2B rows, not a second pass over B
-        target_logits = c51_logits(pt, h_target if hp.iql else h_target_next, d)  # [2B or B, K, A, N]
-        next_logits = target_logits[-batch.obs.shape[0] :]  # [B, K, A, N]
-        z_next = iqn_quantiles(pt, h_target_next, draws.tau_target, d) if hp.iqn else None  # [B, T', K, A]
-    q_target_obs = expected_q(target_logits[: batch.obs.shape[0]], atoms) if hp.iql else None  # [B, K, A]
+        a_star = double_dqn_action(logits[0, rows:], atoms)  # [B, K]
+        target_logits, next_logits = logits[1, :rows], logits[1, rows:]  # [B, K, A, N] at s (IQL's), at s'
+        pt = {name: view[1] for name, view in both.items()}  # the target network's own views
+        z_next = iqn_quantiles(pt, h[1, rows:], draws.tau_target, d) if hp.iqn else None  # [B, T', K, A]
+    q_target_obs = expected_q(target_logits, atoms) if hp.iql else None  # [B, K, A]
     index = a_star[:, :, None, None].expand(-1, -1, 1, d.atoms)  # [B, K, 1, N]
     next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
     target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)  # [B, K, N], float32

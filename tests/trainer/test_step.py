@@ -8,7 +8,9 @@ from torch import Tensor
 
 from tests.factories import random_batch, tiny_config, tiny_state
 from trainer.config import build_config
-from trainer.model import PADDED, ParamLayout, c51_logits, trunk
+from trainer.losses.c51 import categorical_projection, double_dqn_action, expected_q
+from trainer.losses.iqn import iqn_target
+from trainer.model import PADDED, ParamLayout, c51_logits, iqn_quantiles, trunk
 from trainer.plans.fused import BF16_RTOL
 from trainer.step import (
     Draws,
@@ -278,3 +280,34 @@ def test_draws_without_permutation_keep_the_random_stream() -> None:
     assert torch.equal(plain.tau, sorted_draws.tau) and torch.equal(plain.tau_target, sorted_draws.tau_target)
     assert torch.equal(plain.perm, torch.arange(16))
     assert sorted(sorted_draws.perm.tolist()) == list(range(16)) and not torch.equal(sorted_draws.perm, plain.perm)
+
+
+def test_targets_of_the_stacked_networks_are_each_networks_own_passes() -> None:
+    """`compute_targets` runs the online and target networks as one stacked pass over (s, s'): it must
+    give what each network's own forward gives (online picks a*, target evaluates it), in float32."""
+    config = tiny_config()
+    state = tiny_state(config)
+    with torch.no_grad():  # a target network apart from the online one, so a swap of the two would show
+        state.target.add_(0.05 * torch.randn(state.target.shape, generator=torch.Generator().manual_seed(7)))
+    hp, batch = Hyper.from_config(config), random_batch(state, 16)
+    draws = _draws(state, 16)
+    assert hp.iql and hp.iqn
+    got = compute_targets(state, batch, draws, hp)
+
+    d, atoms = state.dims, state.atoms
+    p, pt = state.main.views(state.online), state.main.views(state.target)
+    a_star = double_dqn_action(c51_logits(p, trunk(p, batch.next_obs), d), atoms)  # [B, K]
+    h_next = trunk(pt, batch.next_obs)  # [B, H]
+    next_logits = c51_logits(pt, h_next, d)  # [B, K, A, N]
+    index = a_star[:, :, None, None].expand(-1, -1, 1, d.atoms)
+    reward = batch.reward * hp.reward_scale
+    next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
+    target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)
+    q_target_obs = expected_q(c51_logits(pt, trunk(pt, batch.obs), d), atoms)  # [B, K, A]
+    z_next = iqn_quantiles(pt, h_next, draws.tau_target, d)  # [B, T', K, A]
+    z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)
+    z_target = iqn_target(z_next, reward, batch.done, hp.gamma)  # [B, T', K]
+    for name, want in (("target_pmf", target_pmf), ("q_target_obs", q_target_obs), ("z_target", z_target)):
+        torch.testing.assert_close(
+            getattr(got, name), want, rtol=1e-5, atol=1e-6, msg=lambda text, n=name: f"{n}: {text}"
+        )
