@@ -25,8 +25,10 @@ Triton kernel there, which rounds differently from eager's separate kernels (not
 H200 run, every other field was). The rest are copies and indices: equal bit for bit."""
 PRIORITY_RTOL = 1e-12
 """The priorities (float64) written back by the compiled `(|loss| + eps)^alpha` may differ from eager's in the
-last bits on the CPU: Inductor's generated pow and ATen's vectorised one need not round alike (a clean clone's
-`make test` saw it, 2026-12-04, where a warm cache had hidden it); a tree node sums a dozen such leaves."""
+last bits on the CPU: the suite compiles without SIMD (tests/conftest.py), where Inductor's code calls scalar
+std::pow and ATen's kernel a vectorised pow. Re-enabling SIMD inside this test did not hold: the compiled ops
+are cached per process, so another test on the same xdist worker may have compiled them first (a clean
+clone's `make test`, 2026-12-04). A tree node sums a dozen such leaves."""
 
 
 def filled_replay(preset: str, search: str, device: str) -> ReplayBuffer:
