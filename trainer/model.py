@@ -143,7 +143,8 @@ class ParamLayout:
 
     def views(self, flat: Tensor) -> dict[str, Tensor]:
         """Differentiable views of `flat` [P], one per parameter in its shape, and one per group. Of
-        stacked networks `flat` [S, P] (`stack_networks`), each view has the leading dim S too."""
+        stacked networks `flat` [S, P] (`trainer.step.compute_targets` stacks online and target), each view
+        has the leading dim S too."""
         lead = flat.shape[:-1]
         views: dict[str, Tensor] = {}
         for spec in self.specs:
