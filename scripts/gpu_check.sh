@@ -176,7 +176,7 @@ has tests4 && gpu_tests gpu_tests_round4.log 130 tests/trainer/plans/test_replay
 has bench4 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 180 $quick
 has profile4 && profile_core profile_round4_core.txt 90 zerocopy-bf16+combo
 
-# round 5 (and full5, a call of its own)
+# round 5 (round5 and round5b: two calls)
 has bench5 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
 has profile5 && TOP=400 profile_core profile_round5_core.txt 250 zerocopy-bf16+combo zerocopy-bf16+combo+nosplitk
 has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay_ops.py tests/trainer/plans/test_capture.py \

@@ -73,17 +73,18 @@ def split_variant(variant: str) -> tuple[str, list[str]]:
     return method, flags
 
 
-def variant_scope(variant: str) -> contextlib.ExitStack:
-    """The process settings of `variant`'s flags, entered together."""
+def flags_scope(flags: list[str]) -> contextlib.ExitStack:
+    """The process settings of a variant's flags, entered together."""
     stack = contextlib.ExitStack()
-    for flag in split_variant(variant)[1]:
+    for flag in flags:
         if flag in SCOPE_FLAGS:
             stack.enter_context(SCOPE_FLAGS[flag]())
     return stack
 
 
-def build(variant: str, preset: str, options: BenchOptions, device: torch.device) -> tuple[Plan, StepTimer]:
-    method, flags = split_variant(variant)
+def build(
+    method: str, flags: list[str], preset: str, options: BenchOptions, device: torch.device
+) -> tuple[Plan, StepTimer]:
     overrides = [OVERRIDE_FLAGS[flag] for flag in flags if flag in OVERRIDE_FLAGS]
     config = preset_config(preset, BenchOptions(**{**vars(options), "overrides": overrides}))
     spec = bench_spec(config)
@@ -111,8 +112,9 @@ def main() -> None:
     for variant in args.variant or ["fused", "zerocopy"]:
         began = time.perf_counter()
         try:
-            with variant_scope(variant):
-                plan, timer = build(variant, args.preset, options, device)
+            method, flags = split_variant(variant)
+            with flags_scope(flags):
+                plan, timer = build(method, flags, args.preset, options, device)
                 step, _ = run_steps(plan, timer, 0, 20)
                 torch.cuda.synchronize()
                 setup = time.perf_counter() - began

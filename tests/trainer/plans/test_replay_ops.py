@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from trainer.batch import Batch
 from trainer.bench import BenchOptions, bench_spec, fill_with_random_transitions, preset_config
@@ -29,6 +30,10 @@ last bits on the CPU: the suite compiles without SIMD (tests/conftest.py), where
 std::pow and ATen's kernel a vectorised pow. Re-enabling SIMD inside this test did not hold: the compiled ops
 are cached per process, so another test on the same xdist worker may have compiled them first (a clean
 clone's `make test`, 2026-12-04). A tree node sums a dozen such leaves."""
+
+
+def assert_close_at(label: str, got: Tensor, want: Tensor, **tolerance: float) -> None:
+    torch.testing.assert_close(got, want, **tolerance, msg=lambda text: f"{label}: {text}")
 
 
 def filled_replay(preset: str, search: str, device: str) -> ReplayBuffer:
@@ -55,24 +60,15 @@ def assert_compiled_replay_matches_eager(preset: str, search: str, device: str) 
         differ = [name for name in exact if not torch.equal(getattr(eager_batch, name), getattr(compiled_batch, name))]
         assert differ == [], f"step {step}: compiled sampling differs in {differ}"
         for name in rounded:
-            label = f"step {step}, {name}"
-            torch.testing.assert_close(
-                getattr(compiled_batch, name), getattr(eager_batch, name), msg=lambda text, at=label: f"{at}: {text}"
-            )
+            assert_close_at(f"step {step}, {name}", getattr(compiled_batch, name), getattr(eager_batch, name))
         # losses spanning the priorities' range, one non-finite (kept at the max priority, not written)
         loss = torch.rand(BATCH, device=device, generator=losses) * 10.0  # [B]
         loss[7] = float("nan")
         eager.update_priorities(eager_batch.index, loss)
         ops.update_priorities(compiled, compiled_batch.index, loss)
         for name in ("tree", "max_priority"):
-            label = f"step {step}, priorities' {name}"
-            torch.testing.assert_close(
-                getattr(compiled.sampler, name),
-                getattr(eager.sampler, name),
-                rtol=PRIORITY_RTOL,
-                atol=0.0,
-                msg=lambda text, at=label: f"{at}: {text}",
-            )
+            got, want = getattr(compiled.sampler, name), getattr(eager.sampler, name)
+            assert_close_at(f"step {step}, priorities' {name}", got, want, rtol=PRIORITY_RTOL, atol=0.0)
     assert eager.sampler.max_priority > 1.0  # the write-backs were real: the largest loss raised the max
 
 
