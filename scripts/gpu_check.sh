@@ -131,6 +131,7 @@ profile_core() {  # FILE SECONDS VARIANT... : kernels per step on PRESET (core),
   [ -n "${TRACE:-}" ] && variants+=(--trace "$TRACE")
   timeout "$(left "$seconds")" python3 scripts/profile_step.py --config "${PRESET:-core}" "${variants[@]}" --top "${TOP:-30}" 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/$file" | tail -40
+  [ -n "${TRACE:-}" ] && gzip -f "$TRACE"/*.json  # a few MB each as text
 }
 gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   local log=$1 budget; budget=$(left "$2"); shift 2

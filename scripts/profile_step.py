@@ -9,8 +9,8 @@ e.g. "zerocopy-bf16+combo+nosplitk".
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps. `--trace DIR` also writes each variant's kernel timeline
-(`DIR/VARIANT.json`, Chrome's trace format: chrome://tracing or Perfetto), where the streams' overlap
-and the chain that sets the step time can be read; the totals above cannot show them.
+(`DIR/PRESET-VARIANT.json`, `+` written `_`; Chrome's trace format: chrome://tracing or Perfetto),
+where the streams' overlap and the chain that sets the step time can be read; totals cannot show them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import re
 import time
 from pathlib import Path
 
@@ -132,7 +133,8 @@ def main() -> None:
             continue
         if args.trace is not None:
             args.trace.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(args.trace / f"{variant}.json"))
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", variant)  # `+` does not survive the device's file transfer
+            prof.export_chrome_trace(str(args.trace / f"{args.preset}-{safe}.json"))
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         busy = sum(e.device_time for e in kernels) / 1e3 / args.steps  # ms per step
         by_name: collections.Counter[str] = collections.Counter()
