@@ -45,6 +45,15 @@
 #       successor), one child process each, alternating for AB_ROUNDS (1) rounds -> $OUT/ab/bench.{json,md}
 #     profile6: every kernel per step of zerocopy-bf16+combo on `core` and on `full`, with each one's
 #       timeline (Chrome trace format)                          -> $OUT/profile_round6_{core,full}.txt, $OUT/trace/
+#   round7 = small7,tests7,bench7,profile7 (issue 14 round 7: the Triton window attention; DEADLINE 560 s):
+#     small7: the attention's and C51 projection's ways of running, timed alone (scripts/bench_small_ops.py)
+#                                                               -> $OUT/small_ops.txt
+#     tests7: the window-attention kernels against SDPA (tests/trainer/kernels, bf16 too) and the core bf16
+#       equivalence test                                        -> $OUT/gpu_tests_round7.log
+#     bench7: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
+#     profile7: every kernel of zerocopy-bf16+combo on `core`, with its timeline
+#                                                               -> $OUT/profile_round7_core.txt, $OUT/trace/
+#   round7b = full7,train: `full`, compile-bf16 and zerocopy-bf16+combo, then the train stage in what is left
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -64,6 +73,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round5 ] && { stage=bench5,profile5; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round5b ] && { stage=combo5,full5; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round6 ] && { stage=ab6,profile6; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round7 ] && { stage=small7,tests7,bench7,profile7; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round7b ] && { stage=full7,train; DEADLINE="${DEADLINE:-560}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -85,7 +96,7 @@ quick="--repeats 3 --no-timer-overhead"
 
 if has train; then
   # every plan trains CartPole from an empty replay; graph = eager bit for bit over 2000 real updates
-  timeout "${TRAIN_TIMEOUT:-300}" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout 280 \
+  timeout "$(left "${TRAIN_TIMEOUT:-300}")" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout 280 \
     tests/trainer/test_train.py 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_train_tests.log" \
     | grep -E "passed|failed|PASS|FAIL|updates/s|drift|Error|assert" | tail -40
 fi
@@ -193,4 +204,11 @@ if has profile6; then
   TOP=400 TRACE="$OUT/trace" profile_core profile_round6_core.txt 180 zerocopy-bf16+combo
   TOP=400 TRACE="$OUT/trace" PRESET=full profile_core profile_round6_full.txt 260 zerocopy-bf16+combo
 fi
+# round 7 (round7 and round7b: two calls)
+has small7 && timeout "$(left 90)" python3 scripts/bench_small_ops.py 2>&1 | grep -v "Extern Choice" \
+  | tee "$OUT/small_ops.txt" | tail -8
+has tests7 && gpu_tests gpu_tests_round7.log 150 tests/trainer/kernels "$bf16_test[fused-core]"
+has bench7 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 300 $quick
+has profile7 && TOP=400 TRACE="$OUT/trace" profile_core profile_round7_core.txt 120 zerocopy-bf16+combo
+has full7 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
 echo "gpu_check: $(( SECONDS - began )) s"

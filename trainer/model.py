@@ -21,6 +21,7 @@ Networks (letters: B batch, K branches, A actions, N atoms, T taus, W window, F 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -312,15 +313,22 @@ def iql_value(p: dict[str, Tensor], h_s2: Tensor) -> Tensor:
     return output_layer(hidden, p, "iql2").squeeze(-1)  # [B]
 
 
-def attention_predict(p: dict[str, Tensor], window: Tensor, d: ModelDims) -> Tensor:
-    """Predict the next state from the window: post-LN self-attention block, mean-pooled."""
+def self_attention(qkv: Tensor) -> Tensor:
+    """softmax(q kᵀ / √d) v per head, from the packed projections qkv [B, W, 3, h, d] -> [B, W, h, d]."""
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × [B, h, W, d]
+    return fn.scaled_dot_product_attention(q, k, v).transpose(1, 2)  # [B, W, h, d]
+
+
+def attention_predict(
+    p: dict[str, Tensor], window: Tensor, d: ModelDims, attend: Callable[[Tensor], Tensor] = self_attention
+) -> Tensor:
+    """Predict the next state from the window: post-LN self-attention block, mean-pooled. `attend` is how
+    `self_attention` runs (the fused plans' Triton kernel, `trainer.kernels.window_attention`)."""
     B, W, _ = window.shape
     D, heads = d.attn_dim, d.attn_heads
     x = fn.linear(window, p["attn_embed_w"], p["attn_embed_b"])  # [B, W, D]
     qkv = fn.linear(x, p["attn_in_w"], p["attn_in_b"]).view(B, W, 3, heads, D // heads)  # [B, W, 3, h, d]
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × [B, h, W, d]
-    attended = fn.scaled_dot_product_attention(q, k, v)  # [B, h, W, d]
-    attended = attended.transpose(1, 2).reshape(B, W, D)  # [B, W, D]
+    attended = attend(qkv).reshape(B, W, D)  # [B, W, D]
     x = fn.layer_norm(x + fn.linear(attended, p["attn_out_w"], p["attn_out_b"]), (D,), p["attn_ln1_w"], p["attn_ln1_b"])
     ffn_hidden = fn.relu(fn.linear(x, p[f"attn_ffn1_w{PADDED}"], p[f"attn_ffn1_b{PADDED}"]))  # [B, W, ffn padded]
     ffn = fn.linear(ffn_hidden, p[f"attn_ffn2_w{PADDED}"], p["attn_ffn2_b"])  # [B, W, D]

@@ -38,6 +38,7 @@ from trainer.model import (
     head_hidden,
     iql_value,
     iqn_quantiles,
+    self_attention,
     trunk,
 )
 from trainer.state import TrainState
@@ -85,6 +86,9 @@ class Hyper:
     # their outputs cast to float32), None: float32 throughout. Master weights, gradients, Adam, spectral
     # norm, the C51 projection and every loss stay float32.
     autocast: torch.dtype | None = None
+    # How the attention model's self-attention runs, not what it is: the fused plans swap in the Triton
+    # kernels (`trainer.kernels.window_attention`).
+    attend: Callable[[Tensor], Tensor] = self_attention
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -103,6 +107,7 @@ class Hyper:
                 "ensemble": optim.budget_ensemble * optim.max_grad_norm,
             },
             "autocast": torch.bfloat16 if config.run.precision == "bf16" else None,
+            "attend": self_attention,
         }
         sections = {**loss.model_dump(), **optim.model_dump()}
         copied = {f.name: sections[f.name] for f in fields(cls) if f.name not in derived}
@@ -440,7 +445,8 @@ def attention_update(state: TrainState, batch: Batch, hp: Hyper) -> tuple[Tensor
     """The attention model's loss [], its Adam step as pairs to commit, and what the guard checks."""
 
     def attention_loss(params: Tensor) -> Tensor:
-        prediction = attention_predict(network_views(state.attn, params, hp), batch.window, state.dims)  # [B, F]
+        views = network_views(state.attn, params, hp)
+        prediction = attention_predict(views, batch.window, state.dims, hp.attend)  # [B, F]
         return (batch.weight * next_state_loss(prediction, batch.next_obs)).mean()
 
     return aux_adam_step(state, hp, state.attn_params, state.adam_attn, attention_loss)

@@ -14,6 +14,7 @@ from trainer.model import (
     iql_layout,
     main_layout,
     output_layer,
+    self_attention,
 )
 
 
@@ -86,3 +87,11 @@ def test_padding_keeps_initialisation_draws_and_outputs() -> None:
     out = output_layer(hidden, a, "adv2")
     assert out.shape == (4, 765)
     torch.testing.assert_close(out, torch.nn.functional.linear(hidden, a["adv2_w"], a["adv2_b"]))
+
+
+def test_self_attention_is_softmax_of_scaled_scores_times_values_per_head() -> None:
+    """The packed layout [B, W, 3, h, d] read as q, k, v per head, against the formula in float64."""
+    qkv = torch.randn(2, 5, 3, 2, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, h, W, d]
+    weights = (q @ k.transpose(-1, -2) / math.sqrt(4)).softmax(-1)  # [B, h, W, W]
+    torch.testing.assert_close(self_attention(qkv), (weights @ v).transpose(1, 2), rtol=1e-12, atol=1e-12)

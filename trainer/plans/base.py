@@ -50,10 +50,14 @@ class BasePlan:
         self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
         self.device = state.atoms.device
         self.tf32 = uses_tf32(config.run.precision, type(self).tf32)
-        self.hp = Hyper.from_config(config)
+        self.hp = self.hyper(config)
         self.batch = replay.empty_batch(config.run.batch_size)  # refilled in place each step
         self.draws = Draws.empty(state.dims, config.run.batch_size, self.device, permute=config.loss.causal)
         self.last_losses: dict[str, float] = {}
+
+    def hyper(self, config: TrainConfig) -> Hyper:
+        """The step's constants (the fused plans also pick their kernels here)."""
+        return Hyper.from_config(config)
 
     def sample(self, step: int) -> None:
         """Step `step`'s batch and draws into the static buffers, on the host's side of the plan."""

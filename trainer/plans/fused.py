@@ -20,8 +20,12 @@ Matrix products run in TF32 (captured as such; eager code elsewhere stays float3
 against the float32 eager step, stated by the equivalence test: every state tensor within a relative
 error of `TF32_RTOL` after 50 steps, and loss curves agreeing over 2000 steps.
 
+The attention model's self-attention runs as two Triton kernels (`trainer.kernels.window_attention`,
+one program per window and head) where its window and head size fit them: SDPA's flash kernels run the
+pinned 16-state windows in mostly empty tiles.
+
 With `run.precision=bf16` the networks' matrix products and attention run in bf16 (autocast inside
-`train_step`, so SDPA can pick the flash kernel; the output layers too, their outputs cast to
+`train_step`; the output layers too, their outputs cast to
 float32), with float32 master weights, gradients, Adam, spectral norm, C51 projection and losses, and
 TF32 for the float32 products left. Tolerance:
 `BF16_RTOL` per state tensor after 50 steps, and the same 2000-step loss-curve check.
@@ -30,6 +34,7 @@ TF32 for the float32 products left. Tolerance:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -37,10 +42,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from trainer.config import TrainConfig
 from trainer.plans._capture import StreamRouter
 from trainer.plans.dual import DualStreamPlan
 from trainer.replay.buffer import ReplayBuffer
-from trainer.step import SectionTimer, StepFlags, StepOutput, train_step
+from trainer.step import Hyper, SectionTimer, StepFlags, StepOutput, train_step
 
 TF32_RTOL = 2e-2
 """Relative error per state tensor (‖plan − eager‖ / ‖eager‖) allowed for TF32 plans after 50 steps."""
@@ -147,6 +153,15 @@ class FusedPlan(DualStreamPlan):
     compile_mode: str | None = COMPILE_MODE
     sections: _EagerSections | None = None
     """The router's sections as Dynamo sees them, made on the first routed call."""
+
+    def hyper(self, config: TrainConfig) -> Hyper:
+        hp = super().hyper(config)
+        from trainer.kernels import window_attention  # Triton: what CUDA builds of torch bring
+
+        model = config.model
+        if self.compiled and window_attention.supports(model.attn_window, model.attn_dim // model.attn_heads):
+            hp = dataclasses.replace(hp, attend=window_attention.window_attention_fused)
+        return hp
 
     @functools.cached_property
     def step_fn(self) -> Callable[..., StepOutput]:
