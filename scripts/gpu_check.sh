@@ -146,7 +146,7 @@ profile_core() {  # FILE SECONDS VARIANT... : kernels per step on PRESET (core),
 }
 gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   local log=$1 budget; budget=$(left "$2"); shift 2
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
+  timeout "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
 }
 bf16_test="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
@@ -207,7 +207,7 @@ fi
 # round 7 (round7 and round7b: two calls)
 has small7 && timeout "$(left 90)" python3 scripts/bench_small_ops.py 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops.txt" | tail -8
-has tests7 && gpu_tests gpu_tests_round7.log 150 tests/trainer/kernels "$bf16_test[fused-core]"
+has tests7 && MARK="gpu or not gpu" gpu_tests gpu_tests_round7.log 150 tests/trainer/kernels "$bf16_test[fused-core]"
 has bench7 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 300 $quick
 has profile7 && TOP=400 TRACE="$OUT/trace" profile_core profile_round7_core.txt 120 zerocopy-bf16+combo
 has full7 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
