@@ -33,11 +33,12 @@ def test_cartpole_is_solved(tmp_path: Path) -> None:
     """C51 + CQL + IQN reach a mean return >= 475 over 20 greedy episodes within examples/cartpole.yaml's
     budget, stopping once a selection evaluation scores 500 (run.stop_at_return).
 
-    Seed 4: on the development machine its greedy policy first scores 500 at update 6,000, so the test
+    Seed 1: on the development machine its greedy policy first scores 500 at update 6,000 (since the C51
+    projection became a broadcast sum, 2026-12-04; seed 4, the seed before, now at 20,000), so the test
     takes about 2 minutes instead of the 30,000 updates' 10. Float rounding differs between CPU models,
     so elsewhere the run may go on longer, up to the whole budget, within which seeds 1-8 all solve it
     (docs/results.md)."""
-    config = load_config(EXAMPLES / "cartpole.yaml", ["run.seed=4"])
+    config = load_config(EXAMPLES / "cartpole.yaml", ["run.seed=1"])
     summary = run_training(config, tmp_path, show_progress=False, out=lambda line: None)
     assert len(summary["eval_returns"]) == 20
     assert summary["eval_return_mean"] >= 475, summary["eval_returns"]
