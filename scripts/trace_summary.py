@@ -70,9 +70,8 @@ def main() -> None:
     busy, total = union_busy(kernels), sum(per_stream.values())
     steps = args.steps
     print(f"{args.trace.name}: {len(kernels) / steps:.1f} kernels, {span / steps:.1f} µs per step")
-    print(
-        f"  kernel time {total / steps:.1f} µs, busy (any stream) {busy / steps:.1f} µs, idle {(span - busy) / steps:.1f} µs"
-    )
+    idle = span - busy
+    print(f"  kernel time {total / steps:.1f} µs, busy (any stream) {busy / steps:.1f} µs, idle {idle / steps:.1f} µs")
     print(f"  overlap saves {(total - busy) / steps:.1f} µs per step")
     print("  per stream, µs per step: " + ", ".join(f"{s}: {t / steps:.1f}" for s, t in per_stream.most_common()))
     print(f"  longest single-stream stretches (of {steps} steps):")
