@@ -53,7 +53,11 @@
 #     bench7: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
 #     profile7: every kernel of zerocopy-bf16+combo on `core`, with its timeline
 #                                                               -> $OUT/profile_round7_core.txt, $OUT/trace/
-#   round7b = full7,train: `full`, compile-bf16 and zerocopy-bf16+combo, then the train stage in what is left
+#   round7b = full7,train: `full`, compile-bf16 and zerocopy-bf16+combo, and the train stage; the script runs
+#     `train` first (its place below), which left too little for full7 on 2026-12-04: call full7 alone
+#   round8 = full7,profile8 (DEADLINE 580 s): full7, then every kernel of zerocopy-bf16 on `full` without
+#     combined kernels, whose Triton kernels keep their ops' names (`full`'s 245 µs reduction is one of
+#     them), with its timeline                                  -> $OUT/profile_round8_full.txt, $OUT/trace/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -75,6 +79,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round6 ] && { stage=ab6,profile6; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round7 ] && { stage=small7,tests7,bench7,profile7; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round7b ] && { stage=full7,train; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round8 ] && { stage=full7,profile8; DEADLINE="${DEADLINE:-580}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -211,4 +216,5 @@ has tests7 && MARK="gpu or not gpu" gpu_tests gpu_tests_round7.log 150 tests/tra
 has bench7 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 300 $quick
 has profile7 && TOP=400 TRACE="$OUT/trace" profile_core profile_round7_core.txt 120 zerocopy-bf16+combo
 has full7 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
+has profile8 && TOP=400 TRACE="$OUT/trace" PRESET=full profile_core profile_round8_full.txt 200 zerocopy-bf16
 echo "gpu_check: $(( SECONDS - began )) s"
