@@ -29,16 +29,13 @@ def load_kernels(path: Path) -> list[dict[str, Any]]:
 
 
 def union_busy(kernels: list[dict[str, Any]]) -> float:
-    """µs during which at least one kernel runs."""
-    busy, start, end = 0.0, None, None
+    """µs during which at least one kernel runs (`kernels` sorted by start)."""
+    busy, end = 0.0, float("-inf")
     for e in kernels:
-        s, t = e["ts"], e["ts"] + e["dur"]
-        if end is None or s > end:
-            busy += 0.0 if end is None or start is None else end - start
-            start, end = s, t
-        else:
-            end = max(end, t)
-    return busy + (0.0 if end is None or start is None else end - start)
+        start, stop = e["ts"], e["ts"] + e["dur"]
+        busy += max(0.0, stop - max(start, end))  # the part not already covered
+        end = max(end, stop)
+    return busy
 
 
 def solo_stretches(kernels: list[dict[str, Any]], gap_us: float = 3.0) -> list[tuple[float, int, int, str, str]]:

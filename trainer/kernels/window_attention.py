@@ -44,6 +44,12 @@ def _load_qkv(qkv_ptr, b, h, heads, W: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
+def _out_offsets(b, h, heads, W: tl.constexpr, D: tl.constexpr):
+    """Offsets of window b, head h's [W, D] block in out [B, W, heads, D] (and in its gradient)."""
+    return b * W * heads * D + h * D + tl.arange(0, W)[:, None] * (heads * D) + tl.arange(0, D)[None, :]
+
+
+@triton.jit
 def _softmax_scores(q, k, scale, PRECISION: tl.constexpr):
     """p = softmax(q kᵀ · scale) by rows, float32 [W, W]."""
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
@@ -57,9 +63,7 @@ def _forward_kernel(qkv_ptr, out_ptr, heads, scale, W: tl.constexpr, D: tl.const
     q, k, v, _ = _load_qkv(qkv_ptr, b, h, heads, W, D)
     p = _softmax_scores(q, k, scale, PRECISION)
     out = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [W, D]
-    # out [B, W, heads, D]
-    offsets = b * W * heads * D + h * D + tl.arange(0, W)[:, None] * (heads * D) + tl.arange(0, D)[None, :]
-    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + _out_offsets(b, h, heads, W, D), out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -75,8 +79,7 @@ def _backward_kernel(
 ):
     b, h = tl.program_id(0).to(tl.int64) // heads, tl.program_id(0).to(tl.int64) % heads
     q, k, v, qkv_offsets = _load_qkv(qkv_ptr, b, h, heads, W, D)
-    out_offsets = b * W * heads * D + h * D + tl.arange(0, W)[:, None] * (heads * D) + tl.arange(0, D)[None, :]
-    grad_out = tl.load(grad_out_ptr + out_offsets)  # [W, D]
+    grad_out = tl.load(grad_out_ptr + _out_offsets(b, h, heads, W, D))  # [W, D]
     p = _softmax_scores(q, k, scale, PRECISION)  # [W, W]
     grad_v = tl.dot(tl.trans(p.to(grad_out.dtype)), grad_out, input_precision=PRECISION)  # pᵀ dO [W, D]
     grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)  # dO vᵀ [W, W]
