@@ -58,6 +58,9 @@
 #   round8 = full7,profile8 (DEADLINE 580 s): full7, then every kernel of zerocopy-bf16 on `full` without
 #     combined kernels, whose Triton kernels keep their ops' names (`full`'s 245 µs reduction is one of
 #     them), with its timeline                                  -> $OUT/profile_round8_full.txt, $OUT/trace/
+#   round9 = code9: every kernel of zerocopy-bf16 on `core` without combined kernels, with its timeline and
+#     Inductor's generated modules (each graph's `call` and Triton source), to name each kernel of the
+#     profile                                  -> $OUT/profile_round9_core.txt, $OUT/trace/, $OUT/inductor_code.tgz
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -80,6 +83,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round7 ] && { stage=small7,tests7,bench7,profile7; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round7b ] && { stage=full7,train; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round8 ] && { stage=full7,profile8; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = round9 ] && { stage=code9; DEADLINE="${DEADLINE:-300}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -217,4 +221,11 @@ has bench7 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 3
 has profile7 && TOP=400 TRACE="$OUT/trace" profile_core profile_round7_core.txt 120 zerocopy-bf16+combo
 has full7 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
 has profile8 && TOP=400 TRACE="$OUT/trace" PRESET=full profile_core profile_round8_full.txt 200 zerocopy-bf16
+# round 9
+if has code9; then
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-code9
+  TOP=400 TRACE="$OUT/trace" profile_core profile_round9_core.txt 250 zerocopy-bf16
+  (cd "$TORCHINDUCTOR_CACHE_DIR" && find . -name "*.py" -size +1k | tar -czf "$OUT/inductor_code.tgz" -T -)
+  unset TORCHINDUCTOR_CACHE_DIR
+fi
 echo "gpu_check: $(( SECONDS - began )) s"
