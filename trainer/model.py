@@ -247,10 +247,14 @@ def attn_layout(d: ModelDims) -> ParamLayout:
 
 
 def affine(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """x Wᵀ + b: [B, in] -> [B, out]; of stacked networks, [S, B, in] -> [S, B, out] as one batched product."""
+    """x Wᵀ + b: [B, in] -> [B, out]; of stacked networks, [S, B, in] -> [S, B, out] as one batched product.
+
+    Stacked, the bias is added after the product, not by `baddbmm`: cuBLAS's batched product has no bias
+    epilogue, so `baddbmm` first copies the broadcast bias into its output (one more kernel per layer, five
+    in a step's target pass), where a separate add fuses into the next pointwise kernel (the ReLU)."""
     if weight.dim() == 2:
         return fn.linear(x, weight, bias)
-    return torch.baddbmm(bias.unsqueeze(-2), x, weight.transpose(-1, -2))
+    return torch.bmm(x, weight.transpose(-1, -2)) + bias.unsqueeze(-2)
 
 
 def output_layer(hidden: Tensor, p: dict[str, Tensor], name: str) -> Tensor:

@@ -137,25 +137,31 @@ class Draws:
     tau: Tensor  # [B, T] online quantile fractions
     tau_target: Tensor  # [B, T'] target quantile fractions
     perm: Tensor  # [B] int64 shuffle for the causal interventions
+    uniform: Tensor
+    """[B·T + B·T' + B]: every uniform draw of a step in one buffer, of which `tau`, `tau_target` and the
+    B sort keys of `perm` are views, so a step's draws are one kernel (on the CPU, the same numbers as
+    three draws in that order)."""
     permute: bool = True
     """Redraw `perm` (a sort of B keys) in `fill_`; off where no step intervenes (causal off), so the
     sort leaves the step. The keys are drawn either way: the random stream is the same."""
 
     @classmethod
     def empty(cls, dims: ModelDims, batch_size: int, device: torch.device, permute: bool = True) -> Draws:
+        taus, target_taus = batch_size * dims.iqn_taus, batch_size * dims.iqn_target_taus
+        uniform = torch.empty(taus + target_taus + batch_size, device=device)
         return cls(
-            tau=torch.empty(batch_size, dims.iqn_taus, device=device),
-            tau_target=torch.empty(batch_size, dims.iqn_target_taus, device=device),
+            tau=uniform[:taus].view(batch_size, dims.iqn_taus),
+            tau_target=uniform[taus : taus + target_taus].view(batch_size, dims.iqn_target_taus),
             perm=torch.arange(batch_size, dtype=torch.int64, device=device),
+            uniform=uniform,
             permute=permute,
         )
 
     def fill_(self, generator: torch.Generator) -> Draws:
         """Redraw in place (capture-safe: no reallocation, no host sync)."""
-        self.tau.uniform_(generator=generator)
-        self.tau_target.uniform_(generator=generator)
-        keys = torch.rand(self.perm.shape, generator=generator, device=self.perm.device)  # [B]
+        self.uniform.uniform_(generator=generator)
         if self.permute:
+            keys = self.uniform[-self.perm.shape[0] :]  # [B]
             self.perm.copy_(keys.argsort())
         return self
 

@@ -10,7 +10,8 @@ new rows into the replay's static storage, on the same stream, so the next repla
 
 - The replay's and the draws' generators are registered with each graph, so every replay continues
   their random streams: the same numbers eager code draws from the same state.
-- The step number reaches the graph as a device scalar (`step_base` + k), for PER's beta schedule.
+- The step number reaches the graph as a device scalar (`step_base` + k, all K of them in one kernel),
+  for PER's beta schedule.
 - No host sync anywhere: Adam's bias correction reads `state.updates` on the device, the guard skips
   with `torch.where`.
 - Periodic work (vaccine every 10th step, causal every 100th): one graph per pattern of StepFlags over
@@ -75,6 +76,7 @@ class GraphPlan(BasePlan):
         self.sample_in_graph = self.can_sample_in_graph(replay)
         self.steps_per_call = config.run.steps_per_replay if self.sample_in_graph else 1
         self.step_base = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.step_offsets = torch.arange(self.steps_per_call, dtype=torch.int64, device=self.device)  # [K]
         # Valid values for a fed graph's warm-up before its first real fill (empty memory may hold any index).
         self.draws.tau.fill_(0.5)
         self.draws.tau_target.fill_(0.5)
@@ -127,9 +129,11 @@ class GraphPlan(BasePlan):
     def body(self, key: GraphKey) -> StepOutput:
         """What graph `key` runs: per update, sample and draw (when sampled), update, write back."""
         output: StepOutput | None = None
+        if key.sampled:  # the K updates' step scalars: one kernel per replay, not one per update
+            steps = (self.step_base + self.step_offsets).unbind(0)
         for i, flags in enumerate(key.flags):
             if key.sampled:
-                self.sample_batch(self.step_base + i)
+                self.sample_batch(steps[i])
                 self.draws.fill_(self.generator)
             output = self.update_body(flags)
         assert output is not None

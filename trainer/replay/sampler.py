@@ -9,11 +9,12 @@ the root, node n has children 2n and 2n+1, leaves P..2P-1 hold p_i^alpha. Sampli
 tensor ops over the batch with a fixed Python loop over the log2(P) levels: no host sync, so both can
 be captured in a CUDA graph. float64 keeps the sums exact enough at a million leaves.
 
-`search="cdf"` draws the same slots by a cumulative sum over the leaves and a binary search instead
-of the level-by-level descent: on an H200 (capacity 1M, B = 1024, in a CUDA graph) about 0.03 ms
-against 0.31 ms, as the descent is launch-bound (log2(P) = 20 levels of small kernels). Since the
-scan also yields the total, this mode keeps only the leaves current: a priority write-back is one
-scatter instead of a scatter and 20 level sums. The inner nodes are rebuilt when a checkpoint is
+`search="cdf"` draws the same slots by a cumulative sum over the leaves (in two levels: blocks of √P
+leaves and the blocks' sums) and binary searches instead of the level-by-level descent: on an H200
+(capacity 1M, B = 1024, in a CUDA graph) about 0.03 ms against 0.31 ms with one scan, as the descent is
+launch-bound (log2(P) = 20 levels of small kernels). Since the scan also yields the total, this mode
+keeps only the leaves current: a priority write-back is one indexed write instead of one and 20 level
+sums. The inner nodes are rebuilt when a checkpoint is
 loaded into a sampler that descends.
 """
 
@@ -100,14 +101,13 @@ class PrioritizedSampler:
         return self.tree[self.leaves : self.leaves + self.capacity]
 
     def _set_leaves(self, slots: Tensor, value: Tensor) -> None:
-        """Write leaves, then their parents where the descent reads them.
+        """Write leaves (one indexed write), then their parents where the descent reads them.
 
-        A slot drawn twice in one batch gets the larger of its priorities: a plain indexed write would
-        keep whichever duplicate the GPU happened to write last, so two runs of one seed (eager and a
-        graph plan) could part in their priorities.
+        Where `slots` repeat, their values must be equal (`max_of_duplicates`): an indexed write keeps
+        whichever duplicate the GPU happened to write last.
         """
         leaves = (slots + self.leaves).to(torch.int64)  # [M]
-        self.tree.scatter_reduce_(0, leaves, value.to(self.tree.dtype).expand(leaves.shape), "amax", include_self=False)
+        self.tree[leaves] = value.to(self.tree.dtype).expand(leaves.shape)
         if self.search == "tree":
             self._sum_levels()
 
@@ -131,7 +131,7 @@ class PrioritizedSampler:
         """p = |loss| + eps for the sampled slots `index` [B]; tree and max priority follow."""
         p = loss.detach().abs().to(torch.float64) + self.eps  # [B]
         p = torch.where(torch.isfinite(p), p, self.max_priority)  # a non-finite loss must not poison the tree
-        self._set_leaves(index, p.pow(self.alpha))
+        self._set_leaves(index, max_of_duplicates(index, p.pow(self.alpha)))
         # An indexed write: under torch.compile (2.13, CPU) an out= or copy_ into this 0-d input is dropped
         # (tests/trainer/plans/test_replay_ops.py caught it); the indexed write is kept.
         self.max_priority[...] = torch.maximum(self.max_priority, p.max())
@@ -160,9 +160,9 @@ class PrioritizedSampler:
             total = self.tree[1]
             index = self._descend(strata * (total / batch_size))  # [B]
         else:
-            cdf = torch.cumsum(self.priorities(), 0)  # [C]
-            total = cdf[-1]
-            index = self._invert_cdf(cdf, strata * (total / batch_size))  # [B]
+            inner, block_cdf = self._cdf_blocks()
+            total = block_cdf[-1]
+            index = self._invert_cdf(inner, block_cdf, strata * (total / batch_size))  # [B]
         # w_i = (N * P(i))^-beta, normalised by the batch maximum
         prob = self.tree[index + self.leaves] / total  # [B]
         # beta from a device step whether `step` is an int (eager) or a tensor (in a graph), so both
@@ -184,14 +184,27 @@ class PrioritizedSampler:
             node = 2 * node + go_right
         return node - self.leaves
 
-    def _invert_cdf(self, cdf: Tensor, u: Tensor) -> Tensor:
-        """search="cdf": a binary search of the leaves' scan `cdf` [C], far fewer kernels than log2(P) levels.
+    def _cdf_blocks(self) -> tuple[Tensor, Tensor]:
+        """search="cdf": the leaves' scan in two levels, the P leaves as √P blocks of √P (1024 × 1024 at a
+        million): each block's own scan [nb, bs], then the scan of the blocks' sums [nb]. Each is a kernel of
+        independent short rows, where one scan of a million leaves takes Inductor's split scan (a zeroed
+        workspace, then 28 µs of an H200 step)."""
+        block = 1 << ((self.depth + 1) // 2)  # bs
+        inner = self.tree[self.leaves :].view(-1, block).cumsum(1)  # [nb, bs] mass up to each leaf of its block
+        return inner, inner[:, -1].cumsum(0)  # [nb, bs], [nb] mass up to each block's end
+
+    def _invert_cdf(self, inner: Tensor, block_cdf: Tensor, u: Tensor) -> Tensor:
+        """search="cdf": the block whose mass interval holds u, then the leaf within it, by two binary searches.
 
         Same slots as the descent up to float rounding; empty slots (zero mass) are never found, and a u
-        rounded up to the total is clamped to the last stored slot.
+        rounded up past its block's or the last slot's mass is clamped to that block's last leaf or the
+        last stored slot.
         """
-        index = torch.searchsorted(cdf, u, right=True)  # [B]
-        return torch.minimum(index, self.size - 1)
+        blocks, block = inner.shape
+        index = torch.searchsorted(block_cdf, u, right=True).clamp(max=blocks - 1)  # [B] the block
+        before = torch.where(index > 0, block_cdf[(index - 1).clamp(min=0)], 0.0)  # [B] mass of the blocks before
+        leaf = torch.searchsorted(inner[index], (u - before)[:, None], right=True).squeeze(1)  # [B]
+        return torch.minimum(index * block + leaf.clamp(max=block - 1), self.size - 1)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"tree": self.tree, "max_priority": self.max_priority, "size": self.size}
@@ -207,3 +220,16 @@ class PrioritizedSampler:
         self.size.copy_(state["size"])
         if self.search == "tree":
             self._sum_levels()  # the checkpoint may come from a run that kept only the leaves
+
+
+def max_of_duplicates(slots: Tensor, value: Tensor) -> Tensor:
+    """value_b → max of the values of every b' with slots_b' = slots_b ([M], [M] -> [M]).
+
+    A slot drawn twice in one batch gets the larger of its priorities, whatever order the writes run in,
+    so two runs of one seed (eager and a graph plan) keep equal trees. By comparing every pair (M² of
+    them: 1 M for a batch of 1024) rather than `scatter_reduce(amax)`, which Inductor leaves to ATen's
+    kernels, where they fill, reduce and copy the whole tree (4 kernels, ~28 µs of an H200 step): this is
+    one fused kernel before one indexed write.
+    """
+    same = slots[:, None] == slots[None, :]  # [M, M]
+    return torch.where(same, value[None, :], float("-inf")).amax(dim=1)  # [M]
