@@ -1,5 +1,6 @@
 import pytest
 import torch
+from torch import Tensor
 
 from tests.factories import tiny_config, tiny_state
 from trainer.budgets import (
@@ -12,6 +13,7 @@ from trainer.budgets import (
     spectral_project,
     spectral_u_init,
 )
+from trainer.model import ParamLayout, ParamSpec
 
 
 def test_clip_holds_each_norm_at_its_budget() -> None:
@@ -110,3 +112,73 @@ def test_spectral_projection_is_the_power_iteration_with_sigma_as_u_w_v() -> Non
         assert torch.allclose(u[offset : offset + rows], u_ref, atol=1e-6)
         assert torch.allclose(new_views[spec.name], weight * (1.0 / sigma).clamp(max=1.0), rtol=1e-5, atol=1e-7)
         offset += rows
+
+
+def padded_layout() -> ParamLayout:
+    """Matrices of every kind `ParamLayout` stores: plain, padded rows (`pad_out`), padded columns (a strided
+    view), two in a group (stored out of spec order), beside a weight that is not a matrix and a LayerNorm."""
+    return ParamLayout(
+        [
+            ParamSpec("a_w", (5, 7), 7, matrix=True),
+            ParamSpec("a_b", (5,), 7),
+            ParamSpec("ln_w", (6,), 0),
+            ParamSpec("rows_w", (11, 6), 6, matrix=True, pad_dim=0),  # stored [16, 6]
+            ParamSpec("rows_b", (11,), 6, pad_dim=0),
+            ParamSpec("cols_w", (6, 13), 13, matrix=True, pad_dim=1),  # stored [6, 16]
+            ParamSpec("plain_w", (9, 6), 6),  # not a matrix: spectral norm leaves it
+            ParamSpec("e_w", (3, 7), 7, matrix=True),
+            ParamSpec("e_b", (3,), 7),
+        ],
+        groups={"ae_w": ["a_w", "e_w"], "ae_b": ["a_b", "e_b"]},
+    )
+
+
+def per_matrix_reference(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
+    """The power iteration matrix by matrix, on each matrix's view."""
+    new, new_u, offset = params.clone(), u.clone(), 0
+    views, new_views = layout.views(params), layout.views(new)
+    for spec in layout.matrices():
+        weight, rows = views[spec.name], spec.shape[0]
+        v = torch.nn.functional.normalize(weight.t() @ u[offset : offset + rows], dim=0)
+        wv = weight @ v
+        sigma = wv.norm()
+        new_views[spec.name].copy_(weight * (sigma_max / sigma).clamp(max=1.0))
+        new_u[offset : offset + rows] = wv / sigma.clamp(min=1e-12)
+        offset += rows
+    return new, new_u
+
+
+def test_spectral_projection_matches_per_matrix_reference_on_padded_layouts() -> None:
+    """float64, so only the order of the reductions differs: agreement to float64's default tolerances. Every
+    element outside the matrices (biases, other weights, pads, alignment gaps: all nonzero here) is
+    bit-for-bit the input."""
+    layout = padded_layout()
+    generator = torch.Generator().manual_seed(3)
+    params = torch.randn(layout.size, generator=generator, dtype=torch.float64) * 3.0
+    layout.views(params)["e_w"].mul_(0.01)  # one matrix inside the bound: it stays as it is
+    rows = sum(spec.shape[0] for spec in layout.matrices())
+    u = torch.randn(rows, generator=generator, dtype=torch.float64)
+    new, new_u = spectral_project(params, u, layout, 2.0)
+    expected, expected_u = per_matrix_reference(params, u, layout, 2.0)
+    torch.testing.assert_close(new, expected)
+    torch.testing.assert_close(new_u, expected_u)
+    in_matrix = torch.zeros(layout.size, dtype=torch.bool)
+    for spec in layout.matrices():
+        layout.views(in_matrix)[spec.name].fill_(True)
+    assert torch.equal(new[~in_matrix], params[~in_matrix])
+    assert torch.equal(layout.views(new)["e_w"], layout.views(params)["e_w"])
+    assert not torch.equal(layout.views(new)["cols_w"], layout.views(params)["cols_w"])  # projected
+
+
+def test_spectral_projection_compiles_to_one_graph() -> None:
+    """No graph break under torch.compile (the index tables are built while tracing, not in the graph);
+    `aot_eager` keeps it fast on the CPU."""
+    layout = padded_layout()
+    generator = torch.Generator().manual_seed(4)
+    params = torch.randn(layout.size, generator=generator)
+    u = torch.randn(sum(spec.shape[0] for spec in layout.matrices()), generator=generator)
+    compiled = torch.compile(spectral_project, backend="aot_eager", fullgraph=True, dynamic=False)
+    new, new_u = compiled(params, u, layout, 1.0)
+    expected, expected_u = spectral_project(params, u, layout, 1.0)
+    torch.testing.assert_close(new, expected)
+    torch.testing.assert_close(new_u, expected_u)
