@@ -244,3 +244,8 @@ has bench10 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 
 has profile10 && TOP=400 TRACE="$OUT/trace" profile_core profile_round10_core.txt 120 zerocopy-bf16+combo
 has tests10b && gpu_tests gpu_tests_round10b.log 120 "$bf16_test[fused-combo-core]"
 echo "gpu_check: $(( SECONDS - began )) s"
+# A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
+if (( $(find "$OUT" -type f | wc -l) > 8 )); then
+  tar -czf /tmp/gpu_check.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu_check.tgz "$OUT/"
+  echo "gpu_check: \$OUT packed into gpu_check.tgz"
+fi
