@@ -66,6 +66,11 @@
 #     with compile-bf16, zerocopy-bf16 and zerocopy-bf16+combo, every kernel of the last with its timeline,
 #     and last (its compilation mostly cached by then) fused bf16 with combined kernels = eager
 #          -> $OUT/gpu_tests_round10.log, $OUT/core/, $OUT/profile_round10_core.txt, $OUT/gpu_tests_round10b.log
+#   round11 = prof11,bench11: every kernel of zerocopy-bf16+combo on `core` with Inductor's default cap of 8
+#     kernels per combined kernel and with 16 (`+combo16`), with their timelines and Inductor's generated
+#     modules (each combined kernel's source names its parts); then `core` with every method but eager
+#          -> $OUT/profile_round11_core.txt, $OUT/trace/, $OUT/inductor_code.tgz, $OUT/core/
+#   round11b = full11: `full` with compile-bf16, zerocopy-bf16 and zerocopy-bf16+combo  -> $OUT/full/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -90,6 +95,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round8 ] && { stage=full7,profile8; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round9 ] && { stage=code9; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round10 ] && { stage=tests10,bench10,profile10,tests10b; DEADLINE="${DEADLINE:-540}"; }
+[ "$stage" = round11 ] && { stage=prof11,bench11; DEADLINE="${DEADLINE:-540}"; }
+[ "$stage" = round11b ] && { stage=full11; DEADLINE="${DEADLINE:-540}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -243,6 +250,15 @@ has tests10 && gpu_tests gpu_tests_round10.log 170 tests/trainer/replay/test_buf
 has bench10 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 250 $quick
 has profile10 && TOP=400 TRACE="$OUT/trace" profile_core profile_round10_core.txt 120 zerocopy-bf16+combo
 has tests10b && gpu_tests gpu_tests_round10b.log 120 "$bf16_test[fused-combo-core]"
+# round 11
+if has prof11; then
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-code11
+  TOP=400 TRACE="$OUT/trace" profile_core profile_round11_core.txt 250 zerocopy-bf16+combo zerocopy-bf16+combo+combo16
+  (cd "$TORCHINDUCTOR_CACHE_DIR" && find . -name "*.py" -size +1k | tar -czf "$OUT/inductor_code.tgz" -T -)
+  unset TORCHINDUCTOR_CACHE_DIR
+fi
+has bench11 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 280 $quick
+has full11 && bench_preset full compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 500 $quick
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then

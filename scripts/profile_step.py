@@ -5,7 +5,9 @@ A variant is a bench method (a plan name or "compile", with an optional precisio
 bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") with optional flags:
 "+tree" (sum-tree sampling instead of the bench's cumulative-sum search), e.g. "zerocopy-bf16+tree";
 "+nosplitk" (bf16 products without split-K, through cuBLASLt: `trainer.plans._capture.bf16_split_k`),
-e.g. "zerocopy-bf16+combo+nosplitk".
+e.g. "zerocopy-bf16+combo+nosplitk"; "+combo16" (up to 16 kernels in one of Inductor's combined kernels
+instead of its default 8), e.g. "zerocopy-bf16+combo+combo16". Each variant is compiled afresh (Dynamo's
+in-memory cache is reset first), so one compiled under other Inductor settings is never reused.
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps. `--trace DIR` also writes each variant's kernel timeline
@@ -20,9 +22,11 @@ import collections
 import contextlib
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.bench import (
@@ -56,8 +60,11 @@ def kind(name: str) -> str:
 
 OVERRIDE_FLAGS = {"tree": "replay.search=tree"}
 """Variant flags that are config overrides."""
-SCOPE_FLAGS = {"nosplitk": lambda: bf16_split_k(False)}
-"""Variant flags that are process settings, held while the variant is built (captured) and run."""
+SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
+    "nosplitk": lambda: bf16_split_k(False),
+    "combo16": lambda: inductor_config.patch(combo_kernel_max_num_nodes=16),
+}
+"""Variant flags that are process settings, held while the variant is built (compiled, captured) and run."""
 
 
 def split_variant(variant: str) -> tuple[str, list[str]]:
@@ -114,6 +121,7 @@ def main() -> None:
         began = time.perf_counter()
         try:
             method, flags = split_variant(variant)
+            torch._dynamo.reset()  # compiled under this variant's settings, not served from an earlier one
             with flags_scope(flags):
                 plan, timer = build(method, flags, args.preset, options, device)
                 step, _ = run_steps(plan, timer, 0, 20)

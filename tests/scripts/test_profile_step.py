@@ -1,0 +1,27 @@
+"""`scripts/profile_step.py`'s variant names: the bench method, and the flags that change how it is built."""
+
+from __future__ import annotations
+
+import pytest
+from torch._inductor import config as inductor_config
+
+from scripts.profile_step import flags_scope, split_variant
+
+
+def test_a_variant_splits_into_the_bench_method_and_its_flags() -> None:
+    assert split_variant("zerocopy-bf16") == ("zerocopy-bf16", [])
+    assert split_variant("zerocopy-bf16+combo") == ("zerocopy-bf16+combo", [])
+    assert split_variant("zerocopy-bf16+combo+combo16+tree") == ("zerocopy-bf16+combo", ["combo16", "tree"])
+
+
+def test_an_unknown_flag_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown variant suffix \['combo32'\].*combo16"):
+        split_variant("zerocopy-bf16+combo+combo32")
+
+
+def test_combo16_raises_inductors_cap_on_combined_kernels_only_inside_the_variant() -> None:
+    default = inductor_config.combo_kernel_max_num_nodes
+    assert default != 16
+    with flags_scope(["combo16", "tree"]):  # "tree" is a config override: no process setting
+        assert inductor_config.combo_kernel_max_num_nodes == 16
+    assert inductor_config.combo_kernel_max_num_nodes == default
