@@ -17,6 +17,13 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # .compile baseline test: 47 s against 79 s on 2 cores). The GPU's Triton code is not affected.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 
+import torch  # after the settings above, which torch reads when it is imported
+
+if not torch.cuda.is_available():
+    # The trainer's Triton kernels (trainer/kernels/) run on the CPU through Triton's interpreter. Read
+    # when a kernel is decorated, so here, before any test module (of any folder) imports the trainer.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The `slow` tests first (a stable sort: the rest keep their order).
