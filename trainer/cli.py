@@ -133,7 +133,8 @@ def bench(
 
     import torch
 
-    from trainer.bench import BenchOptions, check_options, format_table, run_bench, write_outputs
+    from trainer.bench import BenchOptions, check_options, run_bench
+    from trainer.bench_report import format_table, write_outputs
 
     options = BenchOptions(
         configs=[c for c in configs.split(",") if c],

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.trainer.test_bench import TINY, tiny_options
-from trainer.bench import format_table
 from trainer.bench_isolated import REPO, child_command, format_ab_table, resolve_source, run_child, run_isolated
+from trainer.bench_report import format_table
 from trainer.cli import app
 
 
