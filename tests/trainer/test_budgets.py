@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import Tensor
@@ -11,9 +13,13 @@ from trainer.budgets import (
     ema,
     pruning_mask,
     spectral_project,
+    spectral_project_batched,
+    spectral_project_per_matrix,
     spectral_u_init,
 )
 from trainer.model import ParamLayout, ParamSpec
+
+SpectralForm = Callable[[Tensor, Tensor, ParamLayout, float], tuple[Tensor, Tensor]]
 
 
 def test_clip_holds_each_norm_at_its_budget() -> None:
@@ -97,12 +103,13 @@ def test_spectral_u_is_unit_norm() -> None:
     assert u.norm() == pytest.approx(1.0, rel=1e-5)
 
 
-def test_spectral_projection_is_the_power_iteration_with_sigma_as_u_w_v() -> None:
+@pytest.mark.parametrize("form", [spectral_project_per_matrix, spectral_project_batched], ids=["per-matrix", "batched"])
+def test_spectral_projection_is_the_power_iteration_with_sigma_as_u_w_v(form: SpectralForm) -> None:
     """σ = ‖W v‖ (one product less) is the textbook σ = uᵀ W v with u = normalize(W v)."""
     config = tiny_config()
     state = tiny_state(config)
     params = state.online * 3.0
-    new, u = spectral_project(params, state.spectral_u, state.main, 1.0)
+    new, u = form(params, state.spectral_u, state.main, 1.0)
     views, new_views, offset = state.main.views(params), state.main.views(new), 0
     for spec in state.main.matrices():
         weight, rows = views[spec.name], spec.shape[0]
@@ -133,22 +140,7 @@ def padded_layout() -> ParamLayout:
     )
 
 
-def per_matrix_reference(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
-    """The power iteration matrix by matrix, on each matrix's view."""
-    new, new_u, offset = params.clone(), u.clone(), 0
-    views, new_views = layout.views(params), layout.views(new)
-    for spec in layout.matrices():
-        weight, rows = views[spec.name], spec.shape[0]
-        v = torch.nn.functional.normalize(weight.t() @ u[offset : offset + rows], dim=0)
-        wv = weight @ v
-        sigma = wv.norm()
-        new_views[spec.name].copy_(weight * (sigma_max / sigma).clamp(max=1.0))
-        new_u[offset : offset + rows] = wv / sigma.clamp(min=1e-12)
-        offset += rows
-    return new, new_u
-
-
-def test_spectral_projection_matches_per_matrix_reference_on_padded_layouts() -> None:
+def test_the_batched_form_matches_the_per_matrix_loop_on_padded_layouts() -> None:
     """float64, so only the order of the reductions differs: agreement to float64's default tolerances. Every
     element outside the matrices (biases, other weights, pads, alignment gaps: all nonzero here) is
     bit-for-bit the input."""
@@ -158,8 +150,8 @@ def test_spectral_projection_matches_per_matrix_reference_on_padded_layouts() ->
     layout.views(params)["e_w"].mul_(0.01)  # one matrix inside the bound: it stays as it is
     rows = sum(spec.shape[0] for spec in layout.matrices())
     u = torch.randn(rows, generator=generator, dtype=torch.float64)
-    new, new_u = spectral_project(params, u, layout, 2.0)
-    expected, expected_u = per_matrix_reference(params, u, layout, 2.0)
+    new, new_u = spectral_project_batched(params, u, layout, 2.0)
+    expected, expected_u = spectral_project_per_matrix(params, u, layout, 2.0)
     torch.testing.assert_close(new, expected)
     torch.testing.assert_close(new_u, expected_u)
     in_matrix = torch.zeros(layout.size, dtype=torch.bool)
@@ -170,15 +162,17 @@ def test_spectral_projection_matches_per_matrix_reference_on_padded_layouts() ->
     assert not torch.equal(layout.views(new)["cols_w"], layout.views(params)["cols_w"])  # projected
 
 
-def test_spectral_projection_compiles_to_one_graph() -> None:
-    """No graph break under torch.compile (the index tables are built while tracing, not in the graph);
-    `aot_eager` keeps it fast on the CPU."""
+def test_compiled_spectral_projection_is_the_batched_form_in_one_graph() -> None:
+    """Under torch.compile the batched form runs (eagerly, the loop), with no graph break (the index tables
+    are built while tracing, not in the graph); `aot_eager` keeps it fast on the CPU."""
     layout = padded_layout()
     generator = torch.Generator().manual_seed(4)
     params = torch.randn(layout.size, generator=generator)
     u = torch.randn(sum(spec.shape[0] for spec in layout.matrices()), generator=generator)
     compiled = torch.compile(spectral_project, backend="aot_eager", fullgraph=True, dynamic=False)
     new, new_u = compiled(params, u, layout, 1.0)
-    expected, expected_u = spectral_project(params, u, layout, 1.0)
-    torch.testing.assert_close(new, expected)
-    torch.testing.assert_close(new_u, expected_u)
+    batched, batched_u = spectral_project_batched(params, u, layout, 1.0)
+    assert torch.equal(new, batched) and torch.equal(new_u, batched_u)
+    looped, looped_u = spectral_project(params, u, layout, 1.0)
+    torch.testing.assert_close(looped, batched)
+    torch.testing.assert_close(looped_u, batched_u)

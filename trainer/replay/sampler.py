@@ -100,14 +100,23 @@ class PrioritizedSampler:
         """p_i^alpha of every slot [capacity] (a view of the leaves)."""
         return self.tree[self.leaves : self.leaves + self.capacity]
 
-    def _set_leaves(self, slots: Tensor, value: Tensor) -> None:
-        """Write leaves (one indexed write), then their parents where the descent reads them.
+    def _set_leaves(self, slots: Tensor, value: Tensor, repeats: bool = False) -> None:
+        """Write leaves, then their parents where the descent reads them.
 
-        Where `slots` repeat, their values must be equal (`max_of_duplicates`): an indexed write keeps
-        whichever duplicate the GPU happened to write last.
+        `repeats`: `slots` may repeat with different values, and a repeated slot gets the largest, whatever
+        order the writes run in, so two runs of one seed (eager and a graph plan) keep equal trees. Without
+        it the write is a plain indexed one, which keeps whichever duplicate a GPU happened to write last.
         """
         leaves = (slots + self.leaves).to(torch.int64)  # [M]
-        self.tree[leaves] = value.to(self.tree.dtype).expand(leaves.shape)
+        value = value.to(self.tree.dtype).expand(leaves.shape)  # [M]
+        if not repeats:
+            self.tree[leaves] = value
+        elif torch.compiler.is_compiling():
+            # Inductor leaves scatter_reduce to ATen's kernels (they fill, reduce and copy the whole tree:
+            # ~28 µs of an H200 step); the pairwise max is one fused kernel before one indexed write.
+            self.tree[leaves] = max_of_duplicates(slots, value)
+        else:  # eager, where the pairwise max's M² pairs cost ~1 ms of a CPU core at M = 1024, ATen's ~6 µs
+            self.tree.scatter_reduce_(0, leaves, value, "amax", include_self=False)
         if self.search == "tree":
             self._sum_levels()
 
@@ -131,7 +140,7 @@ class PrioritizedSampler:
         """p = |loss| + eps for the sampled slots `index` [B]; tree and max priority follow."""
         p = loss.detach().abs().to(torch.float64) + self.eps  # [B]
         p = torch.where(torch.isfinite(p), p, self.max_priority)  # a non-finite loss must not poison the tree
-        self._set_leaves(index, max_of_duplicates(index, p.pow(self.alpha)))
+        self._set_leaves(index, p.pow(self.alpha), repeats=True)
         # An indexed write: under torch.compile (2.13, CPU) an out= or copy_ into this 0-d input is dropped
         # (tests/trainer/plans/test_replay_ops.py caught it); the indexed write is kept.
         self.max_priority[...] = torch.maximum(self.max_priority, p.max())
@@ -223,13 +232,7 @@ class PrioritizedSampler:
 
 
 def max_of_duplicates(slots: Tensor, value: Tensor) -> Tensor:
-    """value_b → max of the values of every b' with slots_b' = slots_b ([M], [M] -> [M]).
-
-    A slot drawn twice in one batch gets the larger of its priorities, whatever order the writes run in,
-    so two runs of one seed (eager and a graph plan) keep equal trees. By comparing every pair (M² of
-    them: 1 M for a batch of 1024) rather than `scatter_reduce(amax)`, which Inductor leaves to ATen's
-    kernels, where they fill, reduce and copy the whole tree (4 kernels, ~28 µs of an H200 step): this is
-    one fused kernel before one indexed write.
-    """
+    """value_b → max of the values of every b' with slots_b' = slots_b ([M], [M] -> [M]), by comparing every
+    pair (M² of them: 1 M for a batch of 1024): for Inductor, one fused kernel."""
     same = slots[:, None] == slots[None, :]  # [M, M]
     return torch.where(same, value[None, :], float("-inf")).amax(dim=1)  # [M]
