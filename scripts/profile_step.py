@@ -6,8 +6,10 @@ bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") wit
 "+tree" (sum-tree sampling instead of the bench's cumulative-sum search), e.g. "zerocopy-bf16+tree";
 "+nosplitk" (bf16 products without split-K, through cuBLASLt: `trainer.plans._capture.bf16_split_k`),
 e.g. "zerocopy-bf16+combo+nosplitk"; "+combo16" (up to 16 kernels in one of Inductor's combined kernels
-instead of its default 8), e.g. "zerocopy-bf16+combo+combo16". Each variant is compiled afresh (Dynamo's
-in-memory cache is reset first), so one compiled under other Inductor settings is never reused.
+instead of its default 8), e.g. "zerocopy-bf16+combo+combo16"; "+allcombo" (every combined kernel kept,
+not only those Inductor's benchmark finds faster). Each variant is compiled afresh (Dynamo's in-memory
+cache and the plans' compiled wrappers are reset first), so one compiled under other Inductor settings
+is never reused.
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps. `--trace DIR` also writes each variant's kernel timeline
@@ -24,9 +26,9 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import torch
-from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.bench import (
@@ -41,6 +43,7 @@ from trainer.bench import (
 from trainer.model import ModelDims
 from trainer.plans._capture import bf16_split_k
 from trainer.plans.base import Plan
+from trainer.plans.fused import HORIZONTAL_OPTIONS, combo_kernel_cap, compile_replay_ops, compile_step
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.timing import StepTimer
@@ -62,7 +65,8 @@ OVERRIDE_FLAGS = {"tree": "replay.search=tree"}
 """Variant flags that are config overrides."""
 SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "nosplitk": lambda: bf16_split_k(False),
-    "combo16": lambda: inductor_config.patch(combo_kernel_max_num_nodes=16),
+    "combo16": lambda: combo_kernel_cap(16),
+    "allcombo": lambda: mock.patch.dict(HORIZONTAL_OPTIONS, benchmark_combo_kernel=False),
 }
 """Variant flags that are process settings, held while the variant is built (compiled, captured) and run."""
 
@@ -121,7 +125,10 @@ def main() -> None:
         began = time.perf_counter()
         try:
             method, flags = split_variant(variant)
-            torch._dynamo.reset()  # compiled under this variant's settings, not served from an earlier one
+            # compiled under this variant's settings, not served from an earlier one
+            torch._dynamo.reset()
+            compile_step.cache_clear()
+            compile_replay_ops.cache_clear()
             with flags_scope(flags):
                 plan, timer = build(method, flags, args.preset, options, device)
                 step, _ = run_steps(plan, timer, 0, 20)

@@ -6,6 +6,7 @@ import pytest
 from torch._inductor import config as inductor_config
 
 from scripts.profile_step import flags_scope, split_variant
+from trainer.plans.fused import HORIZONTAL_OPTIONS
 
 
 def test_a_variant_splits_into_the_bench_method_and_its_flags() -> None:
@@ -25,3 +26,10 @@ def test_combo16_raises_inductors_cap_on_combined_kernels_only_inside_the_varian
     with flags_scope(["combo16", "tree"]):  # "tree" is a config override: no process setting
         assert inductor_config.combo_kernel_max_num_nodes == 16
     assert inductor_config.combo_kernel_max_num_nodes == default
+
+
+def test_allcombo_keeps_every_combined_kernel_only_inside_the_variant() -> None:
+    assert HORIZONTAL_OPTIONS["benchmark_combo_kernel"] is True
+    with flags_scope(["allcombo"]):
+        assert HORIZONTAL_OPTIONS == {"combo_kernels": True, "benchmark_combo_kernel": False}
+    assert HORIZONTAL_OPTIONS["benchmark_combo_kernel"] is True

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch._inductor import config as inductor_config
 
 from trainer.config import TrainConfig
 from trainer.plans._capture import StreamRouter
@@ -65,7 +66,35 @@ HORIZONTAL_OPTIONS: dict[str, Any] = {"combo_kernels": True, "benchmark_combo_ke
 """Inductor options of a plan under `run.combo_kernels` (the bench's `+combo` methods): independent small
 Triton kernels (round 2's profile: 225 per step, most a few µs of launch and tail inside the graph) are
 launched as combined kernels, kept only where Inductor's benchmark finds the combination faster. Triton
-only: Inductor's CPU code is the same with or without them."""
+only: Inductor's CPU code is the same with or without them. The replay's compiled work takes them too."""
+
+
+def combo_kernel_cap(nodes: int) -> contextlib.AbstractContextManager[object]:
+    """At most `nodes` kernels in one of Inductor's combined kernels inside the block (its default: 8).
+
+    torch 2.13 has a setting for it; 2.11 hard-codes 8 in its grouping of the scheduler's independent
+    nodes, which `_combo_grouping` replaces with the same grouping at another cap."""
+    if hasattr(inductor_config, "combo_kernel_max_num_nodes"):
+        return inductor_config.patch(combo_kernel_max_num_nodes=nodes)
+    return _combo_grouping(nodes)
+
+
+@contextlib.contextmanager
+def _combo_grouping(nodes: int) -> Iterator[None]:
+    """Inductor 2.11's grouping for combined kernels (each level of mutually independent scheduler
+    nodes, in runs of at most `nodes`), with `nodes` for its hard-coded 8."""
+    from torch._inductor.scheduler import ForeachKernelSchedulerNode
+
+    def group(scheduler: Any) -> list[list[Any]]:
+        levels = scheduler._topological_sort_nodes()  # [[node, ...], ...]: each level's nodes are independent
+        return [level[i : i + nodes] for level in levels for i in range(0, len(level), nodes)]
+
+    default = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels
+    ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(group)
+    try:
+        yield
+    finally:
+        ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(default)
 
 
 class _EagerSections:
@@ -131,17 +160,19 @@ class ReplayOps(NamedTuple):
 
 
 @functools.cache
-def compile_replay_ops() -> ReplayOps:
-    """`ReplayOps` compiled once per process (Dynamo guards on each replay it is given).
+def compile_replay_ops(horizontal: bool = False) -> ReplayOps:
+    """`ReplayOps` compiled once per process and `horizontal` (`HORIZONTAL_OPTIONS`: the sampling's
+    gathers of rows, windows and weights are independent); Dynamo guards on each replay it is given.
 
     Eager, they are ~50 small kernels per update (the search, gathers of rows and windows, weights, HER's
     relabelling, the write-back's casts and scatter); compiled, the tree descent's levels and the gathers
     fuse into a few.
     """
     raise_dynamo_cache_limits()
+    options: dict[str, Any] = {"options": dict(HORIZONTAL_OPTIONS)} if horizontal else {}
     return ReplayOps(
-        torch.compile(ReplayBuffer.gather_into, dynamic=False),
-        torch.compile(ReplayBuffer.update_priorities, dynamic=False),
+        torch.compile(ReplayBuffer.gather_into, dynamic=False, **options),
+        torch.compile(ReplayBuffer.update_priorities, dynamic=False, **options),
     )
 
 
@@ -169,15 +200,19 @@ class FusedPlan(DualStreamPlan):
         `run.combo_kernels`), or the step itself."""
         return compile_step(self.compile_mode, self.config.run.combo_kernels) if self.compiled else train_step
 
+    @property
+    def replay_ops(self) -> ReplayOps:
+        return compile_replay_ops(self.config.run.combo_kernels)
+
     def sample_batch(self, step: Tensor) -> None:
         if self.compiled:
-            compile_replay_ops().gather_into(self.replay, self.batch, *self.replay.draw(self.batch.size), step)
+            self.replay_ops.gather_into(self.replay, self.batch, *self.replay.draw(self.batch.size), step)
         else:
             super().sample_batch(step)
 
     def write_priorities(self, output: StepOutput) -> None:
         if self.compiled:
-            compile_replay_ops().update_priorities(self.replay, self.batch.index, output.priority)
+            self.replay_ops.update_priorities(self.replay, self.batch.index, output.priority)
         else:
             super().write_priorities(output)
 

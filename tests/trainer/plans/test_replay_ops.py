@@ -44,11 +44,11 @@ def filled_replay(preset: str, search: str, device: str) -> ReplayBuffer:
     return replay
 
 
-def assert_compiled_replay_matches_eager(preset: str, search: str, device: str) -> None:
+def assert_compiled_replay_matches_eager(preset: str, search: str, device: str, horizontal: bool = False) -> None:
     eager, compiled = filled_replay(preset, search, device), filled_replay(preset, search, device)
     assert (eager.her is not None) == (preset == "full")
     eager_batch, compiled_batch = eager.empty_batch(BATCH), compiled.empty_batch(BATCH)
-    ops = compile_replay_ops()
+    ops = compile_replay_ops(horizontal)
     losses = torch.Generator(device).manual_seed(5)
     for step in range(3):  # the write-backs change the priorities the next step samples from
         points, her_draw = eager.draw(BATCH)  # [B], [2, B] or None
@@ -82,6 +82,15 @@ def test_compiled_replay_ops_match_eager_on_cpu() -> None:
 @pytest.mark.parametrize("preset", ["core", "full"])
 def test_compiled_replay_ops_match_eager_on_gpu(preset: str, search: str) -> None:
     assert_compiled_replay_matches_eager(preset, search, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("preset", ["core", "full"])
+def test_combined_replay_ops_match_eager_on_gpu(preset: str) -> None:
+    """Under `run.combo_kernels` (the bench's `+combo`), with the bench's cdf search: Inductor's combined
+    kernels run the independent gathers as one, on the GPU only."""
+    assert_compiled_replay_matches_eager(preset, "cdf", "cuda", horizontal=True)
 
 
 def test_sample_into_is_draw_then_gather() -> None:
