@@ -71,11 +71,12 @@
 #     modules (each combined kernel's source names its parts); then `core` with every method but eager
 #          -> $OUT/profile_round11_core.txt, $OUT/trace/, $OUT/inductor_code.tgz, $OUT/core/
 #   round11b = full11: `full` with compile-bf16, zerocopy-bf16 and zerocopy-bf16+combo  -> $OUT/full/
-#   round12 = tests12,prof12: the combined replay ops against eager (GPU), then every kernel of zerocopy-bf16+combo on `core` (the replay's compiled work now combined
-#     too), and with every combined kernel kept (`+allcombo`), and that with 16 kernels per combined kernel
-#     (`+allcombo+combo16`), with their timelines
-#                                  -> $OUT/gpu_tests_round12.log, $OUT/profile_round12_core.txt, $OUT/trace/
-#   round12b = bench12,full12: `core` with every method but eager, then `full` with compile-bf16 and
+#   round12 = tests12,prof12,bench12: the combined replay ops against eager (GPU), then every kernel of
+#     zerocopy-bf16+combo on `core` (the replay's compiled work combined too, each group's finiteness
+#     checked where it is made), and with every combined kernel kept (`+allcombo`), with their timelines;
+#     then `core` with compile-bf16, zerocopy-bf16 and zerocopy-bf16+combo
+#                     -> $OUT/gpu_tests_round12.log, $OUT/profile_round12_core.txt, $OUT/trace/, $OUT/core/
+#   round12b = bench12b,full12: `core` with every method but eager, then `full` with compile-bf16 and
 #     zerocopy-bf16+combo                                                         -> $OUT/core/, $OUT/full/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
@@ -103,8 +104,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round10 ] && { stage=tests10,bench10,profile10,tests10b; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = round11 ] && { stage=prof11,bench11; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = round11b ] && { stage=full11; DEADLINE="${DEADLINE:-540}"; }
-[ "$stage" = round12 ] && { stage=tests12,prof12; DEADLINE="${DEADLINE:-400}"; }
-[ "$stage" = round12b ] && { stage=bench12,full12; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = round12 ] && { stage=tests12,prof12,bench12; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = round12b ] && { stage=bench12b,full12; DEADLINE="${DEADLINE:-570}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -269,9 +270,10 @@ has bench11 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf
 has full11 && bench_preset full compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 500 $quick
 # round 12
 has tests12 && gpu_tests gpu_tests_round12.log 60 tests/trainer/plans/test_replay_ops.py::test_combined_replay_ops_match_eager_on_gpu
-has prof12 && TOP=80 TRACE="$OUT/trace" profile_core profile_round12_core.txt 350 \
-  zerocopy-bf16+combo zerocopy-bf16+combo+allcombo zerocopy-bf16+combo+allcombo+combo16
-has bench12 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 260 $quick
+has prof12 && TOP=80 TRACE="$OUT/trace" profile_core profile_round12_core.txt 250 \
+  zerocopy-bf16+combo zerocopy-bf16+combo+allcombo
+has bench12 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 260 $quick
+has bench12b && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 260 $quick
 has full12 && bench_preset full compile-bf16,zerocopy-bf16+combo 400 $quick
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
