@@ -405,23 +405,23 @@ def train_step(
     # Each section's work is one function call: where a plan breaks Dynamo's graph at a section (the fused
     # plan's streams), Dynamo runs the rest of this frame as Python and compiles each call whole.
     updates: list[tuple[Tensor, Tensor]] = []
-    finite: list[Tensor] = []
+    checks: list[Tensor] = []
     if hp.iql:
         with timer.section("iql"):
-            losses["iql"], pairs, group_finite = iql_update(state, batch, hp, targets, fwd.h_s2)
+            losses["iql"], pairs, checked = iql_update(state, batch, hp, targets, fwd.h_s2)
             updates += pairs
-            finite.append(group_finite)
+            checks += checked
     if hp.attention:
         with timer.section("attention"):
-            losses["attention"], pairs, group_finite = attention_update(state, batch, hp)
+            losses["attention"], pairs, checked = attention_update(state, batch, hp)
             updates += pairs
-            finite.append(group_finite)
-    pairs, group_finite = main_update(state, grads, fwd, hp, timer)
+            checks += checked
+    pairs, checked = main_update(state, grads, fwd, hp, timer)
     updates += pairs
-    finite.append(group_finite)
+    checks += checked
 
     with timer.section("guard"), torch.no_grad():
-        ok, priority = guard_commit(state, updates, finite, fwd.per_sample)
+        ok, priority = guard_commit(state, updates, checks, fwd.per_sample)
 
     with timer.section("ema"), torch.no_grad():
         ema_commit(state, ok, hp)
@@ -433,17 +433,10 @@ Pairs = list[tuple[Tensor, Tensor]]
 """(state tensor, its new value) for the guard to commit."""
 
 
-def all_finite(*tensors: Tensor) -> Tensor:
-    """[] bool: every element of every tensor is finite. Each group checks its own update where it makes
-    it, so a compiled plan fuses the check into the kernels that write those tensors; the guard then reads
-    one flag per group instead of every gradient and parameter again."""
-    return torch.stack([torch.isfinite(tensor).all() for tensor in tensors]).all()
-
-
 def iql_update(
     state: TrainState, batch: Batch, hp: Hyper, targets: Targets, h_s2: Tensor
-) -> tuple[Tensor, Pairs, Tensor]:
-    """IQL's loss [], its Adam step as pairs to commit, and whether its gradient and loss are finite []."""
+) -> tuple[Tensor, Pairs, list[Tensor]]:
+    """IQL's loss [], its Adam step as pairs to commit, and what the guard checks."""
     assert targets.q_target_obs is not None
     q_target_data = targets.q_target_obs.gather(2, batch.action[:, :, None]).squeeze(2).mean(1)  # [B]
 
@@ -454,9 +447,8 @@ def iql_update(
     return aux_adam_step(state, hp, state.iql_params, state.adam_iql, iql_loss)
 
 
-def attention_update(state: TrainState, batch: Batch, hp: Hyper) -> tuple[Tensor, Pairs, Tensor]:
-    """The attention model's loss [], its Adam step as pairs to commit, and whether its gradient and loss
-    are finite []."""
+def attention_update(state: TrainState, batch: Batch, hp: Hyper) -> tuple[Tensor, Pairs, list[Tensor]]:
+    """The attention model's loss [], its Adam step as pairs to commit, and what the guard checks."""
 
     def attention_loss(params: Tensor) -> Tensor:
         views = network_views(state.attn, params, hp)
@@ -468,20 +460,20 @@ def attention_update(state: TrainState, batch: Batch, hp: Hyper) -> tuple[Tensor
 
 def aux_adam_step(
     state: TrainState, hp: Hyper, params: Tensor, moments: AdamMoments, loss_fn: Callable[[Tensor], Tensor]
-) -> tuple[Tensor, Pairs, Tensor]:
+) -> tuple[Tensor, Pairs, list[Tensor]]:
     """An auxiliary network's loss [] (`loss_fn` of its flat parameters [P]), its Adam step at `aux_lr` as
-    pairs to commit, and whether its gradient and loss are finite []."""
+    pairs to commit, and what the guard checks."""
     with mixed_precision(hp, state.atoms.device):
         grad, loss = torch.func.grad_and_value(loss_fn)(params)  # [P], []
     new, m, v = adam_update(params, grad, moments, state.updates + 1, hp.aux_lr, hp.beta1, hp.beta2, hp.eps)
-    return loss, [(params, new), (moments.m, m), (moments.v, v)], all_finite(grad, loss)
+    return loss, [(params, new), (moments.m, m), (moments.v, v)], [grad, loss[None]]
 
 
 def main_update(
     state: TrainState, grads: dict[str, Tensor], fwd: Forward, hp: Hyper, timer: SectionTimer
-) -> tuple[Pairs, Tensor]:
+) -> tuple[Pairs, list[Tensor]]:
     """The main network's budget clipping, pruning, Adam and spectral norm, as pairs to commit; and
-    whether its gradient, new parameters and budgeted losses are finite []."""
+    what the guard checks."""
     with timer.section("clip_prune"):
         grad = combine_budgeted(grads, hp.budgets) * state.prune_mask  # [Pm]
 
@@ -496,13 +488,13 @@ def main_update(
             candidate, u = spectral_project(candidate, state.spectral_u, state.main, hp.sigma_max)
 
     pairs = [(state.online, candidate), (state.adam_main.m, m), (state.adam_main.v, v), (state.spectral_u, u)]
-    return pairs, all_finite(grad, candidate, fwd.budgeted)
+    return pairs, [grad, candidate, fwd.budgeted]
 
 
-def guard_commit(state: TrainState, updates: Pairs, finite: list[Tensor], per_sample: Tensor) -> tuple[Tensor, Tensor]:
-    """Commit every update only if every group's is finite: ok [] bool, and the priorities [B] (finite)."""
+def guard_commit(state: TrainState, updates: Pairs, checks: list[Tensor], per_sample: Tensor) -> tuple[Tensor, Tensor]:
+    """Commit every update only if every check is finite: ok [] bool, and the priorities [B] (finite)."""
     # Any non-finite loss or gradient skips the whole update on the device: torch.where, no host branch.
-    ok = torch.stack(finite).all()  # []
+    ok = torch.stack([torch.isfinite(tensor).all() for tensor in checks]).all()  # []
     _commit(ok, updates)
     state.updates.add_(ok.to(state.updates.dtype))
     state.guard_skips.add_((~ok).to(state.guard_skips.dtype))
