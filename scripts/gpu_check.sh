@@ -72,8 +72,8 @@
 #          -> $OUT/profile_round11_core.txt, $OUT/trace/, $OUT/inductor_code.tgz, $OUT/core/
 #   round11b = full11: `full` with compile-bf16, zerocopy-bf16 and zerocopy-bf16+combo  -> $OUT/full/
 #   round12 = tests12,prof12,bench12: the combined replay ops against eager (GPU), then every kernel of
-#     zerocopy-bf16+combo on `core` (the replay's compiled work combined too, each group's finiteness
-#     checked where it is made), and with every combined kernel kept (`+allcombo`), with their timelines;
+#     zerocopy-bf16+combo on `core` (the replay's compiled work combined too), and with every combined
+#     kernel kept (`+allcombo`), with their timelines;
 #     then `core` with compile-bf16, zerocopy-bf16 and zerocopy-bf16+combo
 #                     -> $OUT/gpu_tests_round12.log, $OUT/profile_round12_core.txt, $OUT/trace/, $OUT/core/
 #   round12b = bench12b,full12: `core` with every method but eager, then `full` with compile-bf16 and
