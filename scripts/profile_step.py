@@ -24,11 +24,13 @@ import collections
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
+from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.bench import (
@@ -43,7 +45,7 @@ from trainer.bench import (
 from trainer.model import ModelDims
 from trainer.plans._capture import bf16_split_k
 from trainer.plans.base import Plan
-from trainer.plans.fused import HORIZONTAL_OPTIONS, combo_kernel_cap, compile_replay_ops, compile_step
+from trainer.plans.fused import HORIZONTAL_OPTIONS, compile_replay_ops, compile_step
 from trainer.replay.buffer import ReplayBuffer
 from trainer.state import TrainState
 from trainer.timing import StepTimer
@@ -59,6 +61,34 @@ def kind(name: str) -> str:
     if any(mark in name for mark in MATMUL_MARKS):
         return "matmul"
     return "triton" if name.startswith("triton") else "other"
+
+
+def combo_kernel_cap(nodes: int) -> contextlib.AbstractContextManager[object]:
+    """At most `nodes` kernels in one of Inductor's combined kernels inside the block (its default: 8).
+
+    torch 2.13 has a setting for it; 2.11 hard-codes 8 in its grouping of the scheduler's independent
+    nodes, which `_combo_grouping` replaces with the same grouping at another cap."""
+    if hasattr(inductor_config, "combo_kernel_max_num_nodes"):
+        return inductor_config.patch(combo_kernel_max_num_nodes=nodes)
+    return _combo_grouping(nodes)
+
+
+@contextlib.contextmanager
+def _combo_grouping(nodes: int) -> Iterator[None]:
+    """Inductor 2.11's grouping for combined kernels (each level of mutually independent scheduler
+    nodes, in runs of at most `nodes`), with `nodes` for its hard-coded 8."""
+    from torch._inductor.scheduler import ForeachKernelSchedulerNode
+
+    def group(scheduler: Any) -> list[list[Any]]:
+        levels = scheduler._topological_sort_nodes()  # [[node, ...], ...]: each level's nodes are independent
+        return [level[i : i + nodes] for level in levels for i in range(0, len(level), nodes)]
+
+    default = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels
+    ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(group)
+    try:
+        yield
+    finally:
+        ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(default)
 
 
 OVERRIDE_FLAGS = {"tree": "replay.search=tree"}

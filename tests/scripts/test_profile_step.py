@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from torch._inductor import config as inductor_config
 
-from scripts.profile_step import flags_scope, split_variant
+from scripts.profile_step import _combo_grouping, flags_scope, split_variant
 from trainer.plans.fused import HORIZONTAL_OPTIONS
 
 
@@ -33,3 +35,16 @@ def test_allcombo_keeps_every_combined_kernel_only_inside_the_variant() -> None:
     with flags_scope(["allcombo"]):
         assert HORIZONTAL_OPTIONS == {"combo_kernels": True, "benchmark_combo_kernel": False}
     assert HORIZONTAL_OPTIONS["benchmark_combo_kernel"] is True
+
+
+def test_the_combined_kernel_cap_replaces_torch_2_11s_grouping_inside_the_block_only() -> None:
+    """torch 2.11 (the GPU machine's) hard-codes 8 nodes per combined kernel: the cap swaps in the same
+    grouping, runs of each level of independent nodes, at the cap."""
+    from torch._inductor.scheduler import ForeachKernelSchedulerNode
+
+    default = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels
+    scheduler = SimpleNamespace(_topological_sort_nodes=lambda: [list(range(20)), [20, 21]])
+    with _combo_grouping(16):
+        groups = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels(scheduler)
+    assert groups == [list(range(16)), [16, 17, 18, 19], [20, 21]]
+    assert ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels is default

@@ -41,7 +41,6 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch._inductor import config as inductor_config
 
 from trainer.config import TrainConfig
 from trainer.plans._capture import StreamRouter
@@ -67,34 +66,6 @@ HORIZONTAL_OPTIONS: dict[str, Any] = {"combo_kernels": True, "benchmark_combo_ke
 Triton kernels (round 2's profile: 225 per step, most a few µs of launch and tail inside the graph) are
 launched as combined kernels, kept only where Inductor's benchmark finds the combination faster. Triton
 only: Inductor's CPU code is the same with or without them. The replay's compiled work takes them too."""
-
-
-def combo_kernel_cap(nodes: int) -> contextlib.AbstractContextManager[object]:
-    """At most `nodes` kernels in one of Inductor's combined kernels inside the block (its default: 8).
-
-    torch 2.13 has a setting for it; 2.11 hard-codes 8 in its grouping of the scheduler's independent
-    nodes, which `_combo_grouping` replaces with the same grouping at another cap."""
-    if hasattr(inductor_config, "combo_kernel_max_num_nodes"):
-        return inductor_config.patch(combo_kernel_max_num_nodes=nodes)
-    return _combo_grouping(nodes)
-
-
-@contextlib.contextmanager
-def _combo_grouping(nodes: int) -> Iterator[None]:
-    """Inductor 2.11's grouping for combined kernels (each level of mutually independent scheduler
-    nodes, in runs of at most `nodes`), with `nodes` for its hard-coded 8."""
-    from torch._inductor.scheduler import ForeachKernelSchedulerNode
-
-    def group(scheduler: Any) -> list[list[Any]]:
-        levels = scheduler._topological_sort_nodes()  # [[node, ...], ...]: each level's nodes are independent
-        return [level[i : i + nodes] for level in levels for i in range(0, len(level), nodes)]
-
-    default = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels
-    ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(group)
-    try:
-        yield
-    finally:
-        ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(default)
 
 
 class _EagerSections:

@@ -10,14 +10,7 @@ import torch
 
 from trainer.bench import BenchOptions, is_horizontal, method_config, preset_config, split_method
 from trainer.config import TrainConfig
-from trainer.plans.fused import (
-    HORIZONTAL_OPTIONS,
-    FusedPlan,
-    _combo_grouping,
-    combo_kernel_cap,
-    compile_replay_ops,
-    compile_step,
-)
+from trainer.plans.fused import HORIZONTAL_OPTIONS, FusedPlan, compile_replay_ops, compile_step
 
 
 def test_combo_is_a_suffix_of_the_compiled_plans_only() -> None:
@@ -61,23 +54,3 @@ def test_the_compiled_plans_take_combined_kernels_from_the_run_config(combo: boo
     assert FusedPlan.step_fn.func(plan) is compile_step(None, combo)  # type: ignore[arg-type]
     assert FusedPlan.replay_ops.fget(plan) is compile_replay_ops(combo)  # type: ignore[attr-defined]
     assert compile_replay_ops(combo) is not compile_replay_ops(not combo)
-
-
-def test_the_combined_kernel_cap_is_inductors_setting_where_torch_has_one() -> None:
-    default = torch._inductor.config.combo_kernel_max_num_nodes  # torch 2.13
-    with combo_kernel_cap(16):
-        assert torch._inductor.config.combo_kernel_max_num_nodes == 16
-    assert torch._inductor.config.combo_kernel_max_num_nodes == default
-
-
-def test_the_combined_kernel_cap_replaces_torch_2_11s_grouping_inside_the_block_only() -> None:
-    """torch 2.11 (the GPU machine's) hard-codes 8 nodes per combined kernel: the cap swaps in the same
-    grouping, runs of each level of independent nodes, at the cap."""
-    from torch._inductor.scheduler import ForeachKernelSchedulerNode
-
-    default = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels
-    scheduler = SimpleNamespace(_topological_sort_nodes=lambda: [list(range(20)), [20, 21]])
-    with _combo_grouping(16):
-        groups = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels(scheduler)
-    assert groups == [list(range(16)), [16, 17, 18, 19], [20, 21]]
-    assert ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels is default
