@@ -78,6 +78,9 @@
 #                     -> $OUT/gpu_tests_round12.log, $OUT/profile_round12_core.txt, $OUT/trace/, $OUT/core/
 #   round12b = bench12b,full12: `core` with every method but eager, then `full` with compile-bf16 and
 #     zerocopy-bf16+combo                                                         -> $OUT/core/, $OUT/full/
+#   round13 = prof13: every kernel of zerocopy-bf16+combo on `core` with its timeline and Inductor's generated
+#     modules, main's code before round 13's changes (DEADLINE 300 s)
+#          -> $OUT/profile_round13_core.txt, $OUT/trace/, $OUT/inductor_code.tgz
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -106,6 +109,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round11b ] && { stage=full11; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = round12 ] && { stage=tests12,prof12,bench12; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round12b ] && { stage=bench12b,full12; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = round13 ] && { stage=prof13; DEADLINE="${DEADLINE:-300}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -275,6 +279,13 @@ has prof12 && TOP=80 TRACE="$OUT/trace" profile_core profile_round12_core.txt 25
 has bench12 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 260 $quick
 has bench12b && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 260 $quick
 has full12 && bench_preset full compile-bf16,zerocopy-bf16+combo 400 $quick
+# round 13
+if has prof13; then
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-code13
+  TOP=400 TRACE="$OUT/trace" profile_core profile_round13_core.txt 250 zerocopy-bf16+combo
+  (cd "$TORCHINDUCTOR_CACHE_DIR" && find . -name "*.py" -size +1k | tar -czf "$OUT/inductor_code.tgz" -T -)
+  unset TORCHINDUCTOR_CACHE_DIR
+fi
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then
