@@ -81,6 +81,10 @@
 #   round13 = prof13: every kernel of zerocopy-bf16+combo on `core` with its timeline and Inductor's generated
 #     modules, main's code before round 13's changes (DEADLINE 300 s)
 #          -> $OUT/profile_round13_core.txt, $OUT/trace/, $OUT/inductor_code.tgz
+#   round13b = tests13,prof13b: the spectral kernel's tests (GPU, Inductor too), the fused bf16 plan with
+#     combined kernels = eager, dual = eager and zerocopy = eager on `core`, the dual plan's guard; then every kernel of
+#     zerocopy-bf16+combo on `core` with and without Inductor's split reductions (`+nosplitred`), with their
+#     timelines (DEADLINE 560 s)        -> $OUT/gpu_tests_round13.log, $OUT/profile_round13b_core.txt, $OUT/trace/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -110,6 +114,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round12 ] && { stage=tests12,prof12,bench12; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round12b ] && { stage=bench12b,full12; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round13 ] && { stage=prof13; DEADLINE="${DEADLINE:-300}"; }
+[ "$stage" = round13b ] && { stage=tests13,prof13b; DEADLINE="${DEADLINE:-560}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -257,8 +262,9 @@ fi
 # round 10
 has tests10 && gpu_tests gpu_tests_round10.log 170 tests/trainer/replay/test_buffer_gpu.py \
   tests/trainer/plans/test_replay_ops.py tests/trainer/plans/test_capture.py \
-  "tests/trainer/plans/test_equivalence.py::test_fed_plan_matches_eager_after_50_steps[graph-core]" \
+  "tests/trainer/plans/test_equivalence.py::test_fed_plan_matches_eager_after_50_steps[dual-core]" \
   "tests/trainer/plans/test_equivalence.py::test_zerocopy_matches_eager_sampling_in_graph[core]" \
+  "tests/trainer/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]" \
   "tests/trainer/test_train.py::test_cartpole_trains_3000_updates_with_each_plan_from_an_empty_replay[zerocopy-k10]"
 has bench10 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 250 $quick
 has profile10 && TOP=400 TRACE="$OUT/trace" profile_core profile_round10_core.txt 120 zerocopy-bf16+combo
@@ -286,6 +292,13 @@ if has prof13; then
   (cd "$TORCHINDUCTOR_CACHE_DIR" && find . -name "*.py" -size +1k | tar -czf "$OUT/inductor_code.tgz" -T -)
   unset TORCHINDUCTOR_CACHE_DIR
 fi
+has tests13 && MARK="gpu or not gpu" gpu_tests gpu_tests_round13.log 220 tests/trainer/kernels/test_spectral.py \
+  "$bf16_test[fused-combo-core]" \
+  "tests/trainer/plans/test_equivalence.py::test_fed_plan_matches_eager_after_50_steps[dual-core]" \
+  "tests/trainer/plans/test_equivalence.py::test_zerocopy_matches_eager_sampling_in_graph[core]" \
+  "tests/trainer/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]"
+has prof13b && TOP=60 TRACE="$OUT/trace" profile_core profile_round13b_core.txt 330 \
+  zerocopy-bf16+combo zerocopy-bf16+combo+nosplitred
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then

@@ -11,7 +11,7 @@ the profiler's kernels per step: use them to compare two versions of the step, b
 device time.
 
 `--as-plan` compiles the step as the fused plan does: the stream router's sections (attention, IQL, the
-guard's join, the EMA) as calls Dynamo breaks around (`trainer.plans.fused._EagerSections`, over a router
+guard's join) as calls Dynamo breaks around (`trainer.plans.fused._EagerSections`, over a router
 with no streams), so the step is several graphs; it also counts the ATen ops the step runs outside
 every compiled graph (each an eager kernel on a GPU), from the profiler.
 """

@@ -7,7 +7,8 @@ bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") wit
 "+nosplitk" (bf16 products without split-K, through cuBLASLt: `trainer.plans._capture.bf16_split_k`),
 e.g. "zerocopy-bf16+combo+nosplitk"; "+combo16" (up to 16 kernels in one of Inductor's combined kernels
 instead of its default 8), e.g. "zerocopy-bf16+combo+combo16"; "+allcombo" (every combined kernel kept,
-not only those Inductor's benchmark finds faster). Each variant is compiled afresh (Dynamo's in-memory
+not only those Inductor's benchmark finds faster); "+nosplitred" (no reduction split into two kernels,
+partial and final: Inductor's `split_reductions` off). Each variant is compiled afresh (Dynamo's in-memory
 cache and the plans' compiled wrappers are reset first), so one compiled under other Inductor settings
 is never reused.
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
@@ -97,6 +98,7 @@ SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] 
     "nosplitk": lambda: bf16_split_k(False),
     "combo16": lambda: combo_kernel_cap(16),
     "allcombo": lambda: mock.patch.dict(HORIZONTAL_OPTIONS, benchmark_combo_kernel=False),
+    "nosplitred": lambda: inductor_config.patch(split_reductions=False),
 }
 """Variant flags that are process settings, held while the variant is built (compiled, captured) and run."""
 

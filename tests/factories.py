@@ -8,7 +8,7 @@ import torch
 
 from trainer.batch import Batch
 from trainer.config import TrainConfig, build_config
-from trainer.model import ModelDims
+from trainer.model import ModelDims, ParamLayout, ParamSpec
 from trainer.state import TrainState
 
 TINY_MODEL = {
@@ -58,3 +58,22 @@ def random_batch(state: TrainState, batch_size: int, seed: int = 0) -> Batch:
     batch.done.copy_((torch.rand(batch_size, generator=generator) < 0.2).float())
     batch.weight.uniform_(0.5, 1.0, generator=generator)
     return batch
+
+
+def padded_layout() -> ParamLayout:
+    """Matrices of every kind `ParamLayout` stores: plain, padded rows (`pad_out`), padded columns (a strided
+    view), two in a group (stored out of spec order), beside a weight that is not a matrix and a LayerNorm."""
+    return ParamLayout(
+        [
+            ParamSpec("a_w", (5, 7), 7, matrix=True),
+            ParamSpec("a_b", (5,), 7),
+            ParamSpec("ln_w", (6,), 0),
+            ParamSpec("rows_w", (11, 6), 6, matrix=True, pad_dim=0),  # stored [16, 6]
+            ParamSpec("rows_b", (11,), 6, pad_dim=0),
+            ParamSpec("cols_w", (6, 13), 13, matrix=True, pad_dim=1),  # stored [6, 16]
+            ParamSpec("plain_w", (9, 6), 6),  # not a matrix: spectral norm leaves it
+            ParamSpec("e_w", (3, 7), 7, matrix=True),
+            ParamSpec("e_b", (3,), 7),
+        ],
+        groups={"ae_w": ["a_w", "e_w"], "ae_b": ["a_b", "e_b"]},
+    )

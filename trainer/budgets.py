@@ -32,12 +32,14 @@ def combine_budgeted(grads: dict[str, Tensor], budgets: dict[str, float]) -> Ten
     """Σ_i clip(g_i, budget_i): each loss's gradient clipped to its share, then summed.
 
     Of the L gradients stacked [L, P]: their norms are one reduction and the sum one pointwise kernel,
-    where clipping each alone is a reduction and a scaling per loss."""
+    where clipping each alone is a reduction and a scaling per loss. Each scale is computed where it is
+    used (not stacked into a tensor of scales: compiled, that was a kernel of its own)."""
     names = [name for name in BUDGET_NAMES if name in grads]
-    stacked = torch.stack([grads[name] for name in names])  # [L, P]
-    norms = torch.linalg.vector_norm(stacked, dim=1)  # [L]
-    scale = torch.stack([budget_scale(norms[i], budgets[name]) for i, name in enumerate(names)])  # [L]
-    return (stacked * scale[:, None]).sum(0)  # [P]
+    norms = torch.linalg.vector_norm(torch.stack([grads[name] for name in names]), dim=1)  # [L]
+    total = grads[names[0]] * budget_scale(norms[0], budgets[names[0]])  # [P]
+    for i, name in enumerate(names[1:], start=1):
+        total = total + grads[name] * budget_scale(norms[i], budgets[name])
+    return total
 
 
 def pruning_mask(layout: ParamLayout, sparsity: float, generator: torch.Generator, device: torch.device) -> Tensor:
@@ -144,11 +146,17 @@ def spectral_project(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: 
     """One power iteration per weight matrix, then W ← W · min(1, σ_max / σ).
 
     `u` [ΣR] holds each matrix's left singular-vector estimate (R = its rows), carried across steps.
-    The same maths in two forms: under torch.compile every matrix at once (`spectral_project_batched`: 9
-    kernels where the loop takes ~45), eagerly matrix by matrix (`spectral_project_per_matrix`: the batched
-    form's zero-padded gathers cost an eager CPU step ~16 ms at the `core` size, the loop 0.4 ms).
+    The same maths in three forms. Under torch.compile every matrix at once: on a GPU one Triton kernel
+    (`spectral_project_fused`), elsewhere `spectral_project_batched` (9 kernels where the loop takes ~45).
+    Eagerly matrix by matrix (`spectral_project_per_matrix`: the batched form's zero-padded gathers cost
+    an eager CPU step ~16 ms at the `core` size, the loop 0.4 ms).
     """
     if torch.compiler.is_compiling():
+        if params.is_cuda and layout.matrices():
+            from trainer.kernels import spectral  # Triton: what CUDA builds of torch bring
+
+            if spectral.supports(max(spec.shape[1] for spec in layout.matrices())):
+                return spectral_project_fused(params, u, layout, sigma_max)
         return spectral_project_batched(params, u, layout, sigma_max)
     return spectral_project_per_matrix(params, u, layout, sigma_max)
 
@@ -198,6 +206,28 @@ def spectral_project_batched(params: Tensor, u: Tensor, layout: ParamLayout, sig
     scale = (sigma_max / sigma).clamp(max=1.0)  # [M]
     scale = torch.cat([scale, scale.new_ones(1)])  # [M + 1]: slot M, every element outside the matrices
     return params * scale[tables.element_slot], new_u.flatten()[tables.u_slot]  # [P], [ΣR]
+
+
+def spectral_project_fused(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
+    """`spectral_project` with the power iteration of every matrix in one Triton kernel
+    (`trainer.kernels.spectral`: one kernel where the batched form's reductions take 8); each element is
+    then multiplied by its matrix's scale, exactly as in the batched form."""
+    from trainer.kernels.spectral import spectral_power_step
+
+    tables = _spectral_tables(layout.size, _geometry(layout), params.device)
+    scale, new_u = spectral_power_step(
+        params,
+        u,
+        tables.offset,
+        tables.row_stride,
+        tables.rows,
+        tables.cols,
+        tables.u_start,
+        sigma_max,
+        tables.max_rows,
+        tables.max_cols,
+    )  # [M + 1], [ΣR]
+    return params * scale[tables.element_slot], new_u  # [P], [ΣR]
 
 
 def spectral_u_init(layout: ParamLayout, generator: torch.Generator, device: torch.device) -> Tensor:

@@ -392,6 +392,9 @@ def train_step(
         targets = compute_targets(state, batch, draws, hp)
     grads, fwd = per_loss_gradients(state, batch, draws, hp, flags, targets, timer)
     losses = dict(fwd.losses)
+    # PER's new priorities, finite whatever the guard decides; here, before the plans' first graph break,
+    # so compiled it is one more output of the kernel that computes the per-sample losses.
+    priority = torch.nan_to_num(fwd.per_sample.detach(), nan=0.0, posinf=0.0, neginf=0.0)  # [B]
 
     if flags.causal:
         with timer.section("causal"), torch.no_grad(), mixed_precision(hp, atoms.device):
@@ -421,10 +424,7 @@ def train_step(
     checks += checked
 
     with timer.section("guard"), torch.no_grad():
-        ok, priority = guard_commit(state, updates, checks, fwd.per_sample)
-
-    with timer.section("ema"), torch.no_grad():
-        ema_commit(state, ok, hp)
+        ok = guard_commit(state, updates, checks)
 
     return StepOutput(losses=losses, priority=priority, ok=ok)
 
@@ -472,8 +472,8 @@ def aux_adam_step(
 def main_update(
     state: TrainState, grads: dict[str, Tensor], fwd: Forward, hp: Hyper, timer: SectionTimer
 ) -> tuple[Pairs, list[Tensor]]:
-    """The main network's budget clipping, pruning, Adam and spectral norm, as pairs to commit; and
-    what the guard checks."""
+    """The main network's budget clipping, pruning, Adam and spectral norm, and the target network's
+    EMA towards the result, as pairs to commit; and what the guard checks."""
     with timer.section("clip_prune"):
         grad = combine_budgeted(grads, hp.budgets) * state.prune_mask  # [Pm]
 
@@ -487,20 +487,21 @@ def main_update(
         if hp.spectral_norm:
             candidate, u = spectral_project(candidate, state.spectral_u, state.main, hp.sigma_max)
 
+    with timer.section("ema"):
+        # target ← lerp(target, online, τ) of the online parameters this update commits: committed with them
+        # (compiled, one more output of the kernel that writes the candidate, not a pass of its own).
+        target = ema(state.target, candidate, hp.target_tau)  # [Pm]
+
     pairs = [(state.online, candidate), (state.adam_main.m, m), (state.adam_main.v, v), (state.spectral_u, u)]
+    pairs.append((state.target, target))
     return pairs, [grad, candidate, fwd.budgeted]
 
 
-def guard_commit(state: TrainState, updates: Pairs, checks: list[Tensor], per_sample: Tensor) -> tuple[Tensor, Tensor]:
-    """Commit every update only if every check is finite: ok [] bool, and the priorities [B] (finite)."""
+def guard_commit(state: TrainState, updates: Pairs, checks: list[Tensor]) -> Tensor:
+    """Commit every update only if every check is finite: ok [] bool."""
     # Any non-finite loss or gradient skips the whole update on the device: torch.where, no host branch.
     ok = torch.stack([torch.isfinite(tensor).all() for tensor in checks]).all()  # []
     _commit(ok, updates)
     state.updates.add_(ok.to(state.updates.dtype))
     state.guard_skips.add_((~ok).to(state.guard_skips.dtype))
-    return ok, torch.nan_to_num(per_sample, nan=0.0, posinf=0.0, neginf=0.0)  # [B]
-
-
-def ema_commit(state: TrainState, ok: Tensor, hp: Hyper) -> None:
-    """target ← lerp(target, online, τ), only when the online update was applied."""
-    _commit(ok, [(state.target, ema(state.target, state.online, hp.target_tau))])
+    return ok

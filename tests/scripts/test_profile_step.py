@@ -48,3 +48,10 @@ def test_the_combined_kernel_cap_replaces_torch_2_11s_grouping_inside_the_block_
         groups = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels(scheduler)
     assert groups == [list(range(16)), [16, 17, 18, 19], [20, 21]]
     assert ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels is default
+
+
+def test_nosplitred_turns_inductors_split_reductions_off_only_inside_the_variant() -> None:
+    assert inductor_config.split_reductions is True
+    with flags_scope(["nosplitred"]):
+        assert inductor_config.split_reductions is False
+    assert inductor_config.split_reductions is True

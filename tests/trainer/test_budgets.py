@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.factories import tiny_config, tiny_state
+from tests.factories import padded_layout, tiny_config, tiny_state
 from trainer.budgets import (
     AdamMoments,
     adam_update,
@@ -17,7 +17,7 @@ from trainer.budgets import (
     spectral_project_per_matrix,
     spectral_u_init,
 )
-from trainer.model import ParamLayout, ParamSpec
+from trainer.model import ParamLayout
 
 SpectralForm = Callable[[Tensor, Tensor, ParamLayout, float], tuple[Tensor, Tensor]]
 
@@ -119,25 +119,6 @@ def test_spectral_projection_is_the_power_iteration_with_sigma_as_u_w_v(form: Sp
         assert torch.allclose(u[offset : offset + rows], u_ref, atol=1e-6)
         assert torch.allclose(new_views[spec.name], weight * (1.0 / sigma).clamp(max=1.0), rtol=1e-5, atol=1e-7)
         offset += rows
-
-
-def padded_layout() -> ParamLayout:
-    """Matrices of every kind `ParamLayout` stores: plain, padded rows (`pad_out`), padded columns (a strided
-    view), two in a group (stored out of spec order), beside a weight that is not a matrix and a LayerNorm."""
-    return ParamLayout(
-        [
-            ParamSpec("a_w", (5, 7), 7, matrix=True),
-            ParamSpec("a_b", (5,), 7),
-            ParamSpec("ln_w", (6,), 0),
-            ParamSpec("rows_w", (11, 6), 6, matrix=True, pad_dim=0),  # stored [16, 6]
-            ParamSpec("rows_b", (11,), 6, pad_dim=0),
-            ParamSpec("cols_w", (6, 13), 13, matrix=True, pad_dim=1),  # stored [6, 16]
-            ParamSpec("plain_w", (9, 6), 6),  # not a matrix: spectral norm leaves it
-            ParamSpec("e_w", (3, 7), 7, matrix=True),
-            ParamSpec("e_b", (3,), 7),
-        ],
-        groups={"ae_w": ["a_w", "e_w"], "ae_b": ["a_b", "e_b"]},
-    )
 
 
 def test_the_batched_form_matches_the_per_matrix_loop_on_padded_layouts() -> None:

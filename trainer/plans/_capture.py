@@ -175,7 +175,6 @@ class StreamRouter:
     FORKS: ClassVar[dict[str, str]] = {
         "attention": "start",  # reads the batch window and its own parameters: independent of the rest
         "iql": "here",  # reads h_s2 and the target trunk: right after the forward/backward section
-        "ema": "here",  # reads the committed online parameters: after the guard
     }
     JOINS: ClassVar[frozenset[str]] = frozenset({"guard"})
     """Sections that first wait for every open side stream (the guard checks their gradients)."""

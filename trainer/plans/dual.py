@@ -4,9 +4,8 @@ Captured as one graph whose DAG forks and joins with events (`StreamRouter`):
 - attention (forward, backward, its Adam candidate) forks at the step's start: it reads only the
   batch window and its own parameters, so it overlaps the main network's whole forward/backward;
 - IQL forks once the first forward (h_s2, the target trunk) is done and overlaps the backward;
-- both join before the guard, which checks their gradients and commits every group at once;
-- the target EMA forks after the guard and overlaps the priority write-back; it joins at the
-  graph's end, so the next step's upload (sampling into the static batch) waits for it.
+- both join before the guard, which checks their gradients and commits every group at once (the
+  target EMA with them: it is computed from the main update's candidate, on the main stream).
 IQN stays on the main stream: its gradient is one of the main network's budgeted gradients.
 """
 

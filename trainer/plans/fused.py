@@ -5,11 +5,11 @@ capture then records the generated kernels, with the dual plan's side-stream for
 graph per variant. Because the step takes its gradients with `torch.func` (no `autograd.grad` calls
 for Dynamo to break at), the main network's targets, forward and backward (the heads' batched
 backward and IQN's own) are one Inductor graph: its pointwise work is fused into the matrix
-products' neighbours. The router's stream sections (attention, IQL, the guard's join, the EMA) are
+products' neighbours. The router's stream sections (attention, IQL, the guard's join) are
 eager calls (`torch.compiler.disable`) that Dynamo breaks around; it cannot resume inside their
 `with` blocks, so it runs the rest of `train_step` as Python and compiles each call it makes: the
 step writes each section's work as one call (`trainer.step.iql_update`, `main_update`, …), so each is
-one graph and no tensor op runs outside a graph (`scripts/kernel_count.py --as-plan`: 6 graphs).
+one graph and no tensor op runs outside a graph (`scripts/kernel_count.py --as-plan`: 5 graphs).
 
 The replay's work in each update is compiled too (`compile_replay_ops`): sampling without its random
 numbers (the search, weights, gathers and HER's relabelling, `ReplayBuffer.gather_into`) and the

@@ -61,7 +61,7 @@ class GraphPlan(BasePlan):
 
     name = "graph"
     streams = False
-    """Run attention, IQL and the EMA on side streams inside the graph (the dual plan and later)."""
+    """Run attention and IQL on side streams inside the graph (the dual plan and later)."""
 
     def __init__(
         self,
