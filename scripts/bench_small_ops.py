@@ -1,4 +1,4 @@
-"""Ways to write two of the step's small batched ops, timed compiled on the GPU, to choose one by measurement.
+"""Ways to write three of the step's small batched ops, timed compiled on the GPU, to choose one by measurement.
 
 The bench model's attention runs 4096 problems of 16 × 16 × 32 (B × heads windows of W = 16, head size 32),
 and the C51 projection 1024 products of [K, N] × [N, N] (N = 51): far below the tiles that cuDNN's flash
@@ -9,7 +9,11 @@ printed (the plans run the step as CUDA graphs, so launch time does not count). 
 2026-12-04): attention as `q @ kᵀ` and softmax is pattern-matched back to SDPA (the same kernels), and
 as broadcast products and sums it took 263 µs against SDPA's 195.
 
-    python scripts/bench_small_ops.py [--calls 50]
+The third is spectral norm's power iteration over the pinned `core` model's 9 weight matrices (up to 765 × 256):
+Inductor's batched form against the one-program-per-matrix Triton kernel (`trainer.kernels.spectral`) at
+several tile sizes, warps and pipeline stages, each checked against the per-matrix loop.
+
+    python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral]
 """
 
 from __future__ import annotations
@@ -22,9 +26,16 @@ import torch
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
+from trainer.bench import BenchOptions, bench_spec, preset_config
+from trainer.budgets import spectral_project_batched, spectral_project_fused, spectral_project_per_matrix
+from trainer.kernels import spectral
 from trainer.kernels.window_attention import window_attention_fused
 from trainer.losses.c51 import categorical_projection
-from trainer.model import self_attention
+from trainer.model import ModelDims, self_attention
+from trainer.state import TrainState
+
+SPECTRAL_KERNELS = [(8192, 8, 1), (8192, 8, 3), (16384, 16, 1), (16384, 16, 3), (32768, 16, 2)]
+"""(TILE, NUM_WARPS, STAGES) of `trainer.kernels.spectral` to time."""
 
 
 def bmm_projection(next_pmf: Tensor, weight: Tensor) -> Tensor:
@@ -51,13 +62,35 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--branches", type=int, default=4)
     parser.add_argument("--atoms", type=int, default=51)
+    parser.add_argument("--ops", default="attention,projection,spectral")
     args = parser.parse_args()
+    ops = set(args.ops.split(","))
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     generator = torch.Generator(device).manual_seed(0)
     rows = []
 
-    qkv = torch.randn(args.batch, 16, 3, 4, 32, device=device, generator=generator)  # [B, W, 3, h, d]
+    if "attention" in ops:
+        rows += attention_rows(args.batch, args.calls, generator)
+    if "projection" in ops:
+        rows += projection_rows(args, generator)
+    if "spectral" in ops:
+        rows += spectral_rows(args.calls, generator)
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
+    for name, ms, count, names in rows:
+        print(f"\n{name}: {ms * 1e3:.1f} us, {count} kernels\n    " + "\n    ".join(names))
+    print("\nvariant                                          us/call  kernels")
+    for name, ms, count, _ in rows:
+        print(f"{name:48s} {ms * 1e3:7.1f}  {count:7d}")
+
+
+Row = tuple[str, float, int, list[str]]
+
+
+def attention_rows(batch: int, calls: int, generator: torch.Generator) -> list[Row]:
+    rows = []
+    qkv = torch.randn(batch, 16, 3, 4, 32, device="cuda", generator=generator)  # [B, W, 3, h, d]
     want = self_attention(qkv)
     for name, attend in [("self_attention (SDPA)", self_attention), ("window_attention_fused", window_attention_fused)]:
         torch.testing.assert_close(attend(qkv), want, rtol=1e-4, atol=1e-4)  # float32
@@ -71,8 +104,12 @@ def main() -> None:
             loss.backward()
             leaf.grad = None
 
-        rows.append((f"attention fwd+bwd bf16: {name}", *kernel_ms(step, args.calls)))
+        rows.append((f"attention fwd+bwd bf16: {name}", *kernel_ms(step, calls)))
+    return rows
 
+
+def projection_rows(args: argparse.Namespace, generator: torch.Generator) -> list[Row]:
+    device, rows = torch.device("cuda"), []
     pmf = torch.rand(args.batch, args.branches, args.atoms, device=device, generator=generator).softmax(-1)
     reward = torch.randn(args.batch, device=device, generator=generator)
     done = (torch.rand(args.batch, device=device, generator=generator) < 0.1).float()
@@ -85,13 +122,35 @@ def main() -> None:
     weight = torch.rand(args.batch, args.atoms, args.atoms, device=device, generator=generator)
     compiled_bmm = torch.compile(bmm_projection)
     rows.append(("projection bmm alone (TF32)", *kernel_ms(lambda: compiled_bmm(pmf, weight), args.calls)))
+    return rows
 
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
-    for name, ms, count, names in rows:
-        print(f"\n{name}: {ms * 1e3:.1f} us, {count} kernels\n    " + "\n    ".join(names))
-    print("\nvariant                                          us/call  kernels")
-    for name, ms, count, _ in rows:
-        print(f"{name:48s} {ms * 1e3:7.1f}  {count:7d}")
+
+def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    """The `core` model's main network, its parameters scaled so that every matrix is projected."""
+    device, rows = torch.device("cuda"), []
+    config = preset_config("core", BenchOptions())
+    spec = bench_spec(config)
+    dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+    state = TrainState.create(config, dims, device)
+    layout, params = state.main, state.online.detach() * 30.0
+    u = torch.randn(state.spectral_u.shape, device=device, generator=generator)
+    want, want_u = spectral_project_per_matrix(params, u, layout, 1.0)
+    variants: list[tuple[str, Callable[..., tuple[Tensor, Tensor]], tuple[int, int, int] | None]] = [
+        ("spectral: Inductor batched", spectral_project_batched, None),
+        *[
+            (f"spectral: kernel tile {t} warps {w} stages {s}", spectral_project_fused, (t, w, s))
+            for t, w, s in SPECTRAL_KERNELS
+        ],
+    ]
+    for name, form, setting in variants:
+        if setting is not None:
+            spectral.TILE, spectral.NUM_WARPS, spectral.STAGES = setting  # read at each call of the op
+        compiled = torch.compile(form, dynamic=False)
+        got, got_u = compiled(params, u, layout, 1.0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_u, want_u, rtol=1e-5, atol=1e-6)
+        rows.append((name, *kernel_ms(lambda compiled=compiled: compiled(params, u, layout, 1.0), calls)))
+    return rows
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@
 #     combined kernels = eager, dual = eager and zerocopy = eager on `core`, the dual plan's guard; then every kernel of
 #     zerocopy-bf16+combo on `core` with and without Inductor's split reductions (`+nosplitred`), with their
 #     timelines (DEADLINE 560 s)        -> $OUT/gpu_tests_round13.log, $OUT/profile_round13b_core.txt, $OUT/trace/
+#   round13c = small13: spectral norm's power iteration timed alone, Inductor's batched form against the Triton
+#     kernel's tile sizes, warps and stages (scripts/bench_small_ops.py --ops spectral) -> $OUT/small_ops_spectral.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -115,6 +117,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round12b ] && { stage=bench12b,full12; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round13 ] && { stage=prof13; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round13b ] && { stage=tests13,prof13b; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round13c ] && { stage=small13; DEADLINE="${DEADLINE:-200}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -299,6 +302,8 @@ has tests13 && MARK="gpu or not gpu" gpu_tests gpu_tests_round13.log 220 tests/t
   "tests/trainer/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]"
 has prof13b && TOP=60 TRACE="$OUT/trace" profile_core profile_round13b_core.txt 330 \
   zerocopy-bf16+combo zerocopy-bf16+combo+nosplitred
+has small13 && timeout "$(left 180)" python3 scripts/bench_small_ops.py --ops spectral 2>&1 | grep -v "Extern Choice" \
+  | tee "$OUT/small_ops_spectral.txt" | tail -9
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then

@@ -29,6 +29,8 @@ MAX_COLUMNS = 1024
 TILE = 8192
 """Elements per tile of rows (BLOCK_R × BLOCK_C) that a program loads at once."""
 NUM_WARPS = 8
+STAGES = 1
+"""Loads of tiles in flight in the row loops (Triton's software pipelining)."""
 
 
 def supports(max_cols: int) -> bool:
@@ -58,11 +60,15 @@ def _power_step_kernel(
     sigma_max,
     matrices,
     MAX_ROWS: tl.constexpr,
+    ROWS_POW2: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     # The row loops run to the largest matrix's rows, masked past this one's: a bound loaded from memory
     # is not a loop bound Triton's interpreter (the CPU tests) takes, and programs run side by side anyway.
+    # Inside the loops, products accumulate per element and are reduced once after them: a reduction across
+    # the program's threads in every iteration would serialise the loads.
     i = tl.program_id(0)
     offset = tl.load(offset_ptr + i)
     row_stride = tl.load(row_stride_ptr + i)
@@ -71,27 +77,27 @@ def _power_step_kernel(
     u_start = tl.load(u_start_ptr + i)
 
     # v = normalize(Wᵀ u)  [C]
-    wt_u = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for r0 in range(0, MAX_ROWS, BLOCK_R):
+    wt_u = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    for r0 in tl.range(0, MAX_ROWS, BLOCK_R, num_stages=STAGES):
         w, r, in_rows = _tile(params_ptr, offset, row_stride, rows, cols, r0, BLOCK_R, BLOCK_C)
         u = tl.load(u_ptr + u_start + r, mask=in_rows, other=0.0)  # [BLOCK_R]
-        wt_u += tl.sum(w * u[:, None], axis=0)
-    v = wt_u / tl.maximum(tl.sqrt(tl.sum(wt_u * wt_u, axis=0)), 1e-12)
+        wt_u += w * u[:, None]
+    y = tl.sum(wt_u, axis=0)  # [BLOCK_C]
+    v = y / tl.maximum(tl.sqrt(tl.sum(y * y, axis=0)), 1e-12)
 
     # w = W v [R] into the new u; σ = ‖W v‖ (= uᵀ W v for u = W v / ‖W v‖)
-    sum_sq = tl.sum(tl.zeros([BLOCK_R], dtype=tl.float32), axis=0)
-    for r0 in range(0, MAX_ROWS, BLOCK_R):
+    squares = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for r0 in tl.range(0, MAX_ROWS, BLOCK_R, num_stages=STAGES):
         w, r, in_rows = _tile(params_ptr, offset, row_stride, rows, cols, r0, BLOCK_R, BLOCK_C)
         wv = tl.sum(w * v[None, :], axis=1)  # [BLOCK_R]
-        sum_sq += tl.sum(wv * wv, axis=0)
+        squares += wv * wv
         tl.store(new_u_ptr + u_start + r, wv, mask=in_rows)
-    sigma = tl.sqrt(sum_sq)
+    sigma = tl.sqrt(tl.sum(squares, axis=0))
 
     tl.debug_barrier()  # every thread's w stored before any thread reads its rows back
-    for r0 in range(0, MAX_ROWS, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R)
-        wv = tl.load(new_u_ptr + u_start + r, mask=r < rows, other=0.0)
-        tl.store(new_u_ptr + u_start + r, wv / tl.maximum(sigma, 1e-12), mask=r < rows)
+    r = tl.arange(0, ROWS_POW2)
+    wv = tl.load(new_u_ptr + u_start + r, mask=r < rows, other=0.0)
+    tl.store(new_u_ptr + u_start + r, wv / tl.maximum(sigma, 1e-12), mask=r < rows)
     # min(1, σ_max / σ), NaN kept (a non-finite matrix stays non-finite for the guard)
     tl.store(scale_ptr + i, tl.minimum(sigma_max / sigma, 1.0, propagate_nan=tl.PropagateNan.ALL))
     if i == 0:
@@ -133,8 +139,10 @@ def spectral_power_step(
         sigma_max,
         matrices,
         MAX_ROWS=max_rows,
+        ROWS_POW2=triton.next_power_of_2(max_rows),
         BLOCK_R=max(1, TILE // block_c),
         BLOCK_C=block_c,
+        STAGES=STAGES,
         num_warps=NUM_WARPS,
     )
     return scale, new_u
