@@ -10,8 +10,8 @@ printed (the plans run the step as CUDA graphs, so launch time does not count). 
 as broadcast products and sums it took 263 µs against SDPA's 195.
 
 The third is spectral norm's power iteration over the pinned `core` model's 9 weight matrices (up to 765 × 256):
-Inductor's batched form against the one-program-per-matrix Triton kernel (`trainer.kernels.spectral`) at
-several tile sizes, warps and pipeline stages, each checked against the per-matrix loop.
+Inductor's batched form against the one-program-per-matrix Triton kernel (`trainer.kernels.spectral`, with
+the autotuner's time for each of its tile configurations), each checked against the per-matrix loop.
 
     python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral]
 """
@@ -33,9 +33,6 @@ from trainer.kernels.window_attention import window_attention_fused
 from trainer.losses.c51 import categorical_projection
 from trainer.model import ModelDims, self_attention
 from trainer.state import TrainState
-
-SPECTRAL_KERNELS = [(8192, 8, 1), (8192, 8, 3), (16384, 16, 1), (16384, 16, 3), (32768, 16, 2)]
-"""(TILE, NUM_WARPS, STAGES) of `trainer.kernels.spectral` to time."""
 
 
 def bmm_projection(next_pmf: Tensor, weight: Tensor) -> Tensor:
@@ -135,21 +132,19 @@ def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:
     layout, params = state.main, state.online.detach() * 30.0
     u = torch.randn(state.spectral_u.shape, device=device, generator=generator)
     want, want_u = spectral_project_per_matrix(params, u, layout, 1.0)
-    variants: list[tuple[str, Callable[..., tuple[Tensor, Tensor]], tuple[int, int, int] | None]] = [
-        ("spectral: Inductor batched", spectral_project_batched, None),
-        *[
-            (f"spectral: kernel tile {t} warps {w} stages {s}", spectral_project_fused, (t, w, s))
-            for t, w, s in SPECTRAL_KERNELS
-        ],
-    ]
-    for name, form, setting in variants:
-        if setting is not None:
-            spectral.TILE, spectral.NUM_WARPS, spectral.STAGES = setting  # read at each call of the op
+    for name, form in [
+        ("spectral: Inductor batched", spectral_project_batched),
+        ("spectral: kernel", spectral_project_fused),
+    ]:
         compiled = torch.compile(form, dynamic=False)
         got, got_u = compiled(params, u, layout, 1.0)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got_u, want_u, rtol=1e-5, atol=1e-6)
         rows.append((name, *kernel_ms(lambda compiled=compiled: compiled(params, u, layout, 1.0), calls)))
+    tuner = spectral._power_step_kernel
+    for config, timing in getattr(tuner, "configs_timings", {}).items():  # median, 20th, 80th percentile, ms
+        print(f"spectral kernel {config}: {timing[0] * 1e3:.1f} us")
+    print(f"spectral kernel chosen: {tuner.best_config}")
     return rows
 
 

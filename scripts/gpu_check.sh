@@ -87,6 +87,10 @@
 #     timelines (DEADLINE 560 s)        -> $OUT/gpu_tests_round13.log, $OUT/profile_round13b_core.txt, $OUT/trace/
 #   round13c = small13: spectral norm's power iteration timed alone, Inductor's batched form against the Triton
 #     kernel's tile sizes, warps and stages (scripts/bench_small_ops.py --ops spectral) -> $OUT/small_ops_spectral.txt
+#   round13d = small13,prof13d,bench13: the spectral kernel timed alone (round13c), every kernel of zerocopy-bf16+combo
+#     on `core` with its timeline, then `core` with every method but eager, 3 windows, with the timer's overhead
+#     (DEADLINE 570 s)     -> $OUT/small_ops_spectral.txt, $OUT/profile_round13d_core.txt, $OUT/trace/, $OUT/core/
+#   round13e = full13: `full` with compile-bf16 and zerocopy-bf16+combo                          -> $OUT/full/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -118,6 +122,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13 ] && { stage=prof13; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round13b ] && { stage=tests13,prof13b; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round13c ] && { stage=small13; DEADLINE="${DEADLINE:-200}"; }
+[ "$stage" = round13d ] && { stage=small13,prof13d,bench13; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = round13e ] && { stage=full13; DEADLINE="${DEADLINE:-560}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -304,6 +310,9 @@ has prof13b && TOP=60 TRACE="$OUT/trace" profile_core profile_round13b_core.txt 
   zerocopy-bf16+combo zerocopy-bf16+combo+nosplitred
 has small13 && timeout "$(left 180)" python3 scripts/bench_small_ops.py --ops spectral 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_spectral.txt" | tail -9
+has prof13d && TOP=400 TRACE="$OUT/trace" profile_core profile_round13d_core.txt 120 zerocopy-bf16+combo
+has bench13 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 400 --repeats 3
+has full13 && bench_preset full compile-bf16,zerocopy-bf16+combo 500 $quick
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then

@@ -19,6 +19,8 @@ unit tests).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -26,11 +28,17 @@ from torch import Tensor
 
 MAX_COLUMNS = 1024
 """The widest matrix a program takes: its v [C] and a tile of rows stay in registers."""
-TILE = 8192
-"""Elements per tile of rows (BLOCK_R × BLOCK_C) that a program loads at once."""
-NUM_WARPS = 8
-STAGES = 1
-"""Loads of tiles in flight in the row loops (Triton's software pipelining)."""
+
+TILE_CONFIGS = [(8192, 8, 1), (8192, 8, 3), (16384, 16, 1), (16384, 16, 3), (32768, 16, 2)]
+"""(elements per tile of rows BLOCK_R × BLOCK_C, warps, tiles in flight) that Triton's autotuner times on the
+first call for each shape, keeping the fastest; Triton's interpreter (the CPU tests) cannot time, so there
+only the first runs."""
+
+
+def _configs() -> list[triton.Config]:
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    tiles = TILE_CONFIGS[:1] if interpreted else TILE_CONFIGS
+    return [triton.Config({"TILE": tile, "STAGES": stages}, num_warps=warps) for tile, warps, stages in tiles]
 
 
 def supports(max_cols: int) -> bool:
@@ -46,6 +54,7 @@ def _tile(params_ptr, offset, row_stride, rows, cols, r0, BLOCK_R: tl.constexpr,
     return tl.load(params_ptr + offset + r[:, None] * row_stride + c[None, :], mask=inside, other=0.0), r, r < rows
 
 
+@triton.autotune(configs=_configs(), key=["MAX_ROWS", "BLOCK_C"])
 @triton.jit
 def _power_step_kernel(
     params_ptr,
@@ -61,14 +70,15 @@ def _power_step_kernel(
     matrices,
     MAX_ROWS: tl.constexpr,
     ROWS_POW2: tl.constexpr,
-    BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    TILE: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     # The row loops run to the largest matrix's rows, masked past this one's: a bound loaded from memory
     # is not a loop bound Triton's interpreter (the CPU tests) takes, and programs run side by side anyway.
     # Inside the loops, products accumulate per element and are reduced once after them: a reduction across
     # the program's threads in every iteration would serialise the loads.
+    BLOCK_R: tl.constexpr = TILE // BLOCK_C
     i = tl.program_id(0)
     offset = tl.load(offset_ptr + i)
     row_stride = tl.load(row_stride_ptr + i)
@@ -140,10 +150,7 @@ def spectral_power_step(
         matrices,
         MAX_ROWS=max_rows,
         ROWS_POW2=triton.next_power_of_2(max_rows),
-        BLOCK_R=max(1, TILE // block_c),
         BLOCK_C=block_c,
-        STAGES=STAGES,
-        num_warps=NUM_WARPS,
     )
     return scale, new_u
 
