@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 from collections.abc import Callable
 
 import torch
@@ -140,7 +141,7 @@ def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:
         got, got_u = compiled(params, u, layout, 1.0)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got_u, want_u, rtol=1e-5, atol=1e-6)
-        rows.append((name, *kernel_ms(lambda compiled=compiled: compiled(params, u, layout, 1.0), calls)))
+        rows.append((name, *kernel_ms(functools.partial(compiled, params, u, layout, 1.0), calls)))
     tuner = spectral._power_step_kernel
     for config, timing in getattr(tuner, "configs_timings", {}).items():  # median, 20th, 80th percentile, ms
         print(f"spectral kernel {config}: {timing[0] * 1e3:.1f} us")
