@@ -91,6 +91,7 @@
 #     on `core` with its timeline, then `core` with every method but eager, 3 windows, with the timer's overhead
 #     (DEADLINE 570 s)     -> $OUT/small_ops_spectral.txt, $OUT/profile_round13d_core.txt, $OUT/trace/, $OUT/core/
 #   round13e = full13: `full` with compile-bf16 and zerocopy-bf16+combo                          -> $OUT/full/
+#   round13f = small13,prof13d: round13d without the bench (DEADLINE 300 s)
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -124,6 +125,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13c ] && { stage=small13; DEADLINE="${DEADLINE:-200}"; }
 [ "$stage" = round13d ] && { stage=small13,prof13d,bench13; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round13e ] && { stage=full13; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round13f ] && { stage=small13,prof13d; DEADLINE="${DEADLINE:-300}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
