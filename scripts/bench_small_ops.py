@@ -131,17 +131,17 @@ def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
     state = TrainState.create(config, dims, device)
     layout, params = state.main, state.online.detach() * 30.0
-    u = torch.randn(state.spectral_u.shape, device=device, generator=generator)
-    want, want_u = spectral_project_per_matrix(params, u, layout, 1.0)
+    v = state.spectral_v
+    want, want_v = spectral_project_per_matrix(params, v, layout, 1.0)
     for name, form in [
         ("spectral: Inductor batched", spectral_project_batched),
         ("spectral: kernel", spectral_project_fused),
     ]:
         compiled = torch.compile(form, dynamic=False)
-        got, got_u = compiled(params, u, layout, 1.0)
+        got, got_v = compiled(params, v, layout, 1.0)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(got_u, want_u, rtol=1e-5, atol=1e-6)
-        rows.append((name, *kernel_ms(functools.partial(compiled, params, u, layout, 1.0), calls)))
+        torch.testing.assert_close(got_v, want_v, rtol=1e-5, atol=1e-6)
+        rows.append((name, *kernel_ms(functools.partial(compiled, params, v, layout, 1.0), calls)))
     tuner = spectral._power_step_kernel
     for config, timing in getattr(tuner, "configs_timings", {}).items():  # median, 20th, 80th percentile, ms
         print(f"spectral kernel {config}: {timing[0] * 1e3:.1f} us")

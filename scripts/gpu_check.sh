@@ -87,9 +87,11 @@
 #     timelines (DEADLINE 560 s)        -> $OUT/gpu_tests_round13.log, $OUT/profile_round13b_core.txt, $OUT/trace/
 #   round13c = small13: spectral norm's power iteration timed alone, Inductor's batched form against the Triton
 #     kernel's tile sizes, warps and stages (scripts/bench_small_ops.py --ops spectral) -> $OUT/small_ops_spectral.txt
-#   round13d = small13,prof13d,bench13: the spectral kernel timed alone (round13c), every kernel of zerocopy-bf16+combo
-#     on `core` with its timeline, then `core` with every method but eager, 3 windows, with the timer's overhead
-#     (DEADLINE 570 s)     -> $OUT/small_ops_spectral.txt, $OUT/profile_round13d_core.txt, $OUT/trace/, $OUT/core/
+#   round13d = tests13d,prof13d,bench13,small13: the spectral kernel's tests (GPU, Inductor too) and the fused bf16
+#     plan with combined kernels = eager on `core`; every kernel of zerocopy-bf16+combo on `core` with its timeline;
+#     `core` with every method but eager, 3 windows, with the timer's overhead; last the spectral kernel timed
+#     alone (round13c) (DEADLINE 580 s)
+#          -> $OUT/gpu_tests_round13d.log, $OUT/profile_round13d_core.txt, $OUT/trace/, $OUT/core/, $OUT/small_ops_spectral.txt
 #   round13e = full13: `full` with compile-bf16 and zerocopy-bf16+combo                          -> $OUT/full/
 #   round13f = small13,prof13d: round13d without the bench (DEADLINE 300 s)
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
@@ -123,7 +125,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13 ] && { stage=prof13; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round13b ] && { stage=tests13,prof13b; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round13c ] && { stage=small13; DEADLINE="${DEADLINE:-200}"; }
-[ "$stage" = round13d ] && { stage=small13,prof13d,bench13; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = round13d ] && { stage=tests13d,prof13d,bench13,small13; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round13e ] && { stage=full13; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round13f ] && { stage=small13,prof13d; DEADLINE="${DEADLINE:-300}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
@@ -310,10 +312,12 @@ has tests13 && MARK="gpu or not gpu" gpu_tests gpu_tests_round13.log 220 tests/t
   "tests/trainer/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]"
 has prof13b && TOP=60 TRACE="$OUT/trace" profile_core profile_round13b_core.txt 330 \
   zerocopy-bf16+combo zerocopy-bf16+combo+nosplitred
+has tests13d && MARK="gpu or not gpu" gpu_tests gpu_tests_round13d.log 150 tests/trainer/kernels/test_spectral.py \
+  "$bf16_test[fused-combo-core]"
+has prof13d && TOP=400 TRACE="$OUT/trace" profile_core profile_round13d_core.txt 120 zerocopy-bf16+combo
+has bench13 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
 has small13 && timeout "$(left 180)" python3 scripts/bench_small_ops.py --ops spectral 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_spectral.txt" | tail -9
-has prof13d && TOP=400 TRACE="$OUT/trace" profile_core profile_round13d_core.txt 120 zerocopy-bf16+combo
-has bench13 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 400 --repeats 3
 has full13 && bench_preset full compile-bf16,zerocopy-bf16+combo 500 $quick
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.

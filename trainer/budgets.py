@@ -103,8 +103,8 @@ class _SpectralTables(NamedTuple):
     row_stride: Tensor  # [M]
     rows: Tensor  # [M] R
     cols: Tensor  # [M] C
-    u_start: Tensor  # [M] where the matrix's u_i [R] starts in u [ΣR]
-    u_slot: Tensor  # [ΣR] each entry of u as an index into the padded [M, max_rows], flattened
+    v_start: Tensor  # [M] where the matrix's v_i [C] starts in v [ΣC]
+    v_slot: Tensor  # [ΣC] each entry of v as an index into the padded [M, max_cols], flattened
     element_slot: Tensor  # [P] int32: the matrix each flat element is in; M for every element in none
     max_rows: int
     max_cols: int
@@ -127,113 +127,116 @@ def _spectral_tables(size: int, geometry: Geometry, device: torch.device) -> _Sp
         element_slot = torch.full((size,), len(geometry), dtype=torch.int32)  # [P]
         for i, (start, stride, r, c) in enumerate(geometry):
             element_slot.as_strided((r, c), (stride, 1), start).fill_(i)  # the elements its view reads
-        max_rows = max(rows)
+        max_cols = max(cols)
         _TABLES[key] = _SpectralTables(
             offset=torch.tensor(offset, device=device),
             row_stride=torch.tensor(row_stride, device=device),
             rows=torch.tensor(rows, device=device),
             cols=torch.tensor(cols, device=device),
-            u_start=torch.tensor([0, *itertools.accumulate(rows)][:-1], device=device),
-            u_slot=torch.cat([i * max_rows + torch.arange(r) for i, r in enumerate(rows)]).to(device),
+            v_start=torch.tensor([0, *itertools.accumulate(cols)][:-1], device=device),
+            v_slot=torch.cat([i * max_cols + torch.arange(c) for i, c in enumerate(cols)]).to(device),
             element_slot=element_slot.to(device),
-            max_rows=max_rows,
-            max_cols=max(cols),
+            max_rows=max(rows),
+            max_cols=max_cols,
         )
     return _TABLES[key]
 
 
-def spectral_project(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
+def spectral_project(params: Tensor, v: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
     """One power iteration per weight matrix, then W ← W · min(1, σ_max / σ).
 
-    `u` [ΣR] holds each matrix's left singular-vector estimate (R = its rows), carried across steps.
+    `v` [ΣC] holds each matrix's right singular-vector estimate (C = its columns, unit norm), carried
+    across steps. Of v: w = W v, σ = ‖w‖ (= uᵀ W v for u = w / ‖w‖), and the next v = normalize(Wᵀ u).
+    Carrying v rather than u puts the pass that is independent per row (W v) first and the reduction over
+    the rows (Wᵀ u) last, so one pass over W computes both: what lets a GPU do it in one kernel.
+
     The same maths in three forms. Under torch.compile every matrix at once: on a GPU one Triton kernel
-    (`spectral_project_fused`), elsewhere `spectral_project_batched` (9 kernels where the loop takes ~45).
-    Eagerly matrix by matrix (`spectral_project_per_matrix`: the batched form's zero-padded gathers cost
-    an eager CPU step ~16 ms at the `core` size, the loop 0.4 ms).
+    (`spectral_project_fused`), elsewhere `spectral_project_batched`. Eagerly matrix by matrix
+    (`spectral_project_per_matrix`: the batched form's zero-padded gathers cost an eager CPU step ~16 ms
+    at the `core` size, the loop 0.4 ms).
     """
     if torch.compiler.is_compiling():
         if params.is_cuda and layout.matrices():
             from trainer.kernels import spectral  # Triton: what CUDA builds of torch bring
 
             if spectral.supports(max(spec.shape[1] for spec in layout.matrices())):
-                return spectral_project_fused(params, u, layout, sigma_max)
-        return spectral_project_batched(params, u, layout, sigma_max)
-    return spectral_project_per_matrix(params, u, layout, sigma_max)
+                return spectral_project_fused(params, v, layout, sigma_max)
+        return spectral_project_batched(params, v, layout, sigma_max)
+    return spectral_project_per_matrix(params, v, layout, sigma_max)
 
 
 def spectral_project_per_matrix(
-    params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float
+    params: Tensor, v: Tensor, layout: ParamLayout, sigma_max: float
 ) -> tuple[Tensor, Tensor]:
     """`spectral_project` as a loop over the matrices' views."""
     views = layout.views(params)
-    new_params, new_u, u_offset = params.clone(), torch.empty_like(u), 0
+    new_params, new_v, v_offset = params.clone(), torch.empty_like(v), 0
     new_views = layout.views(new_params)
     for spec in layout.matrices():
-        rows = spec.shape[0]
+        cols = spec.shape[1]
         weight = views[spec.name]  # [R, C]
-        v = torch.nn.functional.normalize(weight.t() @ u[u_offset : u_offset + rows], dim=0)  # [C]
-        # u = W v / ‖W v‖ and σ = uᵀ W v = ‖W v‖: one matrix-vector product less per matrix
-        wv = weight @ v  # [R]
+        wv = weight @ v[v_offset : v_offset + cols]  # [R]
         sigma = wv.norm()  # []
+        u = wv / sigma.clamp(min=1e-12)  # [R]
+        new_v[v_offset : v_offset + cols] = torch.nn.functional.normalize(weight.t() @ u, dim=0)
         new_views[spec.name].copy_(weight * (sigma_max / sigma).clamp(max=1.0))
-        new_u[u_offset : u_offset + rows] = wv / sigma.clamp(min=1e-12)
-        u_offset += rows
-    return new_params, new_u
+        v_offset += cols
+    return new_params, new_v
 
 
-def spectral_project_batched(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
+def spectral_project_batched(params: Tensor, v: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
     """`spectral_project` for Inductor: the M matrices gathered into one zero-padded [M, R, C] block (R, C:
     the largest), so the iteration is one set of kernels for every matrix (45 → 9 Triton kernels for the
     pinned model's 9; 71 → 23 µs per graph replay on an H200). The zeros change no product or norm; every
     element outside the matrices is multiplied by exactly 1.
     """
     if not layout.matrices():
-        return params.clone(), u.clone()
+        return params.clone(), v.clone()
     tables = _spectral_tables(layout.size, _geometry(layout), params.device)
     rows = torch.arange(tables.max_rows, device=params.device)  # [R]
     cols = torch.arange(tables.max_cols, device=params.device)  # [C]
-    in_rows = rows < tables.rows[:, None]  # [M, R]
-    in_matrix = in_rows[:, :, None] & (cols < tables.cols[:, None])[:, None, :]  # [M, R, C]
+    in_cols = cols < tables.cols[:, None]  # [M, C]
+    in_matrix = (rows < tables.rows[:, None])[:, :, None] & in_cols[:, None, :]  # [M, R, C]
     index = tables.offset[:, None, None] + rows[:, None] * tables.row_stride[:, None, None] + cols  # [M, R, C]
     weight = torch.where(in_matrix, params[index.where(in_matrix, 0)], 0.0)  # [M, R, C]
-    u_i = torch.where(in_rows, u[(tables.u_start[:, None] + rows).where(in_rows, 0)], 0.0)  # [M, R]
+    v_i = torch.where(in_cols, v[(tables.v_start[:, None] + cols).where(in_cols, 0)], 0.0)  # [M, C]
     # the products as multiply-and-sum: float32 reductions (never TF32), fused with the gathers
-    v = torch.nn.functional.normalize((weight * u_i[:, :, None]).sum(1), dim=1)  # [M, C]
-    # u = W v / ‖W v‖ and σ = uᵀ W v = ‖W v‖: one matrix-vector product less per matrix
-    wv = (weight * v[:, None, :]).sum(2)  # [M, R]
+    wv = (weight * v_i[:, None, :]).sum(2)  # [M, R]
     sigma = wv.norm(dim=1)  # [M]
-    new_u = wv / sigma.clamp(min=1e-12)[:, None]  # [M, R]
+    u = wv / sigma.clamp(min=1e-12)[:, None]  # [M, R]
+    new_v = torch.nn.functional.normalize((weight * u[:, :, None]).sum(1), dim=1)  # [M, C]
     scale = (sigma_max / sigma).clamp(max=1.0)  # [M]
     scale = torch.cat([scale, scale.new_ones(1)])  # [M + 1]: slot M, every element outside the matrices
-    return params * scale[tables.element_slot], new_u.flatten()[tables.u_slot]  # [P], [ΣR]
+    return params * scale[tables.element_slot], new_v.flatten()[tables.v_slot]  # [P], [ΣC]
 
 
-def spectral_project_fused(params: Tensor, u: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
+def spectral_project_fused(params: Tensor, v: Tensor, layout: ParamLayout, sigma_max: float) -> tuple[Tensor, Tensor]:
     """`spectral_project` with the power iteration of every matrix in one Triton kernel
     (`trainer.kernels.spectral`: one kernel where the batched form's reductions take 8); each element is
     then multiplied by its matrix's scale, exactly as in the batched form."""
     from trainer.kernels.spectral import spectral_power_step
 
     tables = _spectral_tables(layout.size, _geometry(layout), params.device)
-    scale, new_u = spectral_power_step(
+    scale, new_v = spectral_power_step(
         params,
-        u,
+        v,
         tables.offset,
         tables.row_stride,
         tables.rows,
         tables.cols,
-        tables.u_start,
+        tables.v_start,
         sigma_max,
         tables.max_rows,
         tables.max_cols,
-    )  # [M + 1], [ΣR]
-    return params * scale[tables.element_slot], new_u  # [P], [ΣR]
+    )  # [M + 1], [ΣC]
+    return params * scale[tables.element_slot], new_v  # [P], [ΣC]
 
 
-def spectral_u_init(layout: ParamLayout, generator: torch.Generator, device: torch.device) -> Tensor:
-    rows = sum(spec.shape[0] for spec in layout.matrices())
-    u = torch.randn(rows, generator=generator)
-    return u.to(device) / u.norm().clamp(min=1e-12)
+def spectral_v_init(layout: ParamLayout, generator: torch.Generator, device: torch.device) -> Tensor:
+    """v [ΣC]: a random unit vector per matrix (its right singular-vector estimate before any step)."""
+    parts = [torch.randn(spec.shape[1], generator=generator) for spec in layout.matrices()]
+    v = torch.cat([part / part.norm().clamp(min=1e-12) for part in parts]) if parts else torch.zeros(0)
+    return v.to(device)
 
 
 def ema(target: Tensor, online: Tensor, tau: float) -> Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.budgets import AdamMoments, pruning_mask, spectral_u_init
+from trainer.budgets import AdamMoments, pruning_mask, spectral_v_init
 from trainer.checkpoint import CheckpointError
 from trainer.config import TrainConfig
 from trainer.model import ModelDims, ParamLayout, attn_layout, iql_layout, main_layout, support
@@ -31,7 +31,7 @@ class TrainState:
     attn_params: Tensor  # [Pa]
     adam_attn: AdamMoments
     prune_mask: Tensor  # [Pm] 1 keep / 0 pruned
-    spectral_u: Tensor  # [ΣR] power-iteration vectors
+    spectral_v: Tensor  # [ΣC] power iteration: each matrix's right singular-vector estimate
     updates: Tensor  # [] float: accepted updates, Adam's t
     guard_skips: Tensor  # [] int64: updates skipped by the guard
     causal_effects: Tensor  # [F] last causal intervention effect per feature
@@ -56,7 +56,7 @@ class TrainState:
             attn_params=attn.init(generator, device),
             adam_attn=AdamMoments.zeros(attn.size, device),
             prune_mask=mask,
-            spectral_u=spectral_u_init(main, generator, device),
+            spectral_v=spectral_v_init(main, generator, device),
             updates=torch.zeros((), device=device),
             guard_skips=torch.zeros((), dtype=torch.int64, device=device),
             causal_effects=torch.zeros(dims.obs_dim, device=device),
@@ -77,7 +77,7 @@ class TrainState:
             "adam_attn.m": self.adam_attn.m,
             "adam_attn.v": self.adam_attn.v,
             "prune_mask": self.prune_mask,
-            "spectral_u": self.spectral_u,
+            "spectral_v": self.spectral_v,
             "updates": self.updates,
             "guard_skips": self.guard_skips,
             "causal_effects": self.causal_effects,
@@ -119,6 +119,11 @@ class TrainState:
 
     def load_tensors(self, tensors: dict[str, Tensor]) -> None:
         own = self.tensors()
+        if "spectral_v" not in tensors and "spectral_u" in tensors:
+            # Written before 2026-12-05, when spectral norm carried each matrix's left vector u [R]; it now
+            # carries the right one, v [C]. The vector is the power iteration's running estimate, not a
+            # parameter: this state's fresh one converges again within a few updates.
+            tensors = {**tensors, "spectral_v": own["spectral_v"]}
         missing = sorted(set(own) - set(tensors))
         if missing:
             raise ValueError(f"checkpoint lacks state tensors: {', '.join(missing)}")

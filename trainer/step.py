@@ -483,17 +483,17 @@ def main_update(
         )
 
     with timer.section("spectral"):
-        u = state.spectral_u
+        right_vectors = state.spectral_v  # [ΣC]
         if hp.spectral_norm:
-            candidate, u = spectral_project(candidate, state.spectral_u, state.main, hp.sigma_max)
+            candidate, right_vectors = spectral_project(candidate, state.spectral_v, state.main, hp.sigma_max)
 
     with timer.section("ema"):
         # target ← lerp(target, online, τ) of the online parameters this update commits: committed with them
         # (compiled, one more output of the kernel that writes the candidate, not a pass of its own).
         target = ema(state.target, candidate, hp.target_tau)  # [Pm]
 
-    pairs = [(state.online, candidate), (state.adam_main.m, m), (state.adam_main.v, v), (state.spectral_u, u)]
-    pairs.append((state.target, target))
+    pairs = [(state.online, candidate), (state.adam_main.m, m), (state.adam_main.v, v)]
+    pairs += [(state.spectral_v, right_vectors), (state.target, target)]
     return pairs, [grad, candidate, fwd.budgeted]
 
 

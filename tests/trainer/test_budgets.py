@@ -15,7 +15,7 @@ from trainer.budgets import (
     spectral_project,
     spectral_project_batched,
     spectral_project_per_matrix,
-    spectral_u_init,
+    spectral_v_init,
 )
 from trainer.model import ParamLayout
 
@@ -61,10 +61,10 @@ def test_spectral_projection_bounds_sigma() -> None:
     state = tiny_state(config)
     with torch.no_grad():
         params = state.online.detach() * 20.0  # blow every matrix far past sigma_max
-    u = state.spectral_u.clone()
+    v = state.spectral_v.clone()
     sigma_max = 1.5
     for _ in range(30):  # power iteration converges over steps, as in training
-        params, u = spectral_project(params, u, state.main, sigma_max)
+        params, v = spectral_project(params, v, state.main, sigma_max)
     views = state.main.views(params)
     for spec in state.main.matrices():
         sigma = torch.linalg.matrix_norm(views[spec.name], ord=2)
@@ -75,7 +75,7 @@ def test_spectral_projection_leaves_small_matrices() -> None:
     config = tiny_config()
     state = tiny_state(config)
     params = state.online.detach() * 1e-3
-    new, _ = spectral_project(params, state.spectral_u, state.main, 5.0)
+    new, _ = spectral_project(params, state.spectral_v, state.main, 5.0)
     assert torch.equal(new, params)
 
 
@@ -97,28 +97,34 @@ def test_ema_moves_target_by_tau() -> None:
     assert torch.allclose(ema(target, online, 0.25), torch.full((4,), 0.25))
 
 
-def test_spectral_u_is_unit_norm() -> None:
+def test_each_matrix_starts_with_a_unit_right_vector() -> None:
     state = tiny_state(tiny_config())
-    u = spectral_u_init(state.main, torch.Generator().manual_seed(0), torch.device("cpu"))
-    assert u.norm() == pytest.approx(1.0, rel=1e-5)
+    v = spectral_v_init(state.main, torch.Generator().manual_seed(0), torch.device("cpu"))
+    columns = [spec.shape[1] for spec in state.main.matrices()]
+    assert v.shape == (sum(columns),)
+    for part in v.split(columns):
+        assert part.norm() == pytest.approx(1.0, rel=1e-5)
 
 
 @pytest.mark.parametrize("form", [spectral_project_per_matrix, spectral_project_batched], ids=["per-matrix", "batched"])
 def test_spectral_projection_is_the_power_iteration_with_sigma_as_u_w_v(form: SpectralForm) -> None:
-    """σ = ‖W v‖ (one product less) is the textbook σ = uᵀ W v with u = normalize(W v)."""
+    """σ = ‖W v‖ (one product less) is the textbook σ = uᵀ W v with u = normalize(W v); the next v is
+    normalize(Wᵀ u)."""
     config = tiny_config()
     state = tiny_state(config)
     params = state.online * 3.0
-    new, u = form(params, state.spectral_u, state.main, 1.0)
+    new, new_v = form(params, state.spectral_v, state.main, 1.0)
     views, new_views, offset = state.main.views(params), state.main.views(new), 0
     for spec in state.main.matrices():
-        weight, rows = views[spec.name], spec.shape[0]
-        v = torch.nn.functional.normalize(weight.t() @ state.spectral_u[offset : offset + rows], dim=0)
-        u_ref = torch.nn.functional.normalize(weight @ v, dim=0)
-        sigma = u_ref @ weight @ v
-        assert torch.allclose(u[offset : offset + rows], u_ref, atol=1e-6)
+        weight, cols = views[spec.name], spec.shape[1]
+        v = state.spectral_v[offset : offset + cols]
+        u = torch.nn.functional.normalize(weight @ v, dim=0)
+        sigma = u @ weight @ v
+        assert torch.allclose(
+            new_v[offset : offset + cols], torch.nn.functional.normalize(weight.t() @ u, dim=0), atol=1e-6
+        )
         assert torch.allclose(new_views[spec.name], weight * (1.0 / sigma).clamp(max=1.0), rtol=1e-5, atol=1e-7)
-        offset += rows
+        offset += cols
 
 
 def test_the_batched_form_matches_the_per_matrix_loop_on_padded_layouts() -> None:
@@ -129,12 +135,11 @@ def test_the_batched_form_matches_the_per_matrix_loop_on_padded_layouts() -> Non
     generator = torch.Generator().manual_seed(3)
     params = torch.randn(layout.size, generator=generator, dtype=torch.float64) * 3.0
     layout.views(params)["e_w"].mul_(0.01)  # one matrix inside the bound: it stays as it is
-    rows = sum(spec.shape[0] for spec in layout.matrices())
-    u = torch.randn(rows, generator=generator, dtype=torch.float64)
-    new, new_u = spectral_project_batched(params, u, layout, 2.0)
-    expected, expected_u = spectral_project_per_matrix(params, u, layout, 2.0)
+    v = torch.randn(sum(spec.shape[1] for spec in layout.matrices()), generator=generator, dtype=torch.float64)
+    new, new_v = spectral_project_batched(params, v, layout, 2.0)
+    expected, expected_v = spectral_project_per_matrix(params, v, layout, 2.0)
     torch.testing.assert_close(new, expected)
-    torch.testing.assert_close(new_u, expected_u)
+    torch.testing.assert_close(new_v, expected_v)
     in_matrix = torch.zeros(layout.size, dtype=torch.bool)
     for spec in layout.matrices():
         layout.views(in_matrix)[spec.name].fill_(True)
@@ -149,11 +154,11 @@ def test_compiled_spectral_projection_is_the_batched_form_in_one_graph() -> None
     layout = padded_layout()
     generator = torch.Generator().manual_seed(4)
     params = torch.randn(layout.size, generator=generator)
-    u = torch.randn(sum(spec.shape[0] for spec in layout.matrices()), generator=generator)
+    v = torch.randn(sum(spec.shape[1] for spec in layout.matrices()), generator=generator)
     compiled = torch.compile(spectral_project, backend="aot_eager", fullgraph=True, dynamic=False)
-    new, new_u = compiled(params, u, layout, 1.0)
-    batched, batched_u = spectral_project_batched(params, u, layout, 1.0)
-    assert torch.equal(new, batched) and torch.equal(new_u, batched_u)
-    looped, looped_u = spectral_project(params, u, layout, 1.0)
+    new, new_v = compiled(params, v, layout, 1.0)
+    batched, batched_v = spectral_project_batched(params, v, layout, 1.0)
+    assert torch.equal(new, batched) and torch.equal(new_v, batched_v)
+    looped, looped_v = spectral_project(params, v, layout, 1.0)
     torch.testing.assert_close(looped, batched)
-    torch.testing.assert_close(looped_u, batched_u)
+    torch.testing.assert_close(looped_v, batched_v)

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.factories import tiny_config
 from trainer.checkpoint import CheckpointError
@@ -60,3 +61,18 @@ def test_resuming_a_checkpoint_without_a_layout_record_fails_instead_of_scrambli
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="resume it with the code that wrote it"):
         run_training(tiny_config(["run.steps=20"]), tmp_path, resume=True, show_progress=False, out=lambda _: None)
+
+
+def test_a_checkpoint_with_the_old_left_vector_resumes_with_a_fresh_right_vector() -> None:
+    """Before 2026-12-05 spectral norm carried u [ΣR]; the state now carries v [ΣC]. Every other tensor loads."""
+    written, resumed = tiny_state(), tiny_state()
+    with torch.no_grad():
+        written.online.add_(1.0)
+    tensors = {name: tensor for name, tensor in written.tensors().items() if name != "spectral_v"}
+    tensors["spectral_u"] = torch.ones(sum(spec.shape[0] for spec in written.main.matrices()))
+    fresh = resumed.spectral_v.clone()
+    resumed.load_tensors(tensors)
+    assert torch.equal(resumed.online, written.online)
+    assert torch.equal(resumed.spectral_v, fresh)
+    with pytest.raises(ValueError, match="lacks state tensors: spectral_v"):
+        resumed.load_tensors({name: t for name, t in tensors.items() if name != "spectral_u"})
