@@ -106,6 +106,7 @@ class _SpectralTables(NamedTuple):
     v_start: Tensor  # [M] where the matrix's v_i [C] starts in v [ΣC]
     v_slot: Tensor  # [ΣC] each entry of v as an index into the padded [M, max_cols], flattened
     element_slot: Tensor  # [P] int32: the matrix each flat element is in; M for every element in none
+    counters: Tensor  # [M] int32 zeros: the Triton kernel's arrival counters (each call leaves them at zero)
     max_rows: int
     max_cols: int
 
@@ -136,6 +137,7 @@ def _spectral_tables(size: int, geometry: Geometry, device: torch.device) -> _Sp
             v_start=torch.tensor([0, *itertools.accumulate(cols)][:-1], device=device),
             v_slot=torch.cat([i * max_cols + torch.arange(c) for i, c in enumerate(cols)]).to(device),
             element_slot=element_slot.to(device),
+            counters=torch.zeros(len(geometry), dtype=torch.int32, device=device),
             max_rows=max(rows),
             max_cols=max_cols,
         )
@@ -225,6 +227,7 @@ def spectral_project_fused(params: Tensor, v: Tensor, layout: ParamLayout, sigma
         tables.rows,
         tables.cols,
         tables.v_start,
+        tables.counters,
         sigma_max,
         tables.max_rows,
         tables.max_cols,

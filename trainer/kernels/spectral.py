@@ -16,9 +16,10 @@ waits for another, so no grid is too large; Triton's interpreter (the CPU tests)
 after another, and the last is the last there too. Float32 throughout.
 
 An opaque custom op (`foxhunt::spectral_power_step`, with a fake for tracing), so Dynamo keeps the update
-one graph around it and a CUDA graph records its launch. The counters are the op's own state (one int32
-per matrix per device, zero between calls): two calls at once on one device would share them, which the
-step never does.
+one graph around it and a CUDA graph records its launch. The caller owns the counters (one int32 per matrix,
+zero between calls; `trainer.budgets` keeps them with the matrices' index tables, made while Dynamo traces,
+so never inside a CUDA graph's memory pool): two calls at once with the same counters would mix up, which
+the step never does.
 """
 
 from __future__ import annotations
@@ -42,18 +43,6 @@ def _configs() -> list[triton.Config]:
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     tiles = TILE_CONFIGS[:1] if interpreted else TILE_CONFIGS
     return [triton.Config({"BLOCK_R": rows}, num_warps=warps) for rows, warps in tiles]
-
-
-_COUNTERS: dict[tuple[torch.device, int], Tensor] = {}
-
-
-def _counters(device: torch.device, matrices: int) -> Tensor:
-    """The arrival counters of `matrices` matrices on `device`, zero between calls; made once (outside a CUDA
-    graph's capture: the plans warm up before they capture)."""
-    key = device, matrices
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(matrices, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
 
 
 def supports(max_cols: int) -> bool:
@@ -135,14 +124,15 @@ def spectral_power_step(
     rows: Tensor,
     cols: Tensor,
     v_start: Tensor,
+    counters: Tensor,
     sigma_max: float,
     max_rows: int,
     max_cols: int,
 ) -> tuple[Tensor, Tensor]:
     """Per matrix i of the flat float32 `params` [P] (W_i[r, c] = params[offset_i + r · row_stride_i + c],
     R_i = rows_i ≤ max_rows, C_i = cols_i ≤ max_cols) and its right singular-vector estimate
-    v[v_start_i : v_start_i + C_i]: scale [M + 1] (min(1, σ_max / σ_i), then 1 for elements outside every
-    matrix) and the next v [ΣC]."""
+    v[v_start_i : v_start_i + C_i], with `counters` [M] int32 zeros (left at zero): scale [M + 1]
+    (min(1, σ_max / σ_i), then 1 for elements outside every matrix) and the next v [ΣC]."""
     if not supports(max_cols):
         raise ValueError(f"spectral_power_step: matrices of at most {MAX_COLUMNS} columns, got {max_cols}")
     matrices = offset.shape[0]
@@ -162,7 +152,7 @@ def spectral_power_step(
         scale,
         params.new_empty(matrices * most_shares * block_c),  # each program's share of Wᵀ W v
         params.new_empty(matrices * most_shares),  # and of ‖W v‖²
-        _counters(params.device, matrices),
+        counters,
         sigma_max,
         matrices,
         MAX_ROWS=max_rows,
@@ -181,6 +171,7 @@ def _(
     rows: Tensor,
     cols: Tensor,
     v_start: Tensor,
+    counters: Tensor,
     sigma_max: float,
     max_rows: int,
     max_cols: int,

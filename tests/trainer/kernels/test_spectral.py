@@ -82,7 +82,7 @@ def test_matrices_wider_than_a_program_are_refused() -> None:
     params, v = torch.zeros(8, device=DEVICE), torch.zeros(2, device=DEVICE)
     table = torch.zeros(1, dtype=torch.int64, device=DEVICE)
     with pytest.raises(ValueError, match="at most 1024 columns"):
-        spectral_power_step(params, v, table, table, table, table, table, 1.0, 2, MAX_COLUMNS + 1)
+        spectral_power_step(params, v, table, table, table, table, table, table.int(), 1.0, 2, MAX_COLUMNS + 1)
 
 
 @pytest.mark.gpu
