@@ -94,6 +94,7 @@
 #          -> $OUT/gpu_tests_round13d.log, $OUT/profile_round13d_core.txt, $OUT/trace/, $OUT/core/, $OUT/small_ops_spectral.txt
 #   round13e = full13: `full` with compile-bf16 and zerocopy-bf16+combo                          -> $OUT/full/
 #   round13f = small13,prof13d: round13d without the bench (DEADLINE 300 s)
+#   round13g = bench13g: `core` with compile, compile-bf16 and zerocopy-bf16+combo (DEADLINE 220 s) -> $OUT/core/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -128,6 +129,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13d ] && { stage=tests13d,prof13d,bench13,small13; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round13e ] && { stage=full13; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round13f ] && { stage=small13,prof13d; DEADLINE="${DEADLINE:-300}"; }
+[ "$stage" = round13g ] && { stage=bench13g; DEADLINE="${DEADLINE:-220}"; }
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -316,6 +318,7 @@ has tests13d && MARK="gpu or not gpu" gpu_tests gpu_tests_round13d.log 150 tests
   "$bf16_test[fused-combo-core]"
 has prof13d && TOP=400 TRACE="$OUT/trace" profile_core profile_round13d_core.txt 120 zerocopy-bf16+combo
 has bench13 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
+has bench13g && bench_preset core compile,compile-bf16,zerocopy-bf16+combo 215 $quick
 has small13 && timeout "$(left 180)" python3 scripts/bench_small_ops.py --ops spectral 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_spectral.txt" | tail -9
 has full13 && bench_preset full compile-bf16,zerocopy-bf16+combo 500 $quick
