@@ -77,3 +77,11 @@ def padded_layout() -> ParamLayout:
         ],
         groups={"ae_w": ["a_w", "e_w"], "ae_b": ["a_b", "e_b"]},
     )
+
+
+def matrix_mask(layout: ParamLayout) -> torch.Tensor:
+    """[P] bool: the flat elements that some weight matrix's view reads (spectral norm's domain)."""
+    mask = torch.zeros(layout.size, dtype=torch.bool)
+    for spec in layout.matrices():
+        layout.views(mask)[spec.name].fill_(True)
+    return mask

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.factories import padded_layout, tiny_config, tiny_state
+from tests.factories import matrix_mask, padded_layout, tiny_config, tiny_state
 from trainer.budgets import (
     AdamMoments,
     adam_update,
@@ -140,9 +140,7 @@ def test_the_batched_form_matches_the_per_matrix_loop_on_padded_layouts() -> Non
     expected, expected_v = spectral_project_per_matrix(params, v, layout, 2.0)
     torch.testing.assert_close(new, expected)
     torch.testing.assert_close(new_v, expected_v)
-    in_matrix = torch.zeros(layout.size, dtype=torch.bool)
-    for spec in layout.matrices():
-        layout.views(in_matrix)[spec.name].fill_(True)
+    in_matrix = matrix_mask(layout)
     assert torch.equal(new[~in_matrix], params[~in_matrix])
     assert torch.equal(layout.views(new)["e_w"], layout.views(params)["e_w"])
     assert not torch.equal(layout.views(new)["cols_w"], layout.views(params)["cols_w"])  # projected

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from tests.factories import padded_layout
+from tests.factories import matrix_mask, padded_layout
 from trainer.budgets import spectral_project, spectral_project_fused, spectral_project_per_matrix
 from trainer.kernels.spectral import MAX_COLUMNS, spectral_power_step, supports
 from trainer.model import ParamLayout, ParamSpec
@@ -39,13 +39,6 @@ def _inputs(layout: ParamLayout, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     return params.to(DEVICE), v.to(DEVICE)
 
 
-def _in_matrix(layout: ParamLayout) -> torch.Tensor:
-    mask = torch.zeros(layout.size, dtype=torch.bool)
-    for spec in layout.matrices():
-        layout.views(mask)[spec.name].fill_(True)
-    return mask.to(DEVICE)
-
-
 @pytest.mark.parametrize("layout", [padded_layout(), tall_and_wide_layout()], ids=["padded", "tall-and-wide"])
 def test_the_kernel_is_the_per_matrix_power_iteration(layout: ParamLayout) -> None:
     """float32 with the reductions in another order; every element outside the matrices is bit-for-bit the
@@ -59,7 +52,7 @@ def test_the_kernel_is_the_per_matrix_power_iteration(layout: ParamLayout) -> No
     torch.testing.assert_close(new_v, expected_v, rtol=1e-5, atol=1e-6)
     again, again_v = spectral_project_fused(params, v, layout, 2.0)  # the counters were left at zero
     assert torch.equal(again, new) and torch.equal(again_v, new_v)  # and the shares summed in one order
-    outside = ~_in_matrix(layout)
+    outside = ~matrix_mask(layout).to(DEVICE)
     assert torch.equal(new[outside], params[outside])
     assert torch.equal(layout.views(new)[small], layout.views(params)[small])
     assert not torch.equal(new, params)  # the other matrices were projected
