@@ -89,10 +89,10 @@
 #     kernel's tile sizes, warps and stages (scripts/bench_small_ops.py --ops spectral) -> $OUT/small_ops_spectral.txt
 #   round13d = tests13d,prof13d,bench13,small13: the spectral kernel's tests (GPU, Inductor too) and the fused bf16
 #     plan with combined kernels = eager on `core`; every kernel of zerocopy-bf16+combo on `core` with its timeline;
-#     `core` with every method but eager, 3 windows, with the timer's overhead; last the spectral kernel timed
+#     `core` with every method, 3 windows, with the timer's overhead; last the spectral kernel timed
 #     alone (round13c) (DEADLINE 580 s)
 #          -> $OUT/gpu_tests_round13d.log, $OUT/profile_round13d_core.txt, $OUT/trace/, $OUT/core/, $OUT/small_ops_spectral.txt
-#   round13e = full13: `full` with compile-bf16 and zerocopy-bf16+combo                          -> $OUT/full/
+#   round13e = full13: `full` with eager, both compiles and zerocopy-bf16+combo                  -> $OUT/full/
 #   round13f = small13,prof13d: round13d without the bench (DEADLINE 300 s)
 #   round13g = bench13g: `core` with compile, compile-bf16 and zerocopy-bf16+combo (DEADLINE 220 s) -> $OUT/core/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
@@ -317,11 +317,11 @@ has prof13b && TOP=60 TRACE="$OUT/trace" profile_core profile_round13b_core.txt 
 has tests13d && MARK="gpu or not gpu" gpu_tests gpu_tests_round13d.log 150 tests/trainer/kernels/test_spectral.py \
   "$bf16_test[fused-combo-core]"
 has prof13d && TOP=400 TRACE="$OUT/trace" profile_core profile_round13d_core.txt 120 zerocopy-bf16+combo
-has bench13 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
+has bench13 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
 has bench13g && bench_preset core compile,compile-bf16,zerocopy-bf16+combo 215 $quick
 has small13 && timeout "$(left 180)" python3 scripts/bench_small_ops.py --ops spectral 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_spectral.txt" | tail -9
-has full13 && bench_preset full compile-bf16,zerocopy-bf16+combo 500 $quick
+has full13 && bench_preset full eager,compile,compile-bf16,zerocopy-bf16+combo 540 $quick
 echo "gpu_check: $(( SECONDS - began )) s"
 # A device call returns at most 8 files from $OUT: past that, everything goes back as one archive.
 if (( $(find "$OUT" -type f | wc -l) > 8 )); then
