@@ -9,9 +9,9 @@ setup: $(STAMP)
 
 # Exact versions from the lock (requirements/dev.txt, hashes checked), then the project itself, offline
 # and without build isolation: that second install fails if the lock lacks anything pyproject.toml asks for.
-# torch is not in the lock (scripts/lock.py says why): the CPU build comes from this machine's local
-# wheel (its own few dependencies, sympy and networkx among them, are the only unpinned packages);
-# GPU images bring their own CUDA build.
+# torch is not in the lock (scripts/lock.py says why): PyPI's torch 2.13.0 (its Linux build is the CUDA
+# one, about 3 GB with its nvidia-* wheels; it runs on a CPU) is installed unless the venv has a torch;
+# its own dependencies (triton, sympy and networkx among them) are the only unpinned packages.
 $(STAMP): pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q pip==26.3
