@@ -1,4 +1,4 @@
-"""The rendered Argo objects, and the Argo schemas of tests/deploy (one place reads ../shared/schemas)."""
+"""The rendered Argo objects, and the Argo schemas of tests/deploy (from the Argo module, tests/upstream.py)."""
 
 from __future__ import annotations
 

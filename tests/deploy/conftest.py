@@ -1,9 +1,8 @@
-"""Shared fixtures for the deployment tests: rendered overlays, the vendored schemas, one checkov run."""
+"""Shared fixtures for the deployment tests: rendered overlays, the upstream schemas (tests/upstream.py), checkov."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import warnings
@@ -13,13 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import upstream
 from tests.system_packages import ensure_debian_packages
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGO_DIR = ROOT / "argo"
 K8S_DIR = ROOT / "k8s"
 OVERLAYS = ("dev", "h100")
-SCHEMAS = Path(os.environ.get("FOXHUNT_SCHEMAS_DIR", ROOT.parent / "shared" / "schemas"))
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 Doc = dict[str, Any]
@@ -96,17 +95,14 @@ def rendered_dir(rendered: dict[str, list[Doc]], tmp_path_factory: pytest.TempPa
 
 @pytest.fixture(scope="session")
 def argo_json_schema() -> Doc:
-    path = SCHEMAS / "argo" / "schema.json"
-    assert path.is_file(), f"Argo JSON schema missing: {path} (set FOXHUNT_SCHEMAS_DIR)"
-    return json.loads(path.read_text())
+    """Argo's JSON schema of every API type, from the Argo module in cluster/versions.env."""
+    return json.loads(upstream.argo_json_schema_file().read_text())
 
 
-def crd_schemas(folder: str) -> dict[tuple[str, str], Doc]:
-    """(apiVersion, kind) -> openAPIV3Schema of each CRD file in schemas/<folder>/."""
+def crd_schemas(paths: list[Path]) -> dict[tuple[str, str], Doc]:
+    """(apiVersion, kind) -> openAPIV3Schema of each CRD file."""
     out: dict[tuple[str, str], Doc] = {}
-    directory = SCHEMAS / folder
-    assert directory.is_dir(), f"schema folder missing: {directory} (set FOXHUNT_SCHEMAS_DIR)"
-    for path in sorted(directory.glob("*.yaml")):
+    for path in paths:
         crd = yaml.load(path.read_text(), Loader=Loader)
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
@@ -116,9 +112,11 @@ def crd_schemas(folder: str) -> dict[tuple[str, str], Doc]:
 
 @pytest.fixture(scope="session")
 def argo_crds() -> dict[tuple[str, str], Doc]:
-    return crd_schemas("argo")
+    """Argo's Workflow, WorkflowTemplate and CronWorkflow CRDs, from the Argo module in cluster/versions.env."""
+    return crd_schemas(upstream.argo_crd_files())
 
 
 @pytest.fixture(scope="session")
 def prometheus_crds() -> dict[tuple[str, str], Doc]:
-    return crd_schemas("prometheus-operator")
+    """The Prometheus Operator's monitor and rule CRDs, from its module in cluster/versions.env."""
+    return crd_schemas(upstream.prometheus_operator_crd_files())

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "k8s" / "components" / "monitoring"
 DASHBOARDS = sorted((COMPONENT / "dashboards").glob("*.json"))
-SCHEMAS = ROOT.parent / "shared" / "schemas"
 
 SCRAPED_POOL = "test-pool"
 FULL_JOB = "job-full"

@@ -14,7 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.k8s.conftest import COMPONENT, DASHBOARDS, SCHEMAS, dashboards, prometheus_rule_groups
+from tests import upstream
+from tests.k8s.conftest import COMPONENT, DASHBOARDS, dashboards, prometheus_rule_groups
 
 RULES_TEST = Path(__file__).with_name("rules_test.yaml")
 ALERTS = ("FoxhuntTrainingStalled", "FoxhuntStepTimeRegression", "FoxhuntGuardTrips", "FoxhuntScrapeTargetDown")
@@ -40,7 +41,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 def _crd_schema(name: str) -> dict[str, Any]:
-    crd = yaml.safe_load((SCHEMAS / "prometheus-operator" / name).read_text())
+    crd = yaml.safe_load(upstream.prometheus_operator_crd(name).read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
@@ -104,7 +105,7 @@ def test_dashboards_ship_in_a_labelled_configmap(rendered: list[dict[str, Any]])
 
 
 def test_dashboards_validate_against_the_grafana_schema() -> None:
-    schema = json.loads((SCHEMAS / "grafana" / "dashboard.jsonschema.json").read_text())
+    schema = json.loads(upstream.GRAFANA_DASHBOARD_SCHEMA.read_text())
     validator = jsonschema.Draft7Validator(schema)
     for name, dashboard in dashboards().items():
         errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(dashboard)]

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-WORKFLOW_CRD = Path(__file__).resolve().parents[3].parent / "shared" / "schemas" / "argo" / "argoproj.io_workflows.yaml"
+from tests import upstream
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -48,9 +48,12 @@ def _convert(node: Any) -> Any:
 
 
 @functools.cache
-def workflow_validator(crd_path: Path = WORKFLOW_CRD) -> jsonschema.Draft4Validator:
-    """A validator for Workflow objects, built once per process (the CRD is ~3 MB of YAML)."""
-    with crd_path.open() as f:
+def workflow_validator(crd_path: Path | None = None) -> jsonschema.Draft4Validator:
+    """A validator for Workflow objects, built once per process (the CRD is ~3 MB of YAML).
+
+    By default the Workflow CRD of the Argo module in cluster/versions.env (tests/upstream.py).
+    """
+    with (crd_path or upstream.argo_workflow_crd()).open() as f:
         crd = yaml.load(f, Loader=yaml.CSafeLoader)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
     schema = _convert(version["schema"]["openAPIV3Schema"])
