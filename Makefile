@@ -64,3 +64,12 @@ images:
 # engine of its own builds both images with scripts/images.sh and runs them as the manifests do.
 test-images: setup
 	$(PY) -m pytest -m images
+
+# The cluster tests (pytest marker `cluster`, off in `make test`; CI runs them after the images test):
+# a single-node Kubernetes and Argo's workflow-controller built from upstream sources and started by
+# scripts/cluster.sh (cached by version under /var/cache/foxhunt-cluster; Go from /usr/local/go), with
+# kwok's fake nodes; our manifests applied; the controller and `compile-and-train` run end to end.
+.PHONY: test-cluster
+test-cluster: setup
+	PATH="/usr/local/go/bin:$$PATH" scripts/cluster.sh up
+	$(PY) -m pytest -m cluster

@@ -61,7 +61,7 @@ def test_a_file_missing_from_the_module_is_named(monkeypatch: pytest.MonkeyPatch
 
 
 def test_versions_env_is_plain_shell() -> None:
-    """cluster/versions.env sources in a shell to the same values Python reads."""
+    """scripts/cluster/versions.env sources in a shell to the same values Python reads."""
     keys = " ".join(f"${key}" for key in upstream.versions())
     shell = subprocess.run(
         ["sh", "-c", f'. "{upstream.VERSIONS}" && echo {keys}'], capture_output=True, text=True, check=True

@@ -1,7 +1,7 @@
 """The upstream schemas the tests validate against, all from inside the repository's own records.
 
 Argo's CRDs and JSON schema and the Prometheus Operator's CRDs come from the Go modules the cluster is
-built from, at the versions in cluster/versions.env, through `go mod download -json MODULE@VERSION`
+built from, at the versions in scripts/cluster/versions.env, through `go mod download -json MODULE@VERSION`
 (Go's module cache keeps them after the first download). No package ships the Grafana dashboard JSON
 schema, so it is vendored in tests/schemas/grafana/ (tests/schemas/README.md records where it came from).
 
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSIONS = ROOT / "cluster" / "versions.env"
+VERSIONS = ROOT / "scripts" / "cluster" / "versions.env"
 VENDORED = Path(__file__).with_name("schemas")
 
 GO_FALLBACK = Path("/usr/local/go/bin/go")
@@ -32,7 +32,7 @@ MODULES = {
     ARGO: "github.com/argoproj/argo-workflows/v3",
     PROMETHEUS_OPERATOR: "github.com/prometheus-operator/prometheus-operator",
 }
-"""Go module path of each upstream; its version is `<NAME>_VERSION` in cluster/versions.env."""
+"""Go module path of each upstream; its version is `<NAME>_VERSION` in scripts/cluster/versions.env."""
 
 ARGO_CRDS = tuple(
     f"manifests/base/crds/full/argoproj.io_{plural}.yaml"
@@ -52,7 +52,7 @@ class UpstreamError(RuntimeError):
 
 @functools.cache
 def versions(path: Path = VERSIONS) -> dict[str, str]:
-    """The KEY=VALUE lines of cluster/versions.env (comments and blank lines skipped)."""
+    """The KEY=VALUE lines of scripts/cluster/versions.env (comments and blank lines skipped)."""
     out: dict[str, str] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
@@ -66,7 +66,7 @@ def versions(path: Path = VERSIONS) -> dict[str, str]:
 
 
 def module(name: str) -> tuple[str, str]:
-    """(module path, version) of `name` (ARGO, PROMETHEUS_OPERATOR) in cluster/versions.env."""
+    """(module path, version) of `name` (ARGO, PROMETHEUS_OPERATOR) in scripts/cluster/versions.env."""
     key = f"{name}_VERSION"
     version = versions().get(key)
     if not version:
@@ -80,7 +80,7 @@ def go_binary() -> str:
     if found is None:
         raise UpstreamError(
             "Go is needed to fetch the upstream schemas the tests validate against "
-            "(`go mod download -json MODULE@VERSION`, versions in cluster/versions.env): "
+            "(`go mod download -json MODULE@VERSION`, versions in scripts/cluster/versions.env): "
             "install Go (https://go.dev/doc/install) and put `go` on PATH"
         )
     return found
@@ -116,7 +116,7 @@ def module_dir(path: str, version: str) -> Path:
 
 
 def module_file(name: str, relative: str) -> Path:
-    """The file `relative` of module `name` at its version in cluster/versions.env."""
+    """The file `relative` of module `name` at its version in scripts/cluster/versions.env."""
     path, version = module(name)
     found = module_dir(path, version) / relative
     if not found.is_file():

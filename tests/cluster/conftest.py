@@ -1,0 +1,235 @@
+"""The cluster tests' cluster: a real kube-apiserver, scheduler, controller-manager and Argo
+workflow-controller (scripts/cluster.sh), with kwok's fake nodes labelled like our pools, and our own
+manifests (k8s/base, argo/) applied as an operator applies them.
+
+`make test-cluster` runs these (marker `cluster`, off in `make test`). The session starts the cluster
+when it is not up (the first time it builds it from source: scripts/cluster.sh) and stops it again if
+it started it. Every test gets the `foxhunt` namespace of k8s/base, as the seed's commands name it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fastapi import FastAPI
+from kubernetes import client, config
+
+from service.app import create_app
+from service.auth import create_token
+from service.settings import Settings
+from tests.cluster.pods import PodRunner
+from tests.polling import wait_until
+from tests.service.factories import live_server, make_settings
+from tests.upstream import versions
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "cluster.sh"
+OVERLAY = Path(__file__).with_name("overlay")
+NAMESPACE = "foxhunt"
+OPTUNA_STORAGE = "sqlite:////data/optuna.db"  # on the shared volume: one file per job's study
+
+pytestmark = pytest.mark.cluster
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kubeconfig: Path
+    bin: Path  # kubectl and argo
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(self.bin / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]], namespace: str = NAMESPACE) -> None:
+        docs = manifest if isinstance(manifest, list) else [manifest]
+        self.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs))
+
+    def api_client(self, token: str | None = None) -> client.ApiClient:
+        """A client as the admin, or, given a service account's token, as that account."""
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
+        if token is not None:
+            configuration.cert_file = configuration.key_file = None
+            configuration.api_key = {"authorization": f"Bearer {token}"}
+        configuration.retries = 0
+        return client.ApiClient(configuration)
+
+    def token(self, service_account: str, namespace: str = NAMESPACE) -> str:
+        """A short-lived token of a service account (TokenRequest), as a pod of it would hold."""
+        return self.kubectl("create", "token", service_account, "-n", namespace, "--duration", "1h").stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
+        pytest.fail("the cluster tests build the cluster with Go 1.26+ (scripts/cluster.sh); Go is not installed")
+    was_up = subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode == 0
+    env = {**os.environ, "PATH": f"/usr/local/go/bin:{os.environ['PATH']}"}
+    up = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, env=env, timeout=3600)
+    if up.returncode != 0:
+        pytest.fail(f"scripts/cluster.sh up failed:\n{up.stderr[-4000:]}")
+    cache = Path("/var/cache/foxhunt-cluster")
+    yield Cluster(
+        kubeconfig=Path(up.stdout.strip().splitlines()[-1]),
+        bin=cache / f"kubernetes-{versions()['KUBERNETES_VERSION']}" / "bin",
+    )
+    if not was_up:
+        subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `foxhunt-data` volume: a hostPath PersistentVolume bound to k8s/base's claim."""
+    return tmp_path_factory.mktemp("foxhunt-data")
+
+
+@pytest.fixture(scope="session")
+def foxhunt(cluster: Cluster, data_dir: Path) -> Iterator[Cluster]:
+    """k8s/base applied as an operator applies it, through the tests' overlay (tests/cluster/overlay:
+    the controller's Deployment, RBAC, the templates, the pools), a fake node for each pool, the volume
+    bound, and the Optuna storage secret the templates read."""
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    cluster.kubectl("apply", "--server-side", "-k", str(OVERLAY))
+    for pool in yaml.safe_load((OVERLAY / "pools.yaml").read_text())["pools"]:
+        subprocess.run([str(SCRIPT), "node", pool["name"]], check=True, capture_output=True, timeout=120)
+    data_dir.chmod(0o777)
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": "foxhunt-data-test"},
+            "spec": {
+                "capacity": {"storage": "200Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "hostPath": {"path": str(data_dir)},
+                "claimRef": {"namespace": NAMESPACE, "name": "foxhunt-data"},
+                "persistentVolumeReclaimPolicy": "Retain",
+            },
+        }
+    )
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "foxhunt-optuna"},
+            "data": {"storage-url": base64.b64encode(OPTUNA_STORAGE.encode()).decode()},
+        }
+    )
+    wait_until(
+        lambda: (
+            cluster.kubectl("get", "pvc", "foxhunt-data", "-n", NAMESPACE, "-o", "jsonpath={.status.phase}").stdout
+            == "Bound"
+        ),
+        60,
+        what="the foxhunt-data claim to bind",
+    )
+    yield cluster
+    cluster.kubectl("delete", "pv", "foxhunt-data-test", "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.fixture
+def pods(foxhunt: Cluster, data_dir: Path, tmp_path: Path) -> Iterator[PodRunner]:
+    """The stand-in for kubelet and argoexec on the fake nodes (tests/cluster/pods.py)."""
+    reporter = foxhunt.api_client(token=foxhunt.token("foxhunt-workflow"))
+    with PodRunner(foxhunt.api_client(), reporter, NAMESPACE, tmp_path) as runner:
+        yield runner
+
+
+def workflow(cluster: Cluster, name: str) -> dict[str, Any]:
+    return json.loads(cluster.kubectl("get", "workflow", name, "-n", NAMESPACE, "-o", "json").stdout)  # type: ignore[no-any-return]
+
+
+PROGRESS_SECRET = "progress-secret-of-the-cluster-tests-0123456789"
+
+
+def service_account_kubeconfig(cluster: Cluster, path: Path, service_account: str) -> Path:
+    """A kubeconfig holding a service account's token, so the client is what the account may do (RBAC)."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "foxhunt", "cluster": server}],
+                "users": [{"name": service_account, "user": {"token": cluster.token(service_account)}}],
+                "contexts": [{"name": "foxhunt", "context": {"cluster": "foxhunt", "user": service_account}}],
+                "current-context": "foxhunt",
+            }
+        )
+    )
+    return path
+
+
+@dataclass
+class Controller:
+    """A controller on the Argo backend, as k8s/base deploys it: the controller's service account, the
+    overlay's pools; its URL is where the trainer pods report progress (foxhunt-trainer-env)."""
+
+    url: str
+    api: httpx.Client
+    app: FastAPI
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.api.get(f"/v1/jobs/{job_id}").json()  # type: ignore[no-any-return]
+
+    def wait_for(self, job_id: str, states: set[str], timeout: float = 600.0) -> dict[str, Any]:
+        seen: list[str] = []
+
+        def reached() -> dict[str, Any] | None:
+            job = self.job(job_id)
+            seen.append(job["state"])
+            return job if job["state"] in states else None
+
+        try:
+            return wait_until(reached, timeout, interval=0.5, what=f"job {job_id} to reach {sorted(states)}")
+        except AssertionError:
+            raise AssertionError(f"job {job_id} stayed {seen[-1]}: {self.job(job_id)}") from None
+
+
+def controller_settings(foxhunt: Cluster, folder: Path, **overrides: Any) -> Settings:
+    folder.mkdir(parents=True, exist_ok=True)
+    fields: dict[str, Any] = {
+        "backend": "argo",
+        "kubeconfig": service_account_kubeconfig(foxhunt, folder / "kubeconfig", "foxhunt-controller"),
+        "argo_namespace": NAMESPACE,
+        "pools_file": OVERLAY / "pools.yaml",
+        "progress_secret": PROGRESS_SECRET,
+        "leader_election": False,
+        "reconcile_interval_seconds": 0.5,
+        "cancel_grace_seconds": 600.0,
+        **overrides,
+    }
+    return make_settings(folder, **fields)
+
+
+@pytest.fixture
+def controller(foxhunt: Cluster, tmp_path: Path) -> Iterator[Controller]:
+    app = create_app(controller_settings(foxhunt, tmp_path / "controller"))
+    secret, _ = create_token(app.state.services.store, name="alice", tenant="team-a")
+    with live_server(app) as url:
+        foxhunt.kubectl(
+            "patch", "configmap", "foxhunt-trainer-env", "-n", NAMESPACE, "--type", "merge",
+            "-p", json.dumps({"data": {"FOXHUNT_PROGRESS_URL": url}}),
+        )  # fmt: skip
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as api:
+            yield Controller(url, api, app)

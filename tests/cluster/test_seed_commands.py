@@ -1,0 +1,104 @@
+"""The seed's own commands, parameter for parameter, with the `argo` CLI built from Argo's module and
+the cluster's kubectl: the deploy command trains `train-epochs` epochs, and the measure command prints
+the breakdown line.
+
+Stage 1: the pods' commands run as processes of this machine (tests/cluster/pods.py); `kubectl logs`
+reads what they printed through kwok's kubelet API (a `Logs` object per pod written by that stand-in).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import NAMESPACE, Cluster, workflow
+from tests.cluster.pods import PodRunner
+from tests.polling import wait_until
+from tests.service.factories import tiny_train_config
+from trainer.config import STEPS_PER_EPOCH
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
+
+COMMIT = "0123abcd"
+
+
+def argo(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    argo_bin = next(Path("/var/cache/foxhunt-cluster").glob("argo-*/bin/argo"))
+    return subprocess.run(
+        [str(argo_bin), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _submit(foxhunt: Cluster, *parameters: str) -> str:
+    done = argo(
+        foxhunt, "submit", "-n", NAMESPACE, "--from", "workflowtemplate/compile-and-train", *parameters, "-o", "name"
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _phase(foxhunt: Cluster, name: str) -> str | None:
+    phase = workflow(foxhunt, name).get("status", {}).get("phase")
+    return phase if phase in {"Succeeded", "Failed", "Error"} else None
+
+
+def test_the_seeds_deploy_command_trains_train_epochs_epochs_and_its_measure_command_prints_the_breakdown(
+    foxhunt: Cluster, pods: PodRunner
+) -> None:
+    config = tiny_train_config()
+    del config["run"]["steps"]  # train-epochs sets the length; a config with run.steps too is refused
+    config["run"]["log_every"] = 500
+    name = _submit(
+        foxhunt,
+        *("-p", f"commit-sha={COMMIT}", "-p", "model=dqn", "-p", "gpu-pool=ci-training-h100"),
+        *("-p", "hyperopt-trials=0", "-p", "train-epochs=1", "-p", f"config={json.dumps(config)}"),
+        *("-p", "job-id=seed-deploy"),
+    )
+    assert wait_until(lambda: _phase(foxhunt, name), 900, interval=1.0, what=f"{name} to end") == "Succeeded"
+
+    report = next(run for run in pods.runs if run.workflow == name and run.template == "report")
+    assert json.loads(report.stdout.splitlines()[-1])["steps"] == 1 * STEPS_PER_EPOCH
+
+    train_pod = next(run.pod for run in pods.runs if run.workflow == name and run.template == "train")
+    measured = subprocess.run(
+        f"{foxhunt.bin}/kubectl --kubeconfig {foxhunt.kubeconfig} logs {train_pod} -n {NAMESPACE} -c main"
+        ' | grep "Training step breakdown"',
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert measured.returncode == 0, measured.stderr
+    assert measured.stdout.startswith("Training step breakdown: sample=")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        (("-p", "model=rainbow"), "model"),
+        (("-p", "gpu-pool=no-such-pool"), "ci-training-h100"),  # the message lists the pools there are
+    ],
+    ids=["unknown-model", "unknown-pool"],
+)
+def test_a_wrong_model_or_pool_fails_the_job_at_compile_with_a_message(
+    foxhunt: Cluster, pods: PodRunner, parameters: tuple[str, ...], message: str
+) -> None:
+    defaults = {"model": "dqn", "gpu-pool": "ci-training-h100"}
+    given = dict(p.split("=", 1) for p in parameters[1::2])
+    settings = {**defaults, **given}
+    name = _submit(
+        foxhunt,
+        *("-p", f"commit-sha={COMMIT}", "-p", f"model={settings['model']}", "-p", f"gpu-pool={settings['gpu-pool']}"),
+        *("-p", f"config={json.dumps(tiny_train_config())}", "-p", "job-id=seed-wrong"),
+    )
+    phase = wait_until(lambda: _phase(foxhunt, name), 600, interval=1.0, what=f"{name} to end")
+    assert phase == "Failed"
+    compile_run = next(run for run in pods.runs if run.workflow == name and run.template == "compile")
+    assert compile_run.exit_code != 0 and message in compile_run.log.read_text()
+    assert "train" not in pods.steps(name)
