@@ -16,7 +16,8 @@ torch is left out of every lock: the GPU image brings its own CUDA build (torch 
 PyTorch base image), and `make setup` takes PyPI's torch 2.13.0 with what it depends on (Triton
 among them: its interpreter runs the trainer's kernels in the CPU tests). No single pinned file with
 hashes fits both, and PyPI's torch for Linux is the CUDA build with several GB of nvidia-* wheels.
-The trainer group's torch range still holds: the second, offline install of `.[trainer]` fails if the torch present does not satisfy it.
+The trainer group's torch range still holds: the second, offline install of `.[trainer]` fails if
+the torch present does not satisfy it.
 
 Runs the venv's uv (pinned in [dev]). uv keeps a committed lock's pins where they still fit, so
 relocking after a change to pyproject.toml moves only what the change needs; delete a lock to
