@@ -104,11 +104,24 @@ build_kubernetes() {
 }
 
 build_argo() {
-  local out="$CACHE/argo-$ARGO_VERSION" src
+  local out="$CACHE/argo-$ARGO_VERSION" src dir
   [[ -f "$out/.built" ]] && return
   src="$out/src"
   mkdir -p "$src"
-  # The module's own replace directive (go install ignores replaces, so a wrapper module repeats it).
+  dir="$(cd "$src" && go mod download -json "github.com/argoproj/argo-workflows/v3@$ARGO_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  # The module as downloaded lacks workflow/executor/osspecific/signal_linux.go: upstream's is a symlink
+  # to signal_darwin.go, and module zips drop symlinks. A copy of the module with that file restored
+  # (the same content the symlink gives) builds argoexec for Linux.
+  rm -rf "$src/upstream"
+  cp -r "$dir" "$src/upstream"
+  chmod -R u+w "$src/upstream"
+  local osspecific="$src/upstream/workflow/executor/osspecific"
+  [[ -e "$osspecific/signal_linux.go" ]] || cp "$osspecific/signal_darwin.go" "$osspecific/signal_linux.go"
+  # The CLI embeds the UI's build output, which the module does not carry; Argo's own Makefile puts a
+  # placeholder there for builds without the UI (as here: the CLI only submits and inspects).
+  mkdir -p "$src/upstream/ui/dist/app"
+  echo "Argo UI not built" >"$src/upstream/ui/dist/app/index.html"
+  # The module's own replace directive too (a dependency's replaces do not apply to the main module).
   cat >"$src/go.mod" <<EOF
 module foxhunt.local/cluster/argo
 
@@ -116,16 +129,17 @@ go 1.26.0
 
 require github.com/argoproj/argo-workflows/v3 $ARGO_VERSION
 
-replace github.com/olekukonko/tablewriter => github.com/olekukonko/tablewriter v0.0.5
+replace (
+	github.com/argoproj/argo-workflows/v3 => ./upstream
+	github.com/olekukonko/tablewriter => github.com/olekukonko/tablewriter v0.0.5
+)
 EOF
-  local cmds=(workflow-controller argoexec argo)
+  local cmds=(workflow-controller argo argoexec)
   tools_go "${cmds[@]/#/github.com/argoproj/argo-workflows/v3/cmd/}" >"$src/tools.go"
   local ldflags="-X github.com/argoproj/argo-workflows/v3.version=$ARGO_VERSION"
   for cmd in "${cmds[@]}"; do
     timed "build $cmd $ARGO_VERSION" go_build "$src" "$ldflags" "github.com/argoproj/argo-workflows/v3/cmd/$cmd"
   done
-  local dir
-  dir="$(cd "$src" && go mod download -json "github.com/argoproj/argo-workflows/v3@$ARGO_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
   mkdir -p "$out/crds"
   cp "$dir"/manifests/base/crds/full/argoproj.io_*.yaml "$out/crds/"
   touch "$out/.built"
