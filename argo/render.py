@@ -11,12 +11,20 @@ controller sends the pool's nodeSelector, tolerations and GPU resource as a pod 
 pools config drives placement without one template per pool, and a Workflow still only references
 a template and passes parameters (clusters may run Argo with `templateReferencing: Strict`).
 
+The compile step checks `gpu-pool` against the controller's pools file, mounted from the
+`foxhunt-pools` ConfigMap (Kustomize rewrites the hashed name, argo/kustomizeconfig.yaml), so a
+Workflow submitted without the controller (`argo submit`) fails at once on an unknown pool, with the
+list. An `enum` on the parameter would not do it: Argo validates a Workflow that references a template
+with the Workflow's own parameters first (util.MergeParameters in workflow/validate/validate.go,
+v3.7), so a template's enum never reaches a value passed with `-p`; and the pools differ per overlay.
+
 Build-time only: Hera is a `dev` dependency, neither image needs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import string
 import sys
@@ -32,7 +40,7 @@ from hera.workflows import models as m
 from hera.workflows.protocol import Templatable
 
 from service.backends.argo_parameters import PARAMETERS
-from trainer.pipeline import BEST_CONFIG, PIPELINE, Pipeline, Resources, Retry, Step, trainer_args
+from trainer.pipeline import BEST_CONFIG, PIPELINE, RESOLVED_CONFIG, Pipeline, Resources, Retry, Step, trainer_args
 
 ARGO_DIR = Path(__file__).resolve().parent
 
@@ -54,14 +62,20 @@ TRAINER_IMAGE = f"foxhunt-trainer:{param('commit-sha')}"
 MAIN_CONTAINER = "main"  # Argo's name for a template's container; the pod spec patch merges on it
 METRICS_PORT = 9400
 SERVICE_ACCOUNT = "foxhunt-workflow"
-CONFIG_FILE = "/inputs/config.json"  # the config parameter as a raw input artifact
-CONFIG_FILE_INPUT = "config-file"  # train's input: the job's config or the search's best
+CONFIG_FILE = "/inputs/config.json"  # the config parameter as a raw input artifact (compile's input)
+CONFIG_FILE_INPUT = "config-file"  # train's input: the job's resolved config or the search's best
+POOLS_DIR = "/etc/foxhunt/pools"  # the foxhunt-pools ConfigMap (the controller's FOXHUNT_POOLS_FILE)
+POOLS_CONFIG_MAP, POOLS_KEY = "foxhunt-pools", "pools.yaml"
 TRIAL_INPUT = "trial"
 PARALLELISM = m.ConfigMapKeySelector(name="foxhunt-workflow-limits", key="hyperopt-parallelism")
 
 # The pipeline's placeholders (trainer/pipeline.py) as Argo binds them.
 BINDINGS: dict[str, str] = {
     "config": CONFIG_FILE,
+    "model": param("model"),
+    "train_epochs": param("train-epochs"),
+    "pool": param("gpu-pool"),
+    "pools": f"{POOLS_DIR}/{POOLS_KEY}",
     "run": f"/data/runs/{param('job-id')}",
     "checkpoints": f"/data/checkpoints/{param('job-id')}",
     "storage": "$(FOXHUNT_OPTUNA_STORAGE)",
@@ -72,7 +86,7 @@ BINDINGS: dict[str, str] = {
     "duration": "{{workflow.duration}}",
     "failures": "{{workflow.failures}}",
 }
-# Train reads whichever config its caller passes: the job's, or the best one the search wrote.
+# Train reads whichever config its caller passes: the job's resolved one, or the best one the search wrote.
 TRAIN_BINDINGS = BINDINGS | {"config": input_param(CONFIG_FILE_INPUT)}
 
 # One GPU of the cluster's default resource: what a GPU step gets when nobody passes a placement.
@@ -92,6 +106,8 @@ DEFAULT_POD_SPEC_PATCH = json.dumps(
 PARAMETER_DEFAULTS: dict[str, str] = {
     "queue-name": "",
     "hyperopt-trials": "0",
+    "model": "dqn",
+    "train-epochs": "0",
     "config": "{}",
     "pod-spec-patch": DEFAULT_POD_SPEC_PATCH,
     "progress-token": "",
@@ -165,6 +181,9 @@ VOLUMES = [
     m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource()),
 ]
 MOUNTS = [m.VolumeMount(name="data", mount_path="/data"), m.VolumeMount(name="tmp", mount_path="/tmp")]
+# Optional: without the ConfigMap the pod still starts, and compile fails with "pools file not found".
+POOLS_VOLUME = m.Volume(name="pools", config_map=m.ConfigMapVolumeSource(name=POOLS_CONFIG_MAP, optional=True))
+POOLS_MOUNT = m.VolumeMount(name="pools", mount_path=POOLS_DIR, read_only=True)
 METRICS_PORTS = [m.ContainerPort(name="metrics", container_port=METRICS_PORT, protocol="TCP")]
 POD_GC = m.PodGC(strategy="OnPodCompletion", delete_delay_duration="1h")  # failed pods stay an hour for logs
 TTL = m.TTLStrategy(seconds_after_success=86400, seconds_after_failure=604800)
@@ -244,6 +263,7 @@ def container(
     inputs: m.Inputs | None = None,
     image_pull_policy: str = "IfNotPresent",
     synchronization: m.Synchronization | None = None,
+    mounts: list[m.VolumeMount] = MOUNTS,
 ) -> Container:
     """The template running `trainer <args>` for `step`, placed by the pod spec patch when it needs a GPU."""
     gpu = step.resources == "gpu"
@@ -263,7 +283,7 @@ def container(
         ports=METRICS_PORTS if gpu else None,
         resources=RESOURCES[step.resources],
         security_context=CONTAINER_SECURITY,
-        volume_mounts=MOUNTS,
+        volume_mounts=mounts,
     )
 
 
@@ -271,10 +291,11 @@ def pipeline_template(step: Step, values: dict[str, str]) -> Container:
     """A pipeline step's template, its arguments bound by `values`."""
     used = placeholders(step)
     parameters = [m.Parameter(name=TRIAL_INPUT)] if "trial" in used else []
-    if values["config"] == input_param(CONFIG_FILE_INPUT):
+    if "config" in used and values["config"] == input_param(CONFIG_FILE_INPUT):
         parameters.append(m.Parameter(name=CONFIG_FILE_INPUT))
     artifacts = [m.Artifact(name="config", path=CONFIG_FILE, raw=m.RawArtifact(data=param("config")))]
-    inputs = m.Inputs(parameters=parameters or None, artifacts=artifacts if "config" in used else None)
+    submitted = "config" in used and values["config"] == CONFIG_FILE
+    inputs = m.Inputs(parameters=parameters or None, artifacts=artifacts if submitted else None)
     semaphore = m.SemaphoreRef(config_map_key_ref=PARALLELISM)
     return container(
         step,
@@ -286,6 +307,7 @@ def pipeline_template(step: Step, values: dict[str, str]) -> Container:
         # Trials of every job share the pools: a semaphore in the foxhunt-workflow-limits ConfigMap
         # bounds how many run at once (Argo takes no `parallelism` from a parameter, argo-workflows#1780).
         synchronization=m.Synchronization(semaphores=[semaphore]) if step.name == PIPELINE.trial.name else None,
+        mounts=[*MOUNTS, POOLS_MOUNT] if "pools" in used else MOUNTS,
     )
 
 
@@ -303,7 +325,7 @@ def main_steps(pipeline: Pipeline) -> list[Steps]:
                     name=pipeline.train.name,
                     template=pipeline.train.name,
                     when=no_search,
-                    arguments=[m.Parameter(name=CONFIG_FILE_INPUT, value=BINDINGS["config"])],
+                    arguments=[m.Parameter(name=CONFIG_FILE_INPUT, value=RESOLVED_CONFIG.format(**BINDINGS))],
                 ),
                 ArgoStep(
                     name=f"{pipeline.train_best.name}-best",
@@ -347,11 +369,21 @@ def workflow_spec_fields() -> dict[str, Any]:
     }
 
 
+def shared_train(pipeline: Pipeline) -> Step:
+    """train's template, which train-best shares: the config it reads (the job's resolved one, or the
+    search's best) is the template's input `config-file`, bound to {config} by TRAIN_BINDINGS."""
+    argv = tuple("{config}" if part == RESOLVED_CONFIG else part for part in pipeline.train.argv)
+    return dataclasses.replace(pipeline.train, argv=argv)
+
+
 def compile_and_train(pipeline: Pipeline = PIPELINE) -> WorkflowTemplate:
     """The job's WorkflowTemplate: every pipeline step, run as the pipeline orders them."""
     templates: list[m.Template | Templatable] = [*main_steps(pipeline)]
     for step in pipeline.steps():
-        templates.append(pipeline_template(step, TRAIN_BINDINGS if step is pipeline.train else BINDINGS))
+        if step is pipeline.train:
+            templates.append(pipeline_template(shared_train(pipeline), TRAIN_BINDINGS))
+        else:
+            templates.append(pipeline_template(step, BINDINGS))
     parameters = [
         m.Parameter(name=name, description=description, value=PARAMETER_DEFAULTS.get(name))
         for name, description in PARAMETERS.items()
@@ -364,7 +396,7 @@ def compile_and_train(pipeline: Pipeline = PIPELINE) -> WorkflowTemplate:
         arguments=parameters,
         active_deadline_seconds=259200,  # a stuck job cannot hold GPUs for ever (3 days)
         templates=templates,
-        **workflow_spec_fields(),
+        **workflow_spec_fields() | {"volumes": [*VOLUMES, POOLS_VOLUME]},
     )
 
 
@@ -456,15 +488,19 @@ COMPILE_AND_TRAIN_NOTES = """\
 # warming the kernel caches), an optional Optuna search fanned out as parallel pods (suggest, trials,
 # best), the full training run, a report; the exit handler records the outcome.
 # The controller submits Workflows with `workflowTemplateRef: {name: compile-and-train}` and passes
-# only the parameters below (names fixed in service/backends/argo_parameters.py): the resolved config
-# is the one carrier of plan, steps and seeds. GPU steps are placed by `pod-spec-patch` (podSpecPatch):
-# the pool's nodeSelector, tolerations and GPU resource from the controller's pools config, so the
-# cluster can run Argo with templateReferencing: Strict and a new pool needs no new template.
+# only the parameters below (names fixed in service/backends/argo_parameters.py). compile checks
+# `model`, `gpu-pool` (against the foxhunt-pools ConfigMap, mounted at /etc/foxhunt/pools) and
+# `train-epochs` (refused with run.steps in the config), and writes the resolved config, epochs turned
+# into run.steps, to /data/runs/<job-id>/config.json: the one carrier of plan, steps and seeds for
+# every later step. GPU steps are placed by `pod-spec-patch` (podSpecPatch): the pool's nodeSelector,
+# tolerations and GPU resource from the controller's pools config, so the cluster can run Argo with
+# templateReferencing: Strict and a new pool needs no new template.
 #
 # Paths on the shared `foxhunt-data` volume (ReadWriteMany), all fixed per job, never per pod or retry:
 #   /data/checkpoints/<job-id>/train           FOXHUNT_CHECKPOINT_URL of the full run (retries resume)
 #   /data/checkpoints/<job-id>/trial-<n>       one per hyper-parameter trial
-#   /data/runs/<job-id>/...                    check/, hyperopt/, train/, best-config.json, status.json
+#   /data/runs/<job-id>/...                    config.json, check/, hyperopt/best-config.json, train/,
+#                                              status.json
 #   /data/kernel-cache/<pool>/<commit-sha>/    Inductor + Triton caches: warmed by compile, reused by
 #                                              trials and train (same GPU type, same code)
 #

@@ -155,7 +155,10 @@ def submit(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="TrainConfig YAML/JSON file.")] = None,
     pool: Annotated[str | None, typer.Option(help="GPU pool.")] = None,
     plan: Annotated[str | None, typer.Option(help="Execution plan.")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Epochs (2000 steps each).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model to train (dqn, the default).")] = None,
+    epochs: Annotated[
+        int | None, typer.Option(help="The run's length in epochs of 2000 steps; not with run.steps in the config.")
+    ] = None,
     hyperopt_trials: Annotated[
         int | None,
         typer.Option(
@@ -186,6 +189,7 @@ def submit(
     extra = {
         "pool": pool,
         "plan": plan,
+        "model": model,
         "epochs": epochs,
         "hyperopt_trials": hyperopt_trials,
         "name": name,

@@ -68,6 +68,14 @@ class JobSpec(BaseModel):
     model: str
     commit_sha: str
     epochs: int
+    train_epochs: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Epochs the pipeline's compile step turns into run.steps (then `config` leaves run.steps out); "
+            "None: the config's run.steps."
+        ),
+    )
     hyperopt_trials: int = 0
     config: dict[str, Any] = Field(description="The job's TrainConfig, as JSON-compatible data.")
     labels: dict[str, str] = Field(default_factory=dict)

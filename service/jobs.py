@@ -50,8 +50,9 @@ class JobService:
         config = body.config.model_copy(deep=True)
         if body.plan is not None:
             config.run.plan = body.plan
-        if body.epochs is not None:
-            config.run.steps = body.epochs * STEPS_PER_EPOCH
+        # With epochs the stored config leaves run.steps out: the pipeline's compile step sets it to
+        # epochs x STEPS_PER_EPOCH (trainer.config.apply_epochs), the one place epochs become steps.
+        steps = {"run": {"steps"}} if body.epochs is not None else None
         job, created = self.store.insert_job(
             NewJob(
                 id=job_id,
@@ -69,7 +70,7 @@ class JobService:
                 hyperopt_trials=body.hyperopt_trials,
                 priority=body.priority,
                 deadline=body.deadline,
-                config=config.model_dump(mode="json"),
+                config=config.model_dump(mode="json", exclude=steps),
                 labels=dict(body.labels),
             ),
             # checked and inserted in one transaction: concurrent submissions cannot overrun the quota

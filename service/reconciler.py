@@ -42,6 +42,8 @@ class Leadership(Protocol):
 
 
 def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
+    """The backend's view of a stored job. A job submitted with epochs is stored with a config that leaves
+    run.steps out (service/jobs.py), and its pipeline's compile step turns the epochs into run.steps."""
     pool = pools.get(job.pool)
     return JobSpec(
         job_id=job.id,
@@ -53,6 +55,7 @@ def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
         model=job.model,
         commit_sha=job.commit_sha,
         epochs=job.epochs,
+        train_epochs=None if "steps" in job.config.get("run", {}) else job.epochs,
         hyperopt_trials=job.hyperopt_trials,
         config=job.config,
         labels=job.labels,

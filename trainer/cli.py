@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 
-from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.config import (
+    MODELS,
+    STEPS_PER_EPOCH,
+    ConfigError,
+    TrainConfig,
+    apply_epochs,
+    check_model,
+    dump_config,
+    load_config,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="foxhunt's distributional DQN trainer.")
 
@@ -197,9 +207,37 @@ def check(
     override: OverrideOption = None,
     out: Annotated[Path, typer.Option(help="Folder of the short run and check.json.")] = Path("runs/check"),
     steps: Annotated[int, typer.Option(min=1, help="Updates to run after the warm-up.")] = 20,
+    model: Annotated[str, typer.Option(help=f"The job's model: one of {', '.join(MODELS)}.")] = "dqn",
+    train_epochs: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help=f"The job's length in epochs of {STEPS_PER_EPOCH} steps, written into run.steps of "
+            "--resolved-config (refused if the config sets run.steps too); 0: the config's run.steps.",
+        ),
+    ] = 0,
+    pool: Annotated[str | None, typer.Option(help="The job's GPU pool, checked against --pools-file.")] = None,
+    pools_file: Annotated[
+        Path | None, typer.Option(help="The controller's pools file (YAML, `pools: [{name: …}]`): --pool must be one.")
+    ] = None,
+    resolved_config: Annotated[
+        Path | None, typer.Option(help="Write the job's config here, epochs applied: what the later steps run.")
+    ] = None,
 ) -> None:
-    """A few updates of the config's own plan on this machine (warm-up, capture, graphs); fails if the plan
+    """The job's first step. Checks what the job asks (model, pool, epochs or run.steps), writes its resolved
+    config, then runs a few updates of its plan on this machine (warm-up, capture, graphs); fails if the plan
     falls back, so a job whose plan cannot run here stops in minutes instead of hours into train."""
+    try:  # before torch is imported: a job that asks wrongly fails in a second
+        check_model(model)
+        if pools_file is not None:
+            check_pool(pool, pools_file)
+        cfg = apply_epochs(load_config(config, override or []), train_epochs or None)
+        if resolved_config is not None:
+            resolved_config.parent.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, resolved_config)
+    except ConfigError as error:
+        raise fail(str(error)) from None
+
     import warnings
 
     from trainer.data.offline import DatasetError
@@ -207,7 +245,6 @@ def check(
     from trainer.train import run_check
 
     try:
-        cfg = load_config(config, override or [])
         with warnings.catch_warnings(record=True, category=PlanFallbackWarning) as fallbacks:
             result = run_check(cfg, out, steps)
     except (ConfigError, DatasetError) as error:
@@ -219,6 +256,19 @@ def check(
     if cfg.run.device == "cuda" and fallbacks:
         typer.echo(f"error: plan {cfg.run.plan} cannot run here: {fallbacks[0].message}", err=True)
         raise typer.Exit(1)
+
+
+def check_pool(pool: str | None, pools_file: Path) -> None:
+    """`pool` must be named in the controller's pools file (service/pools.py reads the rest of it)."""
+    if not pools_file.is_file():
+        raise ConfigError(f"pools file not found: {pools_file}")
+    try:
+        document = yaml.safe_load(pools_file.read_text())
+        names = [str(entry["name"]) for entry in document["pools"]]
+    except (yaml.YAMLError, TypeError, KeyError) as error:
+        raise ConfigError(f"pools file {pools_file} lists no pools (`pools: [{{name: …}}]`): {error}") from None
+    if pool not in names:
+        raise ConfigError(f"unknown pool {pool!r}; configured: {', '.join(names)}")
 
 
 @app.command()

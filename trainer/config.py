@@ -285,6 +285,44 @@ class TrainConfig(_Section):
         return self.run.steps / STEPS_PER_EPOCH
 
 
+# ---- what a job asks beyond its config: the model, and its length in epochs ---------------------
+MODELS: tuple[str, ...] = ("dqn",)
+"""The models this trainer trains (a job's `model`): the distributional DQN of trainer/model.py."""
+
+
+def check_model(model: str) -> None:
+    """Refuse a job's `model` that is not one of MODELS (ConfigError, one line naming them)."""
+    if model not in MODELS:
+        raise ConfigError(f"model {model!r} is not one this trainer trains; models: {', '.join(MODELS)}")
+
+
+def check_steps_or_epochs(config: TrainConfig, epochs: int | None) -> None:
+    """A job gives its length once: `run.steps` in the config, or epochs; both together are refused."""
+    if epochs is None:
+        return
+    if "steps" in config.run.model_fields_set:
+        raise ConfigError(
+            f"the config sets run.steps ({config.run.steps}) and the job asks for {epochs} epochs: give one "
+            f"(epochs become run.steps = epochs x {STEPS_PER_EPOCH})"
+        )
+    if not 1 <= epochs <= INT32_MAX // STEPS_PER_EPOCH:
+        raise ConfigError(f"epochs must be between 1 and {INT32_MAX // STEPS_PER_EPOCH}, got {epochs}")
+
+
+def apply_epochs(config: TrainConfig, epochs: int | None) -> TrainConfig:
+    """The job's config with its epochs turned into run.steps (epochs x STEPS_PER_EPOCH); None: unchanged.
+
+    The one place epochs become steps: the pipeline's compile step (`trainer check --train-epochs`)
+    calls it and writes the result, which every later step reads, so the config alone carries the steps.
+    """
+    check_steps_or_epochs(config, epochs)
+    if epochs is None:
+        return config
+    resolved = config.model_copy(deep=True)
+    resolved.run.steps = epochs * STEPS_PER_EPOCH
+    return resolved
+
+
 def format_validation_error(error: ValidationError) -> str:
     """One line per problem: `field.path: message (got value)`."""
     parts = []

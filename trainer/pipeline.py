@@ -13,8 +13,12 @@ command back with the CLI. Placeholders are `str.format` fields:
 =============  ===============================================================================
 placeholder    meaning
 =============  ===============================================================================
-{config}       the job's resolved TrainConfig (JSON file): the only carrier of plan, steps, seeds
-{run}          the job's output root (check/, hyperopt/, train/ below it), fixed per job
+{config}       the job's TrainConfig (JSON file) as submitted: read by the compile step alone
+{model}        the job's model (`trainer.config.MODELS`); compile refuses any other
+{train_epochs} the job's length in epochs, which compile turns into run.steps; 0: the config's run.steps
+{pool}         the job's GPU pool, which compile checks against {pools}
+{pools}        the controller's pools file (YAML, `pools: [{name: …}]`)
+{run}          the job's output root (config.json, check/, hyperopt/, train/ below it), fixed per job
 {checkpoints}  the job's checkpoint root, fixed per job (never per pod or retry): retries resume
 {storage}      the Optuna storage URL of the job's study
 {study}        the Optuna study name (one per job)
@@ -24,6 +28,10 @@ placeholder    meaning
 {duration}     seconds the pipeline ran, for the exit handler
 {failures}     the failed steps as JSON, for the exit handler
 =============  ===============================================================================
+
+The compile step checks what the job asks and writes its resolved config to RESOLVED_CONFIG
+(`{run}/config.json`: model checked, epochs turned into run.steps, the one place that happens), and
+every later step reads that file, so the config is the one carrier of plan, steps and seeds.
 
 Torch-free: the controller imports it.
 """
@@ -42,6 +50,7 @@ Retry = Literal["infrastructure", "on-error"]
 SUGGEST, TRIAL, BEST = "hyperopt-suggest", "hyperopt-trial", "hyperopt-best"
 CHECK, TRAIN, REPORT, EXIT = "compile", "train", "report", "on-exit"
 
+RESOLVED_CONFIG = "{run}/config.json"
 BEST_CONFIG = "{run}/hyperopt/best-config.json"
 TRAIN_RUN_DIR = "{run}/train"
 
@@ -125,14 +134,24 @@ def parse_trainer_args(argv: list[str]) -> dict[str, Any]:
 def check_step() -> Step:
     return Step(
         name=CHECK,
-        argv=trainer_args("check", config="{config}", out="{run}/check"),
+        argv=trainer_args(
+            "check",
+            config="{config}",
+            model="{model}",
+            train_epochs="{train_epochs}",
+            pool="{pool}",
+            pools_file="{pools}",
+            resolved_config=RESOLVED_CONFIG,
+            out="{run}/check",
+        ),
         resources="gpu",
         deadline_seconds=3600,
         retry="infrastructure",
         description=(
-            "A few updates of the job's own config and plan on this machine's device: warm-up, capture, graphs. "
-            "A plan that cannot run fails here in minutes instead of hours into train; on a cluster it also "
-            "warms the kernel caches that trials and train reuse."
+            "Checks what the job asks (the model, the pool, epochs or run.steps but not both) and writes its "
+            "resolved config, which every later step reads; then a few updates of that config's plan on this "
+            "machine's device: warm-up, capture, graphs. A plan that cannot run fails here in minutes instead of "
+            "hours into train; on a cluster it also warms the kernel caches that trials and train reuse."
         ),
     )
 
@@ -141,7 +160,7 @@ def suggest_step() -> Step:
     return Step(
         name=SUGGEST,
         argv=trainer_args(
-            "hyperopt suggest", config="{config}", trials="{trials}", storage="{storage}", study="{study}"
+            "hyperopt suggest", config=RESOLVED_CONFIG, trials="{trials}", storage="{storage}", study="{study}"
         ),
         resources="cpu",
         deadline_seconds=600,
@@ -159,7 +178,7 @@ def trial_step() -> Step:
             trial="{trial}",
             storage="{storage}",
             study="{study}",
-            config="{config}",
+            config=RESOLVED_CONFIG,
             run_dir="{run}/hyperopt/trial-{trial}",
         ),
         resources="gpu",
@@ -174,7 +193,9 @@ def trial_step() -> Step:
 def best_step() -> Step:
     return Step(
         name=BEST,
-        argv=trainer_args("hyperopt best", storage="{storage}", study="{study}", config="{config}", out=BEST_CONFIG),
+        argv=trainer_args(
+            "hyperopt best", storage="{storage}", study="{study}", config=RESOLVED_CONFIG, out=BEST_CONFIG
+        ),
         resources="cpu",
         deadline_seconds=600,
         retry="on-error",
@@ -184,7 +205,7 @@ def best_step() -> Step:
 
 
 def train_step(config: str) -> Step:
-    """The full run from `config` (the job's, or the search's best). `--resume` continues from the job's
+    """The full run from `config` (the job's resolved config, or the search's best). `--resume` continues from the job's
     checkpoint, so a retry after node loss or preemption picks up where the last checkpoint left off."""
     return Step(
         name=TRAIN,
@@ -227,7 +248,7 @@ class Pipeline:
     suggest: Step = field(default_factory=suggest_step)
     trial: Step = field(default_factory=trial_step)
     best: Step = field(default_factory=best_step)
-    train: Step = field(default_factory=lambda: train_step("{config}"))
+    train: Step = field(default_factory=lambda: train_step(RESOLVED_CONFIG))
     train_best: Step = field(default_factory=lambda: train_step(BEST_CONFIG))
     report: Step = field(default_factory=report_step)
     on_exit: Step = field(default_factory=exit_step)

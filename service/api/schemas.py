@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from service.domain import JobFields, JobState
-from trainer.config import INT32_MAX, PlanName, TrainConfig
+from trainer.config import INT32_MAX, MODELS, STEPS_PER_EPOCH, PlanName, TrainConfig, check_model, check_steps_or_epochs
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$")]
 LabelValue = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
@@ -39,7 +39,7 @@ class JobCreate(BaseModel):
 
     config: TrainConfig = Field(default_factory=TrainConfig, description="The trainer's TrainConfig.")
     model: str = Field(
-        "c51-branching", min_length=1, max_length=128, pattern=NO_NUL, description="Model family to train."
+        "dqn", min_length=1, max_length=128, pattern=NO_NUL, description=f"Model to train: {', '.join(MODELS)}."
     )
     plan: PlanName | None = Field(None, description="Execution plan; overrides config.run.plan when given.")
     commit_sha: str = Field(
@@ -49,7 +49,13 @@ class JobCreate(BaseModel):
         None, max_length=63, pattern=POOL_NAME, description="GPU pool; the first configured pool if omitted."
     )
     epochs: int | None = Field(
-        None, ge=1, le=100_000, description="Epochs of 2000 steps; overrides config.run.steps when given."
+        None,
+        ge=1,
+        le=100_000,
+        description=(
+            f"The run's length in epochs of {STEPS_PER_EPOCH} steps (run.steps = epochs x {STEPS_PER_EPOCH}, set "
+            "by the job's compile step); a config that sets run.steps too is refused (422)."
+        ),
     )
     hyperopt_trials: int = Field(0, ge=0, le=10_000, description="Hyper-parameter trials (0: a single run).")
     labels: dict[LabelKey, LabelValue] = Field(
@@ -60,6 +66,17 @@ class JobCreate(BaseModel):
         None, description="Cancel the job if it has not finished by then (RFC 3339 with timezone)."
     )
     name: JobName | None = Field(None, description="Client-chosen name; acts as the idempotency key if none is sent.")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str) -> str:
+        check_model(model)  # the trainer's own check, which the job's compile step runs again
+        return model
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> JobCreate:
+        check_steps_or_epochs(self.config, self.epochs)
+        return self
 
 
 class PhaseEvent(BaseModel):

@@ -1,10 +1,12 @@
 """The default backend: jobs as subprocesses on this machine, recorded in job directories.
 
 Each job has `<jobs_dir>/<job_id>/`: `job.json` (the JobSpec; written last, atomically, so it is the
-commit point of a submission), `config.json`, `log.txt`, `run/` (the pipeline's outputs: check/,
-hyperopt/, train/ with the trainer's `progress.json`, status.json), `checkpoints/`, `optuna.db`, and
-per attempt `run-<n>.json` (claimed before launch), `pid-<n>`, `pipeline-<n>.json` (the step running
-now), `exit-<n>.json` (written by local_supervisor.py when the pipeline has ended) and `cancel-<n>`.
+commit point of a submission), `config.json`, `pools.yaml` (the controller's pools when the job was
+handed over, which the compile step checks the job's pool against, as on Argo), `log.txt`, `run/`
+(the pipeline's outputs: config.json, check/, hyperopt/, train/ with the trainer's `progress.json`,
+status.json), `checkpoints/`, `optuna.db`, and per attempt `run-<n>.json` (claimed before launch),
+`pid-<n>`, `pipeline-<n>.json` (the step running now), `exit-<n>.json` (written by local_supervisor.py
+when the pipeline has ended) and `cancel-<n>`.
 A restarted controller reads these files back, so it finds running and finished jobs and never
 starts one twice.
 
@@ -29,8 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.backends.base import BackendNotFound, BackendUnavailable
-from service.backends.local_pipeline import state_file, train_progress
+from service.backends.local_pipeline import POOLS_FILE, state_file, train_progress
 from service.domain import BackendStatus, JobSpec, JobState
+from service.pools import Pools
 from trainer.jsonfile import read_json_object, write_json_atomic
 
 if TYPE_CHECKING:
@@ -78,8 +81,10 @@ class LocalBackend:
         grace_seconds: float = 30.0,
         poll_seconds: float = 0.2,
         parallel_trials: int = 1,
+        pools_file: Path | None = None,
     ) -> None:
         self.jobs_dir = Path(jobs_dir).resolve()
+        self.pools_file = pools_file
         self.command = list(command)
         self.gpus = gpus
         self.slots = max(gpus, 1)
@@ -99,7 +104,15 @@ class LocalBackend:
             gpus=gpus,
             grace_seconds=settings.cancel_grace_seconds,
             parallel_trials=settings.local_parallel_trials,
+            pools_file=settings.pools_file,
         )
+
+    def _write_pools(self, path: Path) -> None:
+        """The controller's pools file (service/app.py's): FOXHUNT_POOLS_FILE, else the one local pool."""
+        if self.pools_file is not None:
+            shutil.copyfile(self.pools_file, path)
+        else:
+            write_json_atomic(path, {"pools": [pool.model_dump(mode="json") for pool in Pools.local(self.gpus)]})
 
     # ---- the Backend interface --------------------------------------------------------------------
 
@@ -114,6 +127,7 @@ class LocalBackend:
                 return self._status(job_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(job_dir / "config.json", spec.config)
+            self._write_pools(job_dir / POOLS_FILE)
             write_json_atomic(job_dir / "job.json", {**spec.model_dump(mode="json"), "submitted_at": time.time()})
         self._schedule()
         return self._status(job_dir)

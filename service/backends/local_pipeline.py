@@ -6,8 +6,12 @@ are bound to the job directory:
 =============  =====================================================================
 placeholder    local value
 =============  =====================================================================
-{config}       JOB_DIR/config.json (the resolved TrainConfig the API stored)
-{run}          JOB_DIR/run (check/, hyperopt/, train/, status.json below it)
+{config}       JOB_DIR/config.json (the TrainConfig the API stored; without run.steps with epochs)
+{model}        the JobSpec's model
+{train_epochs} the JobSpec's train_epochs (0: none; the config's run.steps)
+{pool}         the JobSpec's pool
+{pools}        JOB_DIR/pools.yaml (the controller's pools file when the job was handed over)
+{run}          JOB_DIR/run (config.json: compile's resolved config; check/, hyperopt/, train/, status.json)
 {checkpoints}  JOB_DIR/checkpoints (fixed per job: a retry resumes from it)
 {storage}      sqlite:///JOB_DIR/optuna.db
 {study}        foxhunt-<job id>
@@ -47,6 +51,7 @@ from trainer.jsonfile import write_json_atomic
 from trainer.pipeline import PIPELINE, TRIAL, Pipeline, Step
 
 RUN = "run"
+POOLS_FILE = "pools.yaml"
 CHECKPOINTS = "checkpoints"
 STOPPED_CODE = 143  # what a SIGTERM'd trainer exits with; the backend maps it to CANCELLED after a cancel
 NOT_STARTED_CODE = 127
@@ -68,6 +73,10 @@ def bindings(job_dir: Path, job: dict[str, Any]) -> dict[str, str]:
     """The pipeline's placeholders bound to the job directory (see the module's table)."""
     return {
         "config": str(job_dir / "config.json"),
+        "model": str(job.get("model", "")),
+        "train_epochs": str(job.get("train_epochs") or 0),
+        "pool": str(job.get("pool", "")),
+        "pools": str(job_dir / POOLS_FILE),
         "run": str(job_dir / RUN),
         "checkpoints": str(job_dir / CHECKPOINTS),
         "storage": f"sqlite:///{job_dir / 'optuna.db'}",

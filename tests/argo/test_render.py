@@ -49,6 +49,10 @@ STEP_OUTPUTS = {"{{steps.suggest.outputs.result}}": json.dumps(list(range(TRIALS
 # The pipeline's placeholders as they read inside a pod of job JOB (trainer/pipeline.py, issue 10).
 POD_VALUES = {
     "config": "/inputs/config.json",
+    "model": "dqn",
+    "train_epochs": "0",
+    "pool": POOL,
+    "pools": "/etc/foxhunt/pools/pools.yaml",
     "run": f"/data/runs/{JOB}",
     "checkpoints": f"/data/checkpoints/{JOB}",
     "storage": OPTUNA_STORAGE,
@@ -77,7 +81,7 @@ def h100_job() -> JobSpec:
         queue_name=pool.queue_name,
         placement=pool.placement(),
         plan="graph",
-        model="default",
+        model="dqn",
         commit_sha=COMMIT,
         epochs=1,
         hyperopt_trials=TRIALS,
@@ -243,8 +247,18 @@ def test_the_parsed_commands_carry_the_jobs_values(rendered_argo: dict[str, Doc]
     }
     (suggest,) = parsed[PIPELINE.suggest.name]
     assert suggest["trials"] == TRIALS and suggest["storage"] == OPTUNA_STORAGE and suggest["study"] == f"foxhunt-{JOB}"
+    (compile_,) = parsed[PIPELINE.check.name]
+    assert str(compile_["config"]) == "/inputs/config.json" and compile_["model"] == "dqn"
+    assert compile_["train_epochs"] == 0 and compile_["pool"] == POOL  # h100_job sets run.steps itself
+    assert str(compile_["pools_file"]) == "/etc/foxhunt/pools/pools.yaml"
+    assert str(compile_["resolved_config"]) == f"/data/runs/{JOB}/config.json"
+    for name in (PIPELINE.suggest.name, PIPELINE.trial.name, PIPELINE.best.name):
+        assert {str(p["config"]) for p in parsed[name]} == {f"/data/runs/{JOB}/config.json"}, name
     trains = parsed[PIPELINE.train.name]
-    assert {str(p["config"]) for p in trains} == {"/inputs/config.json", f"/data/runs/{JOB}/hyperopt/best-config.json"}
+    assert {str(p["config"]) for p in trains} == {
+        f"/data/runs/{JOB}/config.json",
+        f"/data/runs/{JOB}/hyperopt/best-config.json",
+    }
     assert all(p["resume"] and str(p["run_dir"]) == f"/data/runs/{JOB}/train" for p in trains)
     (finish,) = parsed[PIPELINE.on_exit.name]
     assert finish["status"] == "Failed" and json.loads(finish["failures"])[0]["templateName"] == "train"
@@ -348,6 +362,38 @@ def test_the_default_pod_spec_patch_asks_one_gpu_for_the_main_container(rendered
 def test_the_template_declares_exactly_the_controllers_parameters(rendered_argo: dict[str, Doc]) -> None:
     declared = [p["name"] for p in rendered_argo["compile-and-train"]["spec"]["arguments"]["parameters"]]
     assert declared == list(PARAMETER_NAMES)
+
+
+def test_the_template_declares_model_and_train_epochs_for_compile(rendered_argo: dict[str, Doc]) -> None:
+    """Argo's CLI passes `-p` names unchecked (argo-workflows#10482): the seed's own parameters must exist."""
+    parameters = {p["name"]: p for p in rendered_argo["compile-and-train"]["spec"]["arguments"]["parameters"]}
+    assert parameters["model"]["value"] == "dqn" and parameters["train-epochs"]["value"] == "0"
+    assert "2000" in parameters["train-epochs"]["description"]
+
+
+def test_the_seeds_deploy_command_reaches_compile_as_it_says(rendered_argo: dict[str, Doc]) -> None:
+    """`argo submit --from workflowtemplate/compile-and-train -p model=dqn -p train-epochs=5 …` with no
+    controller: every other parameter at its default, compile gets the model, the epochs and the pool."""
+    passed = {"job-id": JOB, "commit-sha": COMMIT, "model": "dqn", "gpu-pool": POOL, "hyperopt-trials": "0"}
+    cli = trainer_cli()
+    pods = list(invocations(rendered_argo["compile-and-train"], passed | {"train-epochs": "5"}))
+    (compile_,) = [parse(cli, pod_args(t, v)) for name, t, v in pods if name == PIPELINE.check.name]
+    assert (compile_["model"], compile_["train_epochs"], compile_["pool"]) == ("dqn", 5, POOL)
+    assert render.PARAMETER_DEFAULTS["config"] == "{}"  # the default config sets no run.steps: epochs can
+
+
+def test_compile_alone_reads_the_submitted_config_and_the_pools_file(rendered_argo: dict[str, Doc]) -> None:
+    spec = rendered_argo["compile-and-train"]["spec"]
+    (pools,) = [v for v in spec["volumes"] if v["name"] == "pools"]
+    assert pools["configMap"] == {"name": "foxhunt-pools", "optional": True}  # optional: a missing one fails compile
+    for template in (t for t in spec["templates"] if "container" in t):
+        mounts = {m["name"]: m for m in template["container"]["volumeMounts"]}
+        artifacts = template.get("inputs", {}).get("artifacts", [])
+        if template["name"] == PIPELINE.check.name:
+            assert mounts["pools"] == {"name": "pools", "mountPath": "/etc/foxhunt/pools", "readOnly": True}
+            assert [a["raw"]["data"] for a in artifacts] == ["{{workflow.parameters.config}}"]
+        else:
+            assert "pools" not in mounts and not artifacts, template["name"]
 
 
 def test_gpu_steps_report_progress_with_the_jobs_token(rendered_argo: dict[str, Doc]) -> None:

@@ -3,7 +3,9 @@
 `python stand_in_trainer.py [KNOBS] COMMAND [OPTIONS]`, where COMMAND and OPTIONS are those the job
 pipeline (trainer/pipeline.py) gives the real trainer: `check`, `train`, `report`, `finish`,
 `hyperopt suggest|trial|best`. Every command prints `stand-in: <command> env …` (the FOXHUNT_* and
-CUDA_VISIBLE_DEVICES it got), then does the least the pipeline needs: train writes progress.json,
+CUDA_VISIBLE_DEVICES it got), then does the least the pipeline needs: check copies the config to
+--resolved-config as it is (the real `trainer check` applies the model, pool and epochs checks, which
+tests/trainer/test_cli.py and the real-trainer backend tests cover), train writes progress.json,
 summary.json and a checkpoint (in FOXHUNT_CHECKPOINT_URL) and prints the breakdown line; suggest prints
 a JSON list of trial numbers; a trial writes its objective; best writes the best trial's config.
 
@@ -49,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--config", required=True)
     check.add_argument("--out", required=True)
     check.add_argument("--steps", type=int, default=20)
+    check.add_argument("--model", default="dqn")
+    check.add_argument("--train-epochs", type=int, default=0)
+    check.add_argument("--pool")
+    check.add_argument("--pools-file")
+    check.add_argument("--resolved-config")
     train = commands.add_parser("train")
     train.add_argument("--config", required=True)
     train.add_argument("--run-dir", required=True)
@@ -165,6 +172,8 @@ def main() -> int:
     print(f"stand-in: {command} env {env}", flush=True)
     code = 0
     if command == "check":
+        if args.resolved_config:
+            _write(Path(args.resolved_config), json.loads(Path(args.config).read_text()))
         _write(Path(args.out) / "check.json", {"ok": True})
     elif command == "train":
         _train(args)

@@ -93,6 +93,29 @@ def test_jobs_queued_by_a_dead_controller_run_once_after_restart(
     assert len(second.services.store.list_jobs(limit=100)[0]) == 2
 
 
+def test_the_backend_gets_the_epochs_only_of_a_job_given_in_epochs(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """Epochs reach the pipeline (JobSpec.train_epochs) only when the stored config leaves run.steps out."""
+    from service.reconciler import spec_for
+
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False))
+    asked = {
+        "epochs": {"config": {"run": {"seed": 1}}, "epochs": 3},
+        "steps": {"config": {"run": {"steps": 4000}}},
+        "neither": {},
+    }
+    specs = {}
+    for name, body in asked.items():
+        job_id = c.request("POST", "/v1/jobs", json={**body, "pool": "cpu"}).json()["id"]
+        specs[name] = spec_for(c.services.store.get_job(job_id), c.services.pools)
+    assert (specs["epochs"].train_epochs, specs["epochs"].epochs) == (3, 3)
+    assert "steps" not in specs["epochs"].config["run"]
+    steps = specs["steps"]
+    assert (steps.train_epochs, steps.epochs, steps.config["run"]["steps"]) == (None, 2, 4000)
+    assert (specs["neither"].train_epochs, specs["neither"].config["run"]["steps"]) == (None, 2000)
+
+
 def test_a_job_running_across_a_restart_is_followed_to_its_end(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:

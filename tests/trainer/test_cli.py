@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner, Result
 
 from trainer.cli import app
+from trainer.config import STEPS_PER_EPOCH, load_config
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -89,6 +91,70 @@ def test_check_fails_when_the_config_asks_for_a_gpu_this_machine_lacks(tmp_path:
                     "--out", str(tmp_path / "check"))  # fmt: skip
     assert result.exit_code == 1
     assert "no usable CUDA GPU" in result.output
+
+
+def quickstart_without_steps(tmp_path: Path) -> Path:
+    """examples/quickstart.yaml less its run.steps: a config whose length a job's epochs may set."""
+    document = yaml.safe_load(Path("examples/quickstart.yaml").read_text())
+    del document["run"]["steps"]
+    path = tmp_path / "no-steps.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_check_turns_the_jobs_epochs_into_run_steps_of_the_config_it_writes(tmp_path: Path) -> None:
+    resolved = tmp_path / "job" / "config.json"
+    result = invoke("check", "-c", str(quickstart_without_steps(tmp_path)), *TINY, "--train-epochs", "3",
+                    "--resolved-config", str(resolved), "--out", str(tmp_path / "check"), "--steps", "2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    written = load_config(resolved)
+    assert written.run.steps == 3 * STEPS_PER_EPOCH == 6000
+    assert written.run.batch_size == 16 and written.model.hidden == 32  # the rest is the config's, overrides in
+    assert json.loads((tmp_path / "check" / "check.json").read_text())["steps"] == 2  # the check stays short
+
+
+def test_check_without_epochs_writes_the_config_as_it_is(tmp_path: Path) -> None:
+    resolved = tmp_path / "config.json"
+    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, "--resolved-config", str(resolved),
+                    "--out", str(tmp_path / "check"), "--steps", "1")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert load_config(resolved) == load_config("examples/quickstart.yaml", TINY[1::2])
+
+
+POOLS = "pools:\n  - name: h100\n    gpu_type: nvidia-h100-80gb\n  - name: dev\n    gpu_type: nvidia-l4\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "c51-branching"], "error: model 'c51-branching' is not one this trainer trains; models: dqn\n"),
+        (["--train-epochs", "2"], "error: the config sets run.steps (240) and the job asks for 2 epochs: give one"),
+        (["--pool", "a100", "--pools-file", "{pools}"], "error: unknown pool 'a100'; configured: h100, dev\n"),
+        (["--pool", "h100", "--pools-file", "{missing}"], "error: pools file not found: "),
+        (["--pool", "h100", "--pools-file", "{bad}"], "error: pools file "),
+    ],
+    ids=["model", "epochs-and-steps", "pool", "no-pools-file", "bad-pools-file"],
+)
+def test_check_refuses_what_the_job_asks_wrongly_before_any_update(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """Bad input (exit 2, one line) before the config's plan runs: nothing is written."""
+    (tmp_path / "pools.yaml").write_text(POOLS)
+    (tmp_path / "bad.yaml").write_text("pools: 3\n")
+    paths = {"pools": tmp_path / "pools.yaml", "missing": tmp_path / "none.yaml", "bad": tmp_path / "bad.yaml"}
+    resolved = tmp_path / "config.json"
+    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, *(a.format(**paths) for a in args),
+                    "--resolved-config", str(resolved), "--out", str(tmp_path / "check"))  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+    assert not resolved.exists() and not (tmp_path / "check").exists()
+
+
+def test_check_accepts_a_pool_the_pools_file_names(tmp_path: Path) -> None:
+    (tmp_path / "pools.yaml").write_text(POOLS)
+    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, "--pool", "dev", "--pools-file",
+                    str(tmp_path / "pools.yaml"), "--out", str(tmp_path / "check"), "--steps", "1")  # fmt: skip
+    assert result.exit_code == 0, result.output
 
 
 def test_report_prints_the_breakdown_then_the_summary_as_one_json_line(tmp_path: Path) -> None:

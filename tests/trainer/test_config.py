@@ -3,7 +3,17 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError, TrainConfig, build_config, load_config, parse_overrides
+from trainer.config import (
+    INT32_MAX,
+    STEPS_PER_EPOCH,
+    ConfigError,
+    TrainConfig,
+    apply_epochs,
+    build_config,
+    check_model,
+    load_config,
+    parse_overrides,
+)
 
 
 def test_defaults_are_the_pinned_model() -> None:
@@ -67,3 +77,33 @@ def test_override_values_parse_as_yaml_scalars() -> None:
         "d": 1e-3,
         "e": "text",
     }
+
+
+# ---- a job's model and epochs ---------------------------------------------------------------------
+def test_epochs_become_exactly_epochs_times_steps_per_epoch() -> None:
+    config = build_config({"run": {"seed": 3}})
+    resolved = apply_epochs(config, 7)
+    assert resolved.run.steps == 7 * STEPS_PER_EPOCH and resolved.run.seed == 3
+    assert config.run.steps == 2000 and "steps" not in config.run.model_fields_set  # the input is left alone
+    assert apply_epochs(config, None) is config
+
+
+@pytest.mark.parametrize("source", [{"run": {"steps": 2000}}, {"run": {"steps": 5}}])
+def test_a_config_that_sets_run_steps_takes_no_epochs(source: dict[str, object]) -> None:
+    """Refused even when the two agree: a job gives its length once, nothing is reconciled."""
+    with pytest.raises(ConfigError, match=r"the config sets run.steps \(\d+\) and the job asks for 1 epochs"):
+        apply_epochs(build_config(source), 1)
+    with pytest.raises(ConfigError, match="run.steps"):
+        apply_epochs(build_config({}, ["run.steps=5"]), 1)
+
+
+@pytest.mark.parametrize("epochs", [0, -1, INT32_MAX // STEPS_PER_EPOCH + 1])
+def test_epochs_beyond_what_run_steps_holds_are_refused(epochs: int) -> None:
+    with pytest.raises(ConfigError, match="epochs must be between 1 and"):
+        apply_epochs(TrainConfig(), epochs)
+
+
+def test_dqn_is_the_one_model() -> None:
+    check_model("dqn")
+    with pytest.raises(ConfigError, match=r"^model 'c51' is not one this trainer trains; models: dqn$"):
+        check_model("c51")

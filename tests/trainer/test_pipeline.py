@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import string
+
 import pytest
 
-from trainer.pipeline import PIPELINE, PipelineError, Step, parse_trainer_args, trainer_args
+from trainer.pipeline import PIPELINE, RESOLVED_CONFIG, PipelineError, Step, parse_trainer_args, trainer_args
 
 # One value per placeholder of trainer/pipeline.py, as a backend would bind them.
 BOUND = {
-    "config": "/jobs/j/config.json",
+    "config": "/jobs/j/submitted.json",
+    "model": "dqn",
+    "train_epochs": "3",
+    "pool": "h100",
+    "pools": "/etc/pools.yaml",
     "run": "/jobs/j",
     "checkpoints": "/jobs/j/checkpoints",
     "storage": "sqlite:////jobs/j/optuna.db",
@@ -44,8 +50,27 @@ def test_an_option_the_cli_lacks_is_an_error(command: str, options: dict[str, ob
 def test_every_step_command_parses_with_the_trainer_cli(step: Step) -> None:
     params = parse_trainer_args(step.command(BOUND))
     assert params, step.name
-    if "config" in params:
-        assert str(params["config"]) in (BOUND["config"], "/jobs/j/hyperopt/best-config.json")
+    if step is PIPELINE.check:  # the one step that reads the config as submitted
+        assert str(params["config"]) == BOUND["config"]
+    elif "config" in params:
+        assert str(params["config"]) in ("/jobs/j/config.json", "/jobs/j/hyperopt/best-config.json")
+
+
+def test_compile_checks_the_jobs_asks_and_writes_the_config_every_later_step_reads() -> None:
+    check = parse_trainer_args(PIPELINE.check.command(BOUND))
+    assert (check["model"], check["train_epochs"], check["pool"]) == ("dqn", 3, "h100")
+    assert str(check["pools_file"]) == BOUND["pools"]
+    resolved = RESOLVED_CONFIG.format(**BOUND)
+    assert str(check["resolved_config"]) == resolved
+    for step in (PIPELINE.suggest, PIPELINE.trial, PIPELINE.best, PIPELINE.train):
+        assert str(parse_trainer_args(step.command(BOUND))["config"]) == resolved, step.name
+    for step in [*PIPELINE.steps(), PIPELINE.train_best]:
+        if step is not PIPELINE.check:
+            assert not {"config", "model", "train_epochs"} & placeholders(step), step.name
+
+
+def placeholders(step: Step) -> set[str]:
+    return {field for part in step.argv for _, field, _, _ in string.Formatter().parse(part) if field}
 
 
 def test_train_resumes_from_the_jobs_checkpoint_and_the_search_feeds_it() -> None:

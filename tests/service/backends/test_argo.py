@@ -95,7 +95,14 @@ def test_parameters_are_the_declared_names_as_strings() -> None:
     assert (values["pod-spec-patch"], values["progress-token"]) == ('{"a":1}', "t0k")
     assert json.loads(values["config"]) == {"run": {"steps": 100}, "lr": 0.001}
     assert " " not in values["config"]  # compact JSON
-    assert not {"plan", "train-epochs", "epochs"} & set(values)  # the config alone carries plan and steps
+    assert values["model"] == "c51" and values["train-epochs"] == "0"  # the config carries the steps
+    assert "plan" not in values and "epochs" not in values  # the config alone carries the plan
+
+
+def test_a_job_given_in_epochs_passes_them_for_compile_to_turn_into_steps() -> None:
+    spec = job_spec(epochs=7, train_epochs=7, config={"run": {"seed": 1}})
+    values = {p["name"]: p["value"] for p in workflow_parameters(spec, pod_spec_patch="{}", progress_token="t")}
+    assert values["train-epochs"] == "7" and json.loads(values["config"]) == {"run": {"seed": 1}}
 
 
 def test_pod_spec_patch_is_the_pools_placement_on_the_main_container() -> None:
@@ -675,7 +682,8 @@ def test_end_to_end_placement_progress_cancel_and_retry(fake_kube: FakeKube, tmp
             }
             assert json.loads(params["config"]) == job()["config"]
             assert json.loads(params["config"])["run"]["steps"] == 1_000_000
-            assert set(params) == set(PARAMETER_NAMES) and not {"plan", "train-epochs"} & set(params)
+            assert set(params) == set(PARAMETER_NAMES) and "plan" not in params
+            assert params["train-epochs"] == "0" and params["model"] == "dqn"  # the config carries the steps
 
             fake_kube.set_phase(job_id, "Running")
             pods.append(Pod(first, url, tmp_path))

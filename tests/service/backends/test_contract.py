@@ -2,8 +2,9 @@
 
 Each job's config carries what its trainer does (`lines` to print, `hold` seconds to run, `exit`
 code). For `local` a tiny script, the trainer program of every pipeline step, does exactly that in
-its `train` step (the other steps succeed at once); for `argo` a stand-in for Argo's workflow
-controller moves the Workflow through its phases, creates its pod and writes the pod's log.
+its `train` step (compile copies the config to where later steps read it, the other steps succeed at
+once); for `argo` a stand-in for Argo's workflow controller moves the Workflow through its phases,
+creates its pod and writes the pod's log.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from tests.service.backends.conftest import argo_backend, job_spec
 from tests.service.fake_kube import FakeKube
 
 TRAINER = """
-import json, sys, time
+import json, os, shutil, sys, time
+def arg(name):
+    return sys.argv[sys.argv.index(name) + 1]
+if sys.argv[1] == "check":  # compile writes the config every later step reads
+    os.makedirs(os.path.dirname(arg("--resolved-config")), exist_ok=True)
+    shutil.copyfile(arg("--config"), arg("--resolved-config"))
 if sys.argv[1] != "train":
     sys.exit(0)
 job = json.load(open(sys.argv[sys.argv.index("--config") + 1]))["job"]

@@ -18,8 +18,9 @@ import pytest
 from service.backends.base import BackendNotFound
 from service.backends.local import LocalBackend, detect_gpus
 from service.domain import BackendStatus, JobSpec, JobState
+from service.pools import Pools
 from tests.polling import wait_until
-from tests.service.factories import stand_in_command
+from tests.service.factories import POOLS_YAML, stand_in_command
 
 
 def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0, trials: int = 0) -> JobSpec:
@@ -28,7 +29,7 @@ def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0, trials: 
         tenant="team-a",
         pool="cpu",
         plan="eager",
-        model="c51-branching",
+        model="dqn",
         commit_sha="HEAD",
         epochs=1,
         config={"run": {"steps": 3}},
@@ -66,6 +67,19 @@ def backends() -> Iterator[list[LocalBackend]]:
         for status in backend.list_statuses():
             if not status.state.terminal:
                 backend.cancel(status.job_id, force=True)
+
+
+def test_each_job_gets_the_controllers_pools_for_its_compile_step(tmp_path: Path) -> None:
+    """FOXHUNT_POOLS_FILE as it is, or without one the one local pool the controller then offers."""
+    pools_file = tmp_path / "pools.yaml"
+    pools_file.write_text(POOLS_YAML)
+    configured = LocalBackend(tmp_path / "a", command=["true"], gpus=0, pools_file=pools_file)
+    configured.submit(spec())
+    assert (tmp_path / "a" / "job-1" / "pools.yaml").read_text() == POOLS_YAML
+    local = LocalBackend(tmp_path / "b", command=["true"], gpus=0)
+    local.submit(spec())
+    written = json.loads((tmp_path / "b" / "job-1" / "pools.yaml").read_text())
+    assert [pool["name"] for pool in written["pools"]] == [pool.name for pool in Pools.local(0)] == ["local"]
 
 
 def test_a_job_runs_to_success_with_progress_and_logs(tmp_path: Path) -> None:

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from service.backends.local import LocalBackend
 from service.backends.local_pipeline import Outcome, PipelineRun, bindings, state_file
 from service.domain import JobSpec, JobState
 from tests.service.backends.test_local import TERMINAL, wait_log, wait_state
-from tests.service.factories import stand_in_command
+from tests.service.factories import POOLS_YAML, stand_in_command, tiny_train_config
 
 
 def job(trials: int = 0, attempt: int = 0) -> dict[str, Any]:
-    return {"job_id": "job-1", "pool": "cpu", "commit_sha": "abc123", "attempt": attempt, "hyperopt_trials": trials}
+    return {
+        "job_id": "job-1",
+        "pool": "cpu",
+        "model": "dqn",
+        "commit_sha": "abc123",
+        "attempt": attempt,
+        "hyperopt_trials": trials,
+    }
 
 
 def run_pipeline(job_dir: Path, *knobs: str, trials: int = 0, **options: Any) -> tuple[Outcome, str]:
@@ -38,8 +48,12 @@ def exit_record(job_dir: Path) -> dict[str, Any]:
 
 
 def test_placeholders_are_bound_to_the_job_directory(tmp_path: Path) -> None:
-    assert bindings(tmp_path, job(trials=3)) == {
+    assert bindings(tmp_path, {**job(trials=3), "train_epochs": 4}) == {
         "config": f"{tmp_path}/config.json",
+        "model": "dqn",
+        "train_epochs": "4",
+        "pool": "cpu",
+        "pools": f"{tmp_path}/pools.yaml",
         "run": f"{tmp_path}/run",
         "checkpoints": f"{tmp_path}/checkpoints",
         "storage": f"sqlite:///{tmp_path}/optuna.db",
@@ -52,7 +66,9 @@ def test_without_trials_it_runs_compile_train_report_then_on_exit(tmp_path: Path
     outcome, log = run_pipeline(tmp_path)
     assert outcome == Outcome(0)
     assert started(log) == ["compile", "train", "report", "on-exit"]
-    assert f"train --config {tmp_path}/config.json --run-dir {tmp_path}/run/train --resume --no-progress" in log
+    assert f"check --config {tmp_path}/config.json --model dqn --train-epochs 0 --pool cpu" in log
+    assert f"--resolved-config {tmp_path}/run/config.json --out {tmp_path}/run/check" in log
+    assert f"train --config {tmp_path}/run/config.json --run-dir {tmp_path}/run/train --resume --no-progress" in log
     assert exit_record(tmp_path)["status"] == "Succeeded" and exit_record(tmp_path)["failures"] is None
     done = json.loads(state_file(tmp_path, 0).read_text())
     assert done["current"] is None and [d["step"] for d in done["done"]] == ["compile", "train", "report", "on-exit"]
@@ -155,6 +171,36 @@ def test_each_step_gets_the_job_env_its_checkpoint_and_the_gpu_only_when_it_need
         assert env[cpu_step].endswith("checkpoint=- cuda="), env[cpu_step]
 
 
+# ---- what a job asks, checked by the real trainer's compile step ----------------------------------
+REAL_TRAINER = [sys.executable, "-m", "trainer"]
+
+
+@pytest.mark.parametrize(
+    ("asks", "steps", "error"),
+    [
+        ({"model": "c51"}, None, "error: model 'c51' is not one this trainer trains; models: dqn"),
+        ({"pool": "a100"}, None, "error: unknown pool 'a100'; configured: cpu, h200"),
+        ({"train_epochs": 1}, 3, "error: the config sets run.steps (3) and the job asks for 1 epochs: give one"),
+    ],
+    ids=["model", "pool", "epochs-and-steps"],
+)
+def test_compile_refuses_what_argo_refuses_with_the_same_message(
+    tmp_path: Path, asks: dict[str, object], steps: int | None, error: str
+) -> None:
+    """The local pipeline runs the trainer's own compile step, as Argo does: same step, same message."""
+    config = tiny_train_config(steps or 1)
+    if steps is None:
+        del config["run"]["steps"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "pools.yaml").write_text(POOLS_YAML)
+    with open(tmp_path / "log.txt", "a") as log:
+        outcome = PipelineRun(tmp_path, {**job(), **asks}, REAL_TRAINER, out=log).run()
+    assert (outcome.code, outcome.step) == (2, "compile")
+    assert outcome.last_line is not None and outcome.last_line.startswith(error), outcome.last_line
+    assert started((tmp_path / "log.txt").read_text()) == ["compile", "on-exit"]
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
 class _StopsAfter(threading.Event):
     """A stop that arrives after `checks` looks at it: lands between a step's check and its start."""
 
@@ -185,7 +231,7 @@ def test_a_stop_that_lands_while_a_step_starts_stops_that_step(tmp_path: Path) -
 
 def spec(trials: int) -> JobSpec:
     return JobSpec.model_validate(
-        {**job(trials), "tenant": "t", "plan": "eager", "model": "c51", "epochs": 1, "config": {"run": {"steps": 3}}}
+        {**job(trials), "tenant": "t", "plan": "eager", "epochs": 1, "config": {"run": {"steps": 3}}}
     )
 
 

@@ -70,11 +70,31 @@ def test_a_name_is_an_idempotency_key_and_keys_are_per_tenant(controller: Contro
     assert no_key[0] != no_key[1]
 
 
-def test_epochs_and_plan_override_the_config(controller: Controller) -> None:
-    body = _submit(controller, epochs=2, plan="graph").json()
-    assert body["config"]["run"]["steps"] == 4000 and body["config"]["run"]["plan"] == "graph"
-    assert body["epochs"] == 2 and body["plan"] == "graph"
+def test_epochs_leave_run_steps_to_the_compile_step_and_plan_overrides_the_config(controller: Controller) -> None:
+    """The compile step turns epochs into run.steps (trainer.config.apply_epochs), nowhere else: the stored
+    config leaves run.steps out, so it and the epochs never both carry the steps."""
+    body = _submit(controller, config={"run": {"seed": 4}}, epochs=2, plan="graph").json()
+    assert "steps" not in body["config"]["run"] and body["config"]["run"]["seed"] == 4
+    assert body["config"]["run"]["plan"] == "graph"
+    assert body["epochs"] == 2 and body["plan"] == "graph" and body["model"] == "dqn"
     controller.request("DELETE", f"/v1/jobs/{body['id']}")
+
+
+def test_epochs_with_run_steps_in_the_config_are_refused(controller: Controller) -> None:
+    for steps in (2, 4000):  # refused even when they agree: nothing is reconciled
+        both = _submit(controller, config={"run": {"steps": steps}}, epochs=2)
+        assert both.status_code == 422 and both.headers["content-type"] == PROBLEM
+        message = f"the config sets run.steps ({steps}) and the job asks for 2 epochs: give one"
+        assert message in both.json()["detail"], both.json()
+    assert controller.request("GET", "/v1/jobs", as_="root").json()["items"] == []  # nothing stored
+
+
+def test_model_is_dqn_or_refused(controller: Controller) -> None:
+    unknown = _submit(controller, model="c51-branching")
+    assert unknown.status_code == 422 and unknown.headers["content-type"] == PROBLEM
+    assert unknown.json()["errors"][0]["loc"][-1] == "model"
+    assert "model 'c51-branching' is not one this trainer trains; models: dqn" in unknown.json()["detail"]
+    assert _submit(controller, model="dqn").json()["model"] == "dqn"
 
 
 def test_bad_submissions_get_problem_details(controller: Controller) -> None:
@@ -86,7 +106,8 @@ def test_bad_submissions_get_problem_details(controller: Controller) -> None:
     naive_deadline = controller.request("POST", "/v1/jobs", json={"deadline": "2030-01-01T00:00:00"})
     assert naive_deadline.status_code == 422 and "timezone" in naive_deadline.json()["detail"]
     unknown_pool = _submit(controller, pool="nope")
-    assert unknown_pool.status_code == 422 and "unknown pool 'nope'" in unknown_pool.json()["detail"]
+    assert unknown_pool.status_code == 422 and unknown_pool.json()["type"] == "urn:foxhunt:problem:unknown-pool"
+    assert unknown_pool.json()["detail"] == "unknown pool 'nope'; configured: cpu, h200"
     malformed = controller.request(
         "POST", "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
     )
@@ -307,6 +328,30 @@ def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
     job_dir = tmp_path / "jobs" / job["id"]
     assert (job_dir / "run" / "train" / "summary.json").is_file() and any((job_dir / "checkpoints" / "train").iterdir())
     assert json.loads((job_dir / "run" / "status.json").read_text())["status"] == "Succeeded"
+
+
+def test_a_job_given_in_epochs_trains_epochs_times_2000_steps_with_the_real_trainer(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """`epochs` reaches the trainer's compile step (`--train-epochs`), which writes the config train runs.
+    Two epochs: one would be run.steps' default, 2000, and could not tell a conversion from none."""
+    c = controller_factory(make_settings(tmp_path, local_command=list(DEFAULT_LOCAL_COMMAND)))
+    config = tiny_train_config()
+    del config["run"]["steps"]  # the epochs set it
+    config["run"] |= {"cpu_threads": 1, "log_every": 1000, "checkpoint_every": 1000}
+    # An epoch is 2000 updates: the C51 head alone keeps them to a few milliseconds each on a CPU.
+    config["loss"] = {"cql": False, "iqn": False, "iql": False, "attention": False}
+    config["optim"] = {"spectral_norm": False}
+    created = c.request("POST", "/v1/jobs", json={"config": config, "pool": "cpu", "epochs": 2})
+    assert created.status_code == 201, created.text
+    job = c.wait_for(created.json()["id"], timeout=240)
+    log = c.request("GET", f"/v1/jobs/{job['id']}/logs").text
+    assert job["state"] == "SUCCEEDED", log[-3000:]
+    assert job["step"] == 4000 and job["epochs"] == 2
+    assert "--model dqn --train-epochs 2 --pool cpu --pools-file " in log
+    run = tmp_path / "jobs" / job["id"] / "run"
+    assert json.loads((run / "config.json").read_text())["run"]["steps"] == 4000  # compile's resolved config
+    assert json.loads((run / "train" / "summary.json").read_text())["step"] == 4000
 
 
 def test_logs_of_a_job_the_backend_has_not_seen_yet_are_empty(
