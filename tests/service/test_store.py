@@ -14,7 +14,7 @@ from alembic.migration import MigrationContext
 from service.domain import BackendStatus, JobState
 from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound, QuotaExceeded
 from service.models import Base
-from service.store import NewJob, Store, parse_label_selector
+from service.store import MIGRATIONS_DIR, NewJob, Store, parse_label_selector
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def new_job(job_id: str = "job-1", **overrides: object) -> NewJob:
         "request_hash": "h1",
         "pool": "cpu",
         "gpus": 1,
-        "model": "c51-branching",
+        "model": "dqn",
         "plan": "eager",
         "commit_sha": "HEAD",
         "epochs": 1,
@@ -53,6 +53,24 @@ def test_migrations_create_exactly_the_orm_schema(store: Store) -> None:
         diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     assert diff == []
     store.migrate()  # running again at the next start is a no-op
+
+
+def test_migration_0002_renames_the_old_default_model_to_dqn(database_url: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    store = Store(database_url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with store.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0001")
+    store.insert_job(new_job("old", model="c51-branching"))
+    store.insert_job(new_job("other", model="rainbow"))
+    store.migrate()
+    assert store.get_job("old").model == "dqn"
+    assert store.get_job("other").model == "rainbow"  # as submitted: compile refuses it with its name
+    store.dispose()
 
 
 def test_insert_is_idempotent_and_conflicts_on_a_different_body(store: Store) -> None:
