@@ -382,6 +382,27 @@ def test_the_seeds_deploy_command_reaches_compile_as_it_says(rendered_argo: dict
     assert render.PARAMETER_DEFAULTS["config"] == "{}"  # the default config sets no run.steps: epochs can
 
 
+def test_every_argo_submit_in_the_docs_passes_only_parameters_the_template_declares(
+    rendered_argo: dict[str, Doc],
+) -> None:
+    """Argo drops an undeclared `-p` name without a word (argo-workflows#10482): the docs' commands must not."""
+    commands = []
+    for doc in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+        text = doc.read_text().replace("\\\n", " ")
+        commands += [
+            (doc.name, line) for line in text.splitlines() if "argo submit" in line and "workflowtemplate/" in line
+        ]
+    assert any("compile-and-train" in line for _, line in commands)
+    for where, line in commands:
+        template = re.search(r"--from workflowtemplate/([a-z0-9-]+)", line)
+        assert template is not None and template.group(1) in rendered_argo, (where, line)
+        declared = {p["name"] for p in rendered_argo[template.group(1)]["spec"]["arguments"]["parameters"]}
+        passed = set(re.findall(r"-p ([A-Za-z0-9_-]+)=", line))
+        assert passed and passed <= declared, (
+            f"{where}: {sorted(passed - declared)} not declared by {template.group(1)}"
+        )
+
+
 def test_compile_alone_reads_the_submitted_config_and_the_pools_file(rendered_argo: dict[str, Doc]) -> None:
     spec = rendered_argo["compile-and-train"]["spec"]
     (pools,) = [v for v in spec["volumes"] if v["name"] == "pools"]
