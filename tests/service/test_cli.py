@@ -113,6 +113,25 @@ def test_submit_follow_list_show_cancel_retry(served: tuple[Controller, str], tm
     assert retry.exit_code == 1 and "only FAILED, CANCELLED or ERROR" in retry.output
 
 
+def test_submit_takes_the_model_and_the_epochs_as_the_api_does(served: tuple[Controller, str], tmp_path: Path) -> None:
+    controller, _ = served
+    token = controller.headers["alice"]["Authorization"].split()[1]
+    with_steps, without = tmp_path / "steps.yaml", tmp_path / "seed.yaml"
+    with_steps.write_text("run: {steps: 2}\n")
+    without.write_text("run: {seed: 3}\n")
+    job = json.loads(invoke("submit", "-c", str(without), "--pool", "cpu", "--model", "dqn", "--epochs", "2",
+                            "--json", "--token", token))  # fmt: skip
+    assert (job["model"], job["epochs"]) == ("dqn", 2) and "steps" not in job["config"]["run"]
+    both = runner.invoke(app, ["submit", "-c", str(with_steps), "--pool", "cpu", "--epochs", "2", "--token", token])
+    assert both.exit_code == 1 and "422: " in both.output
+    assert "the config sets run.steps (2) and the job asks for 2 epochs: give one" in both.output
+    model = runner.invoke(app, ["submit", "-c", str(with_steps), "--pool", "cpu", "--model", "c51", "--token", token])
+    assert model.exit_code == 1 and "model 'c51' is not one this trainer trains; models: dqn" in model.output
+    pool = runner.invoke(app, ["submit", "-c", str(with_steps), "--pool", "a100", "--token", token])
+    assert pool.exit_code == 1 and "422: unknown pool 'a100'; configured: cpu, h200" in pool.output
+    runner.invoke(app, ["jobs", "cancel", job["id"], "--token", token])
+
+
 def test_bad_input_and_unreachable_api_fail_in_one_line(served: tuple[Controller, str], tmp_path: Path) -> None:
     missing = runner.invoke(app, ["submit", "-c", str(tmp_path / "none.yaml")])
     assert missing.exit_code == 2 and "config file not found" in missing.output
