@@ -387,7 +387,7 @@ def test_every_argo_submit_in_the_docs_passes_only_parameters_the_template_decla
 ) -> None:
     """Argo drops an undeclared `-p` name without a word (argo-workflows#10482): the docs' commands must not."""
     commands = []
-    for doc in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+    for doc in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
         text = doc.read_text().replace("\\\n", " ")
         commands += [
             (doc.name, line) for line in text.splitlines() if "argo submit" in line and "workflowtemplate/" in line
