@@ -3,8 +3,12 @@
 # Dockerfile's two base images (`make images`; tests/deploy/test_images.py runs it in CI):
 #   PYTHON_IMAGE   Debian bookworm from `debootstrap --variant=minbase` with Debian's Python 3.11, venv
 #                  and passwd, `docker import`ed (what python:3.11-slim-bookworm gives the Dockerfile);
-#   PYTORCH_IMAGE  that image plus the CPU build of torch from this machine's pip, in a venv first on
-#                  PATH (scripts/images/pytorch.Dockerfile; what pytorch/pytorch gives it, less CUDA).
+#   PYTORCH_IMAGE  that image plus torch (TORCH_VERSION) as this machine's pip finds it, in a venv first
+#                  on PATH (scripts/images/pytorch.Dockerfile; what pytorch/pytorch gives it). From PyPI
+#                  that is the CUDA build with its nvidia-* and triton wheels (about 2.6 GB to download,
+#                  5 GB installed): it imports and trains on a CPU, and it cannot drop those wheels, as
+#                  the Dockerfile there says. A local CPU wheel (2.13.0+cpu in pip's find-links) wins
+#                  where there is one: `==2.13.0` matches it, and pip ranks it above the plain release.
 # Then both targets, built against them. Python packages come from the package index pip is configured
 # with, Debian packages from Debian's mirror: nothing is pulled from a registry of images. A stand-in
 # already present is reused (`--rebuild-bases` makes both again).
@@ -18,7 +22,7 @@
 #   DOCKER         docker client (default: docker)
 #   PYTHON_BASE    tag of the Python stand-in (default: foxhunt-base/python:3.11-bookworm)
 #   PYTORCH_BASE   tag of the PyTorch stand-in (default: foxhunt-base/pytorch:2.13.0-cpu)
-#   TORCH_VERSION  torch release for the PyTorch stand-in (default: 2.13.0+cpu)
+#   TORCH_VERSION  torch release for the PyTorch stand-in (default: 2.13.0, a version pip resolves)
 #   DEBIAN_MIRROR  Debian mirror for debootstrap (default: debootstrap's own)
 #
 # Prints each phase's seconds and each image's size; `make images` passes nothing.
@@ -29,7 +33,7 @@ DOCKER="${DOCKER:-docker}"
 TAG="${TAG:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo dev)}"
 PYTHON_BASE="${PYTHON_BASE:-foxhunt-base/python:3.11-bookworm}"
 PYTORCH_BASE="${PYTORCH_BASE:-foxhunt-base/pytorch:2.13.0-cpu}"
-TORCH_VERSION="${TORCH_VERSION:-2.13.0+cpu}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON_PACKAGES="python3,python3-venv,python-is-python3,passwd,ca-certificates"
 export DOCKER_BUILDKIT=1
 
@@ -80,12 +84,12 @@ pytorch_base() {
   local context="$work/torch"
   mkdir -p "$context"
   # The wheel as this machine's pip finds it (its find-links, its index), for the stand-in's Python 3.11
-  # and without torch's dependencies: those are installed from the index inside the build.
+  # and without torch's dependencies: those are installed from the index inside the build (for PyPI's
+  # CUDA build, its nvidia-* and triton wheels: scripts/images/pytorch.Dockerfile says why they stay).
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 --dest "$context" \
     "torch==${TORCH_VERSION}"
   "$DOCKER" build --quiet --network host --build-arg PYTHON_IMAGE="$PYTHON_BASE" \
-    --build-arg TORCH_VERSION="$TORCH_VERSION" -f "$ROOT/scripts/images/pytorch.Dockerfile" -t "$PYTORCH_BASE" \
-    "$context" >/dev/null
+    -f "$ROOT/scripts/images/pytorch.Dockerfile" -t "$PYTORCH_BASE" "$context" >/dev/null
 }
 
 target() {  # target NAME: foxhunt-NAME:TAG from the Dockerfile's NAME target, on the stand-ins

@@ -6,7 +6,8 @@ builds both targets with scripts/images.sh, on local stand-ins for the two base 
   k8s/base's Deployment runs it: user 10001, read-only root filesystem, no capabilities, /tmp a volume;
 - the trainer image runs every step of the job pipeline (trainer/pipeline.py) on a tiny CPU config as
   the Argo templates run it: their command, the pipeline's arguments, the template's environment,
-  user 10001, read-only root, /data and /tmp as volumes, the config at /inputs/config.json;
+  user 10001, read-only root, /data and /tmp as volumes, the config at /inputs/config.json, and for
+  compile k8s/base's pools file where the template mounts the foxhunt-pools ConfigMap;
 - the service image holds no torch, and each image's size and build time are reported.
 Everything stays on loopback: builds and the service use `--network host`, the trainer steps
 `--network none` (they need no network at all).
@@ -28,13 +29,14 @@ import httpx
 import pytest
 import yaml
 
-from tests.deploy.conftest import ARGO_DIR, ROOT, load_docs
+from tests.deploy.conftest import ARGO_DIR, K8S_DIR, ROOT, load_docs
 from tests.polling import wait_until
 from tests.ports import free_port
 from tests.system_packages import ensure_debian_packages
 from trainer.pipeline import PIPELINE, Step
 
-# The first test builds both images in its setup (about 4 minutes here, more on a loaded machine).
+# The first test builds both images in its setup (3 to 6 minutes on 2 cores, more on a loaded machine: the
+# PyTorch stand-in downloads PyPI's CUDA build of torch, 2.6 GB with its nvidia-* wheels).
 pytestmark = [pytest.mark.images, pytest.mark.timeout(1800)]
 
 # Debian docker.io's own client: it builds with the engine's BuildKit. A newer client elsewhere on PATH
@@ -48,13 +50,20 @@ HARDENED = ["--user", USER, "--read-only", "--cap-drop", "ALL", "--security-opt"
 
 JOB = "job-images"
 # The Argo workflow parameters that the templates' env and args refer to, as a controller would pass them.
-WORKFLOW_PARAMETERS = {"job-id": JOB, "gpu-pool": "cpu", "commit-sha": TAG, "progress-token": "", "queue-name": ""}
+# The pool is k8s/base's one (its pools.yaml, the foxhunt-pools ConfigMap): compile checks it against that file.
+POOL = "default"
+POOLS = K8S_DIR / "base" / "pools.yaml"
+WORKFLOW_PARAMETERS = {"job-id": JOB, "gpu-pool": POOL, "commit-sha": TAG, "progress-token": "", "queue-name": ""}
 STORAGE = "sqlite:////data/optuna.db"  # the shared volume stands in for the Optuna database
 SECRETS = {"FOXHUNT_OPTUNA_STORAGE": STORAGE}  # required secret-backed env of the templates, bound here
 TRIALS = 2
 # The pipeline's placeholders bound to the pod's paths, as argo/render.py binds them.
 VALUES = {
     "config": "/inputs/config.json",
+    "model": "dqn",
+    "train_epochs": "0",  # TINY sets run.steps: the job gives its length once
+    "pool": POOL,
+    "pools": "/etc/foxhunt/pools/pools.yaml",
     "run": f"/data/runs/{JOB}",
     "checkpoints": f"/data/checkpoints/{JOB}",
     "storage": STORAGE,
@@ -266,9 +275,12 @@ def _run_step(engine: Engine, step: Step, data: Path, tmp: Path, config: Path, *
     container = _templates()[step.name]["container"]
     assert container["command"] == ["python", "-m", "trainer"], container["command"]
     args = step.command(VALUES | extra)
+    # The pools ConfigMap where the template mounts it (compile), holding k8s/base's pools.yaml.
+    mounts = {mount["name"]: mount["mountPath"] for mount in container.get("volumeMounts", [])}
+    pools = ["-v", f"{POOLS}:{mounts['pools']}/pools.yaml:ro"] if "pools" in mounts else []
     result = engine(
         "run", "--rm", "--network", "none", *HARDENED,
-        "-v", f"{data}:/data", "-v", f"{tmp}:/tmp", "-v", f"{config}:/inputs/config.json:ro",
+        "-v", f"{data}:/data", "-v", f"{tmp}:/tmp", "-v", f"{config}:/inputs/config.json:ro", *pools,
         *_environment(container, extra), "--entrypoint", container["command"][0], TRAINER, *container["command"][1:],
         *args, check=False,
     )  # fmt: skip
@@ -288,6 +300,8 @@ def test_trainer_image_runs_every_pipeline_step(engine: Engine, images: dict[str
 
     _run_step(engine, PIPELINE.check, data, tmp, config)
     assert json.loads((run / "check" / "check.json").read_text())
+    # compile wrote the resolved config that every later step reads.
+    assert json.loads((run / "config.json").read_text())["run"]["steps"] == TINY["run"]["steps"]
     ran.append(PIPELINE.check.name)
 
     suggested = json.loads(_run_step(engine, PIPELINE.suggest, data, tmp, config).strip().splitlines()[-1])
