@@ -487,8 +487,11 @@ def run_training(
     }
     write_json_atomic(run_dir / "summary.json", summary, indent=2)
     pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
-    if pushgateway:
-        push(run.metrics.registry, pushgateway, run.metrics.info_labels["job_id"])
+    if pushgateway:  # the run's last figures; a Pushgateway that cannot be reached must not fail a finished run
+        try:
+            push(run.metrics.registry, pushgateway, run.metrics.info_labels["job_id"])
+        except OSError as error:  # URLError and connection errors are OSErrors
+            print(f"warning: metrics not pushed to {pushgateway}: {error}", file=sys.stderr)
     if exporter is not None:
         exporter.close()
     if returns:

@@ -55,6 +55,18 @@ def test_a_short_run_writes_its_outputs_and_breakdown(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "step-000000020" / "COMPLETE").exists()
 
 
+def test_an_unreachable_pushgateway_warns_and_the_run_still_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on the test cluster: the templates' default Pushgateway address does not resolve there, and
+    the push after the last step failed every compile step."""
+    monkeypatch.setenv("FOXHUNT_PUSHGATEWAY_URL", "http://pushgateway.invalid:9091")
+    monkeypatch.setenv("FOXHUNT_JOB_ID", "job-push")
+    summary = run_training(tiny_config(), tmp_path, show_progress=False, out=lambda line: None)
+    assert summary["steps"] == tiny_config().run.steps and (tmp_path / "summary.json").exists()
+    assert "warning: metrics not pushed to http://pushgateway.invalid:9091" in capsys.readouterr().err
+
+
 def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
     config = tiny_config()
     original = build_run(config, tmp_path / "a")
