@@ -6,17 +6,22 @@ resources, security, labels), its retry policy, and the steps' order. The YAML i
 committed for operators who `kubectl apply -k argo/`, and tests/argo/test_render.py fails when the
 committed files differ from what this renders.
 
-Placement of GPU steps is one parameter, `pod-spec-patch`, applied through `podSpecPatch`: the
-controller sends the pool's nodeSelector, tolerations and GPU resource as a pod spec patch, so the
-pools config drives placement without one template per pool, and a Workflow still only references
-a template and passes parameters (clusters may run Argo with `templateReferencing: Strict`).
+Placement of GPU steps: each GPU template selects its pool by convention, `nodeSelector:
+{foxhunt.io/pool: <gpu-pool>}` and tolerations of `nvidia.com/gpu` and of the `foxhunt.io/pool=<gpu-pool>`
+taint (`pool_convention` in service/backends/argo_parameters.py), so a Workflow submitted without the
+controller lands on its pool's nodes. The controller's `pod-spec-patch` parameter, applied through
+`podSpecPatch` as a strategic merge patch, then makes the pool's own config win: nodeSelector merges key
+by key, tolerations replace the template's list, containers merge by name (the GPU resource of `main`).
+So the pools config drives placement without one template per pool, and a Workflow still only
+references a template and passes parameters (clusters may run Argo with `templateReferencing: Strict`).
 
-The compile step checks `gpu-pool` against the controller's pools file, mounted from the
-`foxhunt-pools` ConfigMap (Kustomize rewrites the hashed name, argo/kustomizeconfig.yaml), so a
-Workflow submitted without the controller (`argo submit`) fails at once on an unknown pool, with the
-list. An `enum` on the parameter would not do it: Argo validates a Workflow that references a template
-with the Workflow's own parameters first (util.MergeParameters in workflow/validate/validate.go,
-v3.7), so a template's enum never reaches a value passed with `-p`; and the pools differ per overlay.
+The first step, resolve, a CPU pod with no placement, checks `gpu-pool` against the controller's pools
+file, mounted from the `foxhunt-pools` ConfigMap (Kustomize rewrites the hashed name,
+argo/kustomizeconfig.yaml), so a Workflow submitted without the controller (`argo submit`) fails at once
+on an unknown pool, with the list, rather than leaving a GPU step Pending for a node that no pool has.
+An `enum` on the parameter would not do it: Argo validates a Workflow that references a template with
+the Workflow's own parameters first (util.MergeParameters in workflow/validate/validate.go, v3.7), so a
+template's enum never reaches a value passed with `-p`; and the pools differ per overlay.
 
 Build-time only: Hera is a `dev` dependency, neither image needs it.
 """
@@ -39,7 +44,7 @@ from hera.workflows import Step as ArgoStep
 from hera.workflows import models as m
 from hera.workflows.protocol import Templatable
 
-from service.backends.argo_parameters import PARAMETERS
+from service.backends.argo_parameters import PARAMETERS, pool_convention
 from trainer.pipeline import BEST_CONFIG, PIPELINE, RESOLVED_CONFIG, Pipeline, Resources, Retry, Step, trainer_args
 
 ARGO_DIR = Path(__file__).resolve().parent
@@ -62,7 +67,7 @@ TRAINER_IMAGE = f"foxhunt-trainer:{param('commit-sha')}"
 MAIN_CONTAINER = "main"  # Argo's name for a template's container; the pod spec patch merges on it
 METRICS_PORT = 9400
 SERVICE_ACCOUNT = "foxhunt-workflow"
-CONFIG_FILE = "/inputs/config.json"  # the config parameter as a raw input artifact (compile's input)
+CONFIG_FILE = "/inputs/config.json"  # the config parameter as a raw input artifact (resolve's input)
 CONFIG_FILE_INPUT = "config-file"  # train's input: the job's resolved config or the search's best
 POOLS_DIR = "/etc/foxhunt/pools"  # the foxhunt-pools ConfigMap (the controller's FOXHUNT_POOLS_FILE)
 POOLS_CONFIG_MAP, POOLS_KEY = "foxhunt-pools", "pools.yaml"
@@ -89,7 +94,8 @@ BINDINGS: dict[str, str] = {
 # Train reads whichever config its caller passes: the job's resolved one, or the best one the search wrote.
 TRAIN_BINDINGS = BINDINGS | {"config": input_param(CONFIG_FILE_INPUT)}
 
-# One GPU of the cluster's default resource: what a GPU step gets when nobody passes a placement.
+# One GPU of the cluster's default resource: what a GPU step gets when nobody passes a placement; the step's
+# own nodeSelector and tolerations (POOL_SELECTOR, POOL_TOLERATIONS) place it on the gpu-pool's nodes.
 DEFAULT_POD_SPEC_PATCH = json.dumps(
     {
         "containers": [
@@ -102,6 +108,12 @@ DEFAULT_POD_SPEC_PATCH = json.dumps(
     separators=(",", ":"),
     sort_keys=True,
 )
+# Every GPU step's placement before its pod spec patch: the gpu-pool's nodes, by their label and taints.
+_CONVENTION = pool_convention(param("gpu-pool"))
+POOL_SELECTOR: dict[str, str] = _CONVENTION[0]
+POOL_TOLERATIONS = [
+    m.Toleration(key=t["key"], operator=t["operator"], value=t.get("value"), effect=t["effect"]) for t in _CONVENTION[1]
+]
 # Defaults of compile-and-train's parameters; the controller always passes every one.
 PARAMETER_DEFAULTS: dict[str, str] = {
     "queue-name": "",
@@ -181,7 +193,7 @@ VOLUMES = [
     m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource()),
 ]
 MOUNTS = [m.VolumeMount(name="data", mount_path="/data"), m.VolumeMount(name="tmp", mount_path="/tmp")]
-# Optional: without the ConfigMap the pod still starts, and compile fails with "pools file not found".
+# Optional: without the ConfigMap the pod still starts, and resolve fails with "pools file not found".
 POOLS_VOLUME = m.Volume(name="pools", config_map=m.ConfigMapVolumeSource(name=POOLS_CONFIG_MAP, optional=True))
 POOLS_MOUNT = m.VolumeMount(name="pools", mount_path=POOLS_DIR, read_only=True)
 METRICS_PORTS = [m.ContainerPort(name="metrics", container_port=METRICS_PORT, protocol="TCP")]
@@ -265,12 +277,15 @@ def container(
     synchronization: m.Synchronization | None = None,
     mounts: list[m.VolumeMount] = MOUNTS,
 ) -> Container:
-    """The template running `trainer <args>` for `step`, placed by the pod spec patch when it needs a GPU."""
+    """The template running `trainer <args>` for `step`. A GPU step is placed on the gpu-pool's nodes by
+    convention, then by the pod spec patch over that (the pool's config, from the controller)."""
     gpu = step.resources == "gpu"
     return Container(
         name=step.name,
         active_deadline_seconds=int_or_string(step.deadline_seconds),
         labels=labels,
+        node_selector=POOL_SELECTOR if gpu else None,
+        tolerations=POOL_TOLERATIONS if gpu else None,
         pod_spec_patch=param("pod-spec-patch") if gpu else None,
         synchronization=synchronization,
         retry_strategy=retry,
@@ -312,12 +327,13 @@ def pipeline_template(step: Step, values: dict[str, str]) -> Container:
 
 
 def main_steps(pipeline: Pipeline) -> list[Steps]:
-    """The entrypoint: check, then the search when trials > 0, train (or train-best), report."""
+    """The entrypoint: resolve, check, then the search when trials > 0, train (or train-best), report."""
     search, no_search = f"{param('hyperopt-trials')} > 0", f"{param('hyperopt-trials')} == 0"
     best_config = BEST_CONFIG.format(**BINDINGS)
     main = Steps(
         name="main",
         sub_steps=[
+            ArgoStep(name=pipeline.resolve.name, template=pipeline.resolve.name),
             ArgoStep(name=pipeline.check.name, template=pipeline.check.name),
             ArgoStep(name="hyperopt", template="hyperopt", when=search),
             [
@@ -413,8 +429,9 @@ BENCH_PARAMETERS = {
     "gpu-pool": "Pool to benchmark: the foxhunt.io/pool label of its pods and the folder of its results.",
     "commit-sha": "Image tag of foxhunt-trainer (a commit sha, or `main` for the latest build of main).",
     "pod-spec-patch": (
-        "The pool's placement as a pod spec patch (JSON): nodeSelector, tolerations and the GPU resource "
-        "of the main container. The default asks for one nvidia.com/gpu anywhere."
+        "The pool's placement as a pod spec patch (JSON) over the step's placement by gpu-pool (nodeSelector "
+        "merged key by key, tolerations replaced whole, the GPU resource of the main container). The default "
+        "only asks for one nvidia.com/gpu."
     ),
 }
 BENCH_DEFAULTS = {"commit-sha": "main", "pod-spec-patch": DEFAULT_POD_SPEC_PATCH}
@@ -484,17 +501,29 @@ def nightly_document() -> dict[str, Any]:
 HEADER = "# Generated from trainer/pipeline.py by argo/render.py (`make argo`): do not edit by hand.\n"
 
 COMPILE_AND_TRAIN_NOTES = """\
-# One training job, the pipeline of trainer/pipeline.py: compile (the job's plan on this GPU type,
-# warming the kernel caches), an optional Optuna search fanned out as parallel pods (suggest, trials,
-# best), the full training run, a report; the exit handler records the outcome.
+# One training job, the pipeline of trainer/pipeline.py: resolve (what the job asks, on a CPU), compile
+# (the job's plan on this GPU type, warming the kernel caches), an optional Optuna search fanned out as
+# parallel pods (suggest, trials, best), the full training run, a report; the exit handler records the outcome.
 # The controller submits Workflows with `workflowTemplateRef: {name: compile-and-train}` and passes
-# only the parameters below (names fixed in service/backends/argo_parameters.py). compile checks
-# `model`, `gpu-pool` (against the foxhunt-pools ConfigMap, mounted at /etc/foxhunt/pools) and
-# `train-epochs` (refused with run.steps in the config), and writes the resolved config, epochs turned
-# into run.steps, to /data/runs/<job-id>/config.json: the one carrier of plan, steps and seeds for
-# every later step. GPU steps are placed by `pod-spec-patch` (podSpecPatch): the pool's nodeSelector,
-# tolerations and GPU resource from the controller's pools config, so the cluster can run Argo with
-# templateReferencing: Strict and a new pool needs no new template.
+# only the parameters below (names fixed in service/backends/argo_parameters.py). resolve, a tiny CPU pod
+# placed anywhere, checks `model`, `gpu-pool` (against the foxhunt-pools ConfigMap, mounted at
+# /etc/foxhunt/pools) and `train-epochs` (refused with run.steps in the config), and writes the resolved
+# config, epochs turned into run.steps, to /data/runs/<job-id>/config.json: the one carrier of plan, steps
+# and seeds for every later step. A job that asks wrongly, or for a pool the controller does not know,
+# fails there at once with the reason, before any GPU step waits for a node.
+#
+# Placement of the GPU steps (compile, hyperopt-trial, train):
+# - by convention, from `gpu-pool`: nodeSelector {foxhunt.io/pool: <gpu-pool>} and tolerations
+#   nvidia.com/gpu Exists NoSchedule and foxhunt.io/pool Equal <gpu-pool> NoSchedule, matching nodes
+#   labelled foxhunt.io/pool=<pool> and tainted nvidia.com/gpu:NoSchedule and foxhunt.io/pool=<pool>:NoSchedule;
+#   so `argo submit … -p gpu-pool=<pool>` without pod-spec-patch lands on that pool's nodes;
+# - then `pod-spec-patch` (podSpecPatch), the pool's config from the controller, applied by Argo as a
+#   Kubernetes strategic merge patch of the PodSpec: nodeSelector (a map) merges key by key (a null value
+#   deletes a key); tolerations have no patch merge key in PodSpec, so a patch's tolerations list REPLACES
+#   the template's (the controller sends the pool's full list); containers merge by name, so the entry
+#   `main` adds the GPU resource beside the step's CPU and memory. The default patch only asks for one
+#   nvidia.com/gpu. The cluster can run Argo with templateReferencing: Strict and a new pool needs no new
+#   template.
 #
 # Paths on the shared `foxhunt-data` volume (ReadWriteMany), all fixed per job, never per pod or retry:
 #   /data/checkpoints/<job-id>/train           FOXHUNT_CHECKPOINT_URL of the full run (retries resume)
@@ -511,12 +540,13 @@ BENCH_NOTES = """\
 # The benchmark: `python -m trainer bench` on one GPU of a pool. It runs every plan, writes bench.json
 # under the shared volume and pushes the table to the Prometheus Pushgateway (FOXHUNT_PUSHGATEWAY_URL),
 # so the dashboards show each plan's step time per commit and pool.
-# Run by hand with the pool's placement (the default pod-spec-patch asks for one nvidia.com/gpu on any node):
-#   argo submit -n foxhunt --from workflowtemplate/foxhunt-bench -p gpu-pool=h100 -p commit-sha=<sha> \\
-#     -p pod-spec-patch='{"nodeSelector":{"foxhunt.io/pool":"h100"},"tolerations":[{"key":"nvidia.com/gpu",
-#       "operator":"Exists","effect":"NoSchedule"}],"containers":[{"name":"main","resources":
-#       {"requests":{"nvidia.com/gpu":"1"},"limits":{"nvidia.com/gpu":"1"}}}]}'
-# and nightly by the CronWorkflow in bench-nightly.yaml.
+# Placed as compile-and-train's GPU steps are: on the gpu-pool's nodes by their label and taints
+# (nodeSelector foxhunt.io/pool=<gpu-pool>; tolerations nvidia.com/gpu and foxhunt.io/pool=<gpu-pool>),
+# then the pod-spec-patch parameter as a strategic merge patch (nodeSelector merged key by key, a
+# tolerations list replacing the template's, containers merged by name; default: one nvidia.com/gpu).
+# Run by hand on a pool whose nodes follow that convention:
+#   argo submit -n foxhunt --from workflowtemplate/foxhunt-bench -p gpu-pool=h100 -p commit-sha=<sha>
+# and nightly by the CronWorkflow in bench-nightly.yaml, with the pool's own placement.
 """
 
 NIGHTLY_NOTES = """\

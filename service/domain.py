@@ -72,7 +72,7 @@ class JobSpec(BaseModel):
         None,
         ge=1,
         description=(
-            "Epochs the pipeline's compile step turns into run.steps (then `config` leaves run.steps out); "
+            "Epochs the pipeline's resolve step turns into run.steps (then `config` leaves run.steps out); "
             "None: the config's run.steps."
         ),
     )

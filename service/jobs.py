@@ -50,7 +50,7 @@ class JobService:
         config = body.config.model_copy(deep=True)
         if body.plan is not None:
             config.run.plan = body.plan
-        # With epochs the stored config leaves run.steps out: the pipeline's compile step sets it to
+        # With epochs the stored config leaves run.steps out: the pipeline's resolve step sets it to
         # epochs x STEPS_PER_EPOCH (trainer.config.apply_epochs), the one place epochs become steps.
         steps = {"run": {"steps"}} if body.epochs is not None else None
         job, created = self.store.insert_job(

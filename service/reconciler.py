@@ -43,7 +43,7 @@ class Leadership(Protocol):
 
 def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
     """The backend's view of a stored job. A job submitted with epochs is stored with a config that leaves
-    run.steps out (service/jobs.py), and its pipeline's compile step turns the epochs into run.steps."""
+    run.steps out (service/jobs.py), and its pipeline's resolve step turns the epochs into run.steps."""
     pool = pools.get(job.pool)
     return JobSpec(
         job_id=job.id,

@@ -1,4 +1,4 @@
-"""`python -m trainer …` (console script `foxhunt-trainer`): train, check, report, finish, bench, sweep, hyperopt.
+"""`python -m trainer …` (`foxhunt-trainer`): train, resolve, check, report, finish, bench, sweep, hyperopt.
 
 The job pipeline (trainer/pipeline.py) runs these commands; its arguments are built from the options here.
 
@@ -202,42 +202,47 @@ def bench(
 
 
 @app.command()
-def check(
+def resolve(
+    out: Annotated[Path, typer.Option(help="Where to write the job's config, epochs applied: what later steps run.")],
     config: ConfigOption = None,
     override: OverrideOption = None,
-    out: Annotated[Path, typer.Option(help="Folder of the short run and check.json.")] = Path("runs/check"),
-    steps: Annotated[int, typer.Option(min=1, help="Updates to run after the warm-up.")] = 20,
     model: Annotated[str, typer.Option(help=f"The job's model: one of {', '.join(MODELS)}.")] = "dqn",
     train_epochs: Annotated[
         int,
         typer.Option(
             min=0,
-            help=f"The job's length in epochs of {STEPS_PER_EPOCH} steps, written into run.steps of "
-            "--resolved-config (refused if the config sets run.steps too); 0: the config's run.steps.",
+            help=f"The job's length in epochs of {STEPS_PER_EPOCH} steps, written into run.steps of --out "
+            "(refused if the config sets run.steps too); 0: the config's run.steps.",
         ),
     ] = 0,
     pool: Annotated[str | None, typer.Option(help="The job's GPU pool, checked against --pools-file.")] = None,
     pools_file: Annotated[
         Path | None, typer.Option(help="The controller's pools file (YAML, `pools: [{name: …}]`): --pool must be one.")
     ] = None,
-    resolved_config: Annotated[
-        Path | None, typer.Option(help="Write the job's config here, epochs applied: what the later steps run.")
-    ] = None,
 ) -> None:
-    """The job's first step. Checks what the job asks (model, pool, epochs or run.steps), writes its resolved
-    config, then runs a few updates of its plan on this machine (warm-up, capture, graphs); fails if the plan
-    falls back, so a job whose plan cannot run here stops in minutes instead of hours into train."""
-    try:  # before torch is imported: a job that asks wrongly fails in a second
+    """The job's first step, on a CPU in a second: checks what the job asks (model, pool, epochs or run.steps)
+    and writes its resolved config, so a job that asks wrongly fails at once, before it waits for a GPU."""
+    try:
         check_model(model)
         if pools_file is not None:
             check_pool(pool, pools_file)
         cfg = apply_epochs(load_config(config, override or []), train_epochs or None)
-        if resolved_config is not None:
-            resolved_config.parent.mkdir(parents=True, exist_ok=True)
-            dump_config(cfg, resolved_config)
     except ConfigError as error:
         raise fail(str(error)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out)
+    typer.echo(f"resolved config: {out} (model {model}, {cfg.run.steps} steps, plan {cfg.run.plan})")
 
+
+@app.command()
+def check(
+    config: ConfigOption = None,
+    override: OverrideOption = None,
+    out: Annotated[Path, typer.Option(help="Folder of the short run and check.json.")] = Path("runs/check"),
+    steps: Annotated[int, typer.Option(min=1, help="Updates to run after the warm-up.")] = 20,
+) -> None:
+    """A few updates of the config's own plan on this machine (warm-up, capture, graphs); fails if the plan
+    falls back, so a job whose plan cannot run here stops in minutes instead of hours into train."""
     import warnings
 
     from trainer.data.offline import DatasetError
@@ -245,6 +250,7 @@ def check(
     from trainer.train import run_check
 
     try:
+        cfg = load_config(config, override or [])
         with warnings.catch_warnings(record=True, category=PlanFallbackWarning) as fallbacks:
             result = run_check(cfg, out, steps)
     except (ConfigError, DatasetError) as error:

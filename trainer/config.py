@@ -312,7 +312,7 @@ def check_steps_or_epochs(config: TrainConfig, epochs: int | None) -> None:
 def apply_epochs(config: TrainConfig, epochs: int | None) -> TrainConfig:
     """The job's config with its epochs turned into run.steps (epochs x STEPS_PER_EPOCH); None: unchanged.
 
-    The one place epochs become steps: the pipeline's compile step (`trainer check --train-epochs`)
+    The one place epochs become steps: the pipeline's resolve step (`trainer resolve --train-epochs`)
     calls it and writes the result, which every later step reads, so the config alone carries the steps.
     """
     check_steps_or_epochs(config, epochs)

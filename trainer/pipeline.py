@@ -13,10 +13,10 @@ command back with the CLI. Placeholders are `str.format` fields:
 =============  ===============================================================================
 placeholder    meaning
 =============  ===============================================================================
-{config}       the job's TrainConfig (JSON file) as submitted: read by the compile step alone
-{model}        the job's model (`trainer.config.MODELS`); compile refuses any other
-{train_epochs} the job's length in epochs, which compile turns into run.steps; 0: the config's run.steps
-{pool}         the job's GPU pool, which compile checks against {pools}
+{config}       the job's TrainConfig (JSON file) as submitted: read by the resolve step alone
+{model}        the job's model (`trainer.config.MODELS`); resolve refuses any other
+{train_epochs} the job's length in epochs, which resolve turns into run.steps; 0: the config's run.steps
+{pool}         the job's GPU pool, which resolve checks against {pools}
 {pools}        the controller's pools file (YAML, `pools: [{name: …}]`)
 {run}          the job's output root (config.json, check/, hyperopt/, train/ below it), fixed per job
 {checkpoints}  the job's checkpoint root, fixed per job (never per pod or retry): retries resume
@@ -29,9 +29,11 @@ placeholder    meaning
 {failures}     the failed steps as JSON, for the exit handler
 =============  ===============================================================================
 
-The compile step checks what the job asks and writes its resolved config to RESOLVED_CONFIG
-(`{run}/config.json`: model checked, epochs turned into run.steps, the one place that happens), and
-every later step reads that file, so the config is the one carrier of plan, steps and seeds.
+The resolve step, first and on a CPU, checks what the job asks and writes its resolved config to
+RESOLVED_CONFIG (`{run}/config.json`: model and pool checked, epochs turned into run.steps, the one
+place that happens), and every later step reads that file, so the config is the one carrier of plan,
+steps and seeds. It needs no GPU, so a job that asks for a pool nobody has fails at once instead of
+waiting for a node of that pool; compile, the first GPU step, then runs the resolved config's plan.
 
 Torch-free: the controller imports it.
 """
@@ -48,7 +50,7 @@ Resources = Literal["gpu", "cpu", "tiny"]
 Retry = Literal["infrastructure", "on-error"]
 
 SUGGEST, TRIAL, BEST = "hyperopt-suggest", "hyperopt-trial", "hyperopt-best"
-CHECK, TRAIN, REPORT, EXIT = "compile", "train", "report", "on-exit"
+RESOLVE, CHECK, TRAIN, REPORT, EXIT = "resolve", "compile", "train", "report", "on-exit"
 
 RESOLVED_CONFIG = "{run}/config.json"
 BEST_CONFIG = "{run}/hyperopt/best-config.json"
@@ -131,27 +133,40 @@ def parse_trainer_args(argv: list[str]) -> dict[str, Any]:
     return dict(context.params)
 
 
-def check_step() -> Step:
+def resolve_step() -> Step:
     return Step(
-        name=CHECK,
+        name=RESOLVE,
         argv=trainer_args(
-            "check",
+            "resolve",
             config="{config}",
             model="{model}",
             train_epochs="{train_epochs}",
             pool="{pool}",
             pools_file="{pools}",
-            resolved_config=RESOLVED_CONFIG,
-            out="{run}/check",
+            out=RESOLVED_CONFIG,
         ),
+        resources="tiny",
+        deadline_seconds=300,
+        retry="on-error",
+        description=(
+            "Checks what the job asks (the model, the pool, epochs or run.steps but not both) and writes its "
+            "resolved config, which every later step reads. It needs no GPU: a job that asks wrongly, or for a "
+            "pool the controller does not know, fails here at once with the reason, instead of waiting for a node."
+        ),
+    )
+
+
+def check_step() -> Step:
+    return Step(
+        name=CHECK,
+        argv=trainer_args("check", config=RESOLVED_CONFIG, out="{run}/check"),
         resources="gpu",
         deadline_seconds=3600,
         retry="infrastructure",
         description=(
-            "Checks what the job asks (the model, the pool, epochs or run.steps but not both) and writes its "
-            "resolved config, which every later step reads; then a few updates of that config's plan on this "
-            "machine's device: warm-up, capture, graphs. A plan that cannot run fails here in minutes instead of "
-            "hours into train; on a cluster it also warms the kernel caches that trials and train reuse."
+            "A few updates of the resolved config's plan on this machine's device: warm-up, capture, graphs. A plan "
+            "that cannot run fails here in minutes instead of hours into train; on a cluster it also warms the "
+            "kernel caches that trials and train reuse."
         ),
     )
 
@@ -242,8 +257,10 @@ def exit_step() -> Step:
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The steps of one job, in order: check, then the search (when trials > 0), train, report; `on_exit` always."""
+    """The steps of one job, in order: resolve, check, then the search (when trials > 0), train, report;
+    `on_exit` always."""
 
+    resolve: Step = field(default_factory=resolve_step)
     check: Step = field(default_factory=check_step)
     suggest: Step = field(default_factory=suggest_step)
     trial: Step = field(default_factory=trial_step)
@@ -255,7 +272,7 @@ class Pipeline:
 
     def steps(self) -> list[Step]:
         """Every distinct step (train and train_best share one template on Argo)."""
-        return [self.check, self.suggest, self.trial, self.best, self.train, self.report, self.on_exit]
+        return [self.resolve, self.check, self.suggest, self.trial, self.best, self.train, self.report, self.on_exit]
 
 
 PIPELINE = Pipeline()

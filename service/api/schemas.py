@@ -54,7 +54,7 @@ class JobCreate(BaseModel):
         le=100_000,
         description=(
             f"The run's length in epochs of {STEPS_PER_EPOCH} steps (run.steps = epochs x {STEPS_PER_EPOCH}, set "
-            "by the job's compile step); a config that sets run.steps too is refused (422)."
+            "by the job's resolve step); a config that sets run.steps too is refused (422)."
         ),
     )
     hyperopt_trials: int = Field(0, ge=0, le=10_000, description="Hyper-parameter trials (0: a single run).")
@@ -70,7 +70,7 @@ class JobCreate(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, model: str) -> str:
-        check_model(model)  # the trainer's own check, which the job's compile step runs again
+        check_model(model)  # the trainer's own check, which the job's resolve step runs again
         return model
 
     @model_validator(mode="after")

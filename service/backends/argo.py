@@ -5,7 +5,8 @@ Workflow that references the `compile-and-train` WorkflowTemplate and passes par
 is accepted where Argo runs with `templateReferencing: Strict`. The pool's placement travels as the
 `pod-spec-patch` parameter: a strategic merge patch of the pod spec (nodeSelector, tolerations, and
 the GPU resource of the container named `main`, merged by name) that every GPU step of the template
-applies through `podSpecPatch`. Its name is the job id (attempt 0) or `<job id>-retry-<n>`, so a
+applies through `podSpecPatch` over its placement by the pool convention (`pod_spec_patch` says how
+the pool's config wins). Its name is the job id (attempt 0) or `<job id>-retry-<n>`, so a
 repeated submission meets 409 and reads the existing object back instead of starting a second run.
 The trainer reports progress to the controller (`PUT /v1/jobs/{id}/progress`) with the job's
 `progress-token` parameter, so nothing here reads progress from the Workflow.
@@ -49,7 +50,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
-from service.backends.argo_parameters import workflow_parameters
+from service.backends.argo_parameters import POOL_LABEL, workflow_parameters
 from service.backends.base import BackendError, BackendNotFound, BackendUnavailable
 from service.backends.idle_ticks import with_idle_ticks
 from service.domain import BackendStatus, JobSpec, JobState, Placement
@@ -91,15 +92,18 @@ def workflow_name(job_id: str, attempt: int) -> str:
 def pod_spec_patch(placement: Placement) -> str:
     """The pool's placement as a pod spec patch (compact JSON) for Argo's `podSpecPatch`.
 
-    Argo applies it as a strategic merge patch of the PodSpec: nodeSelector merges key by key,
-    tolerations (no merge key) replace the template's list, and containers merge by name, so the
-    entry named `main` sets the step's GPU requests and limits beside its own CPU and memory.
-    A pool without GPUs adds no resources."""
-    patch: dict[str, Any] = {}
-    if placement.node_selector:
-        patch["nodeSelector"] = placement.node_selector
-    if placement.tolerations:
-        patch["tolerations"] = placement.tolerations
+    Every GPU step of the template already carries the placement by convention (`pool_convention`:
+    nodeSelector POOL_LABEL=<gpu-pool>, tolerations of the GPU taint and the pool's taint); Argo applies
+    this patch over it as a Kubernetes strategic merge patch of the PodSpec, and the patch makes the
+    pool's own config win:
+    - nodeSelector is a map, merged key by key: the pool's labels are set, and the template's POOL_LABEL
+      is deleted (`null`) when the pool does not select on it, so a pod selects exactly the pool's labels;
+    - tolerations have no patch merge key, so the patch's list replaces the template's: the pool's full
+      list is always sent, an empty one too (then the pods tolerate nothing);
+    - containers merge by name: the entry named `main` sets the step's GPU requests and limits beside its
+      own CPU and memory. A pool without GPUs adds no resources."""
+    node_selector: dict[str, str | None] = {POOL_LABEL: None} | dict(placement.node_selector)
+    patch: dict[str, Any] = {"nodeSelector": node_selector, "tolerations": placement.tolerations}
     if placement.gpus:
         gpus = {placement.gpu_resource: str(placement.gpus)}
         patch["containers"] = [{"name": MAIN_CONTAINER, "resources": {"requests": gpus, "limits": gpus}}]

@@ -2,7 +2,7 @@
 
 Each job has `<jobs_dir>/<job_id>/`: `job.json` (the JobSpec; written last, atomically, so it is the
 commit point of a submission), `config.json`, `pools.yaml` (the controller's pools when the job was
-handed over, which the compile step checks the job's pool against, as on Argo), `log.txt`, `run/`
+handed over, which the resolve step checks the job's pool against, as on Argo), `log.txt`, `run/`
 (the pipeline's outputs: config.json, check/, hyperopt/, train/ with the trainer's `progress.json`,
 status.json), `checkpoints/`, `optuna.db`, and per attempt `run-<n>.json` (claimed before launch),
 `pid-<n>`, `pipeline-<n>.json` (the step running now), `exit-<n>.json` (written by local_supervisor.py

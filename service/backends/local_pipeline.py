@@ -6,19 +6,19 @@ are bound to the job directory:
 =============  =====================================================================
 placeholder    local value
 =============  =====================================================================
-{config}       JOB_DIR/config.json (the TrainConfig the API stored; without run.steps with epochs)
+{config}       JOB_DIR/config.json (the TrainConfig the API stored, read by resolve alone; no run.steps with epochs)
 {model}        the JobSpec's model
 {train_epochs} the JobSpec's train_epochs (0: none; the config's run.steps)
 {pool}         the JobSpec's pool
 {pools}        JOB_DIR/pools.yaml (the controller's pools file when the job was handed over)
-{run}          JOB_DIR/run (config.json: compile's resolved config; check/, hyperopt/, train/, status.json)
+{run}          JOB_DIR/run (config.json: resolve's resolved config; check/, hyperopt/, train/, status.json)
 {checkpoints}  JOB_DIR/checkpoints (fixed per job: a retry resumes from it)
 {storage}      sqlite:///JOB_DIR/optuna.db
 {study}        foxhunt-<job id>
 {trials}       the JobSpec's hyperopt_trials
 =============  =====================================================================
 
-Order: compile, then (trials > 0) hyperopt-suggest, the trials it prints (`parallel_trials` at a
+Order: resolve, compile, then (trials > 0) hyperopt-suggest, the trials it prints (`parallel_trials` at a
 time), hyperopt-best, then train (from the best config after a search) and report; on-exit always
 runs last, after a failure or a stop too, with {status} Succeeded or Failed. A failed trial does not
 stop the search (Argo's `continueOn: failed`); any other failed step ends the pipeline with its exit
@@ -158,9 +158,10 @@ class PipelineRun:
         p = self.pipeline
         trials = int(values["trials"])
         train = p.train
-        outcome = self._required(p.check, values)
-        if outcome is not None:
-            return outcome
+        for step in (p.resolve, p.check):
+            outcome = self._required(step, values)
+            if outcome is not None:
+                return outcome
         if trials > 0:
             numbers, outcome = self._suggest(values)
             if outcome is not None:

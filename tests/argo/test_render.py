@@ -18,7 +18,7 @@ from typer.exceptions import TyperException
 from argo import render
 from service.backends.argo import pod_spec_patch
 from service.backends.argo_parameters import PARAMETER_NAMES, workflow_parameters
-from service.domain import JobSpec
+from service.domain import JobSpec, Placement
 from service.pools import Pools
 from service.progress import progress_token
 from tests.deploy.conftest import ARGO_DIR, K8S_DIR, ROOT, Doc
@@ -247,12 +247,12 @@ def test_the_parsed_commands_carry_the_jobs_values(rendered_argo: dict[str, Doc]
     }
     (suggest,) = parsed[PIPELINE.suggest.name]
     assert suggest["trials"] == TRIALS and suggest["storage"] == OPTUNA_STORAGE and suggest["study"] == f"foxhunt-{JOB}"
-    (compile_,) = parsed[PIPELINE.check.name]
-    assert str(compile_["config"]) == "/inputs/config.json" and compile_["model"] == "dqn"
-    assert compile_["train_epochs"] == 0 and compile_["pool"] == POOL  # h100_job sets run.steps itself
-    assert str(compile_["pools_file"]) == "/etc/foxhunt/pools/pools.yaml"
-    assert str(compile_["resolved_config"]) == f"/data/runs/{JOB}/config.json"
-    for name in (PIPELINE.suggest.name, PIPELINE.trial.name, PIPELINE.best.name):
+    (resolve,) = parsed[PIPELINE.resolve.name]
+    assert str(resolve["config"]) == "/inputs/config.json" and resolve["model"] == "dqn"
+    assert resolve["train_epochs"] == 0 and resolve["pool"] == POOL  # h100_job sets run.steps itself
+    assert str(resolve["pools_file"]) == "/etc/foxhunt/pools/pools.yaml"
+    assert str(resolve["out"]) == f"/data/runs/{JOB}/config.json"
+    for name in (PIPELINE.check.name, PIPELINE.suggest.name, PIPELINE.trial.name, PIPELINE.best.name):
         assert {str(p["config"]) for p in parsed[name]} == {f"/data/runs/{JOB}/config.json"}, name
     trains = parsed[PIPELINE.train.name]
     assert {str(p["config"]) for p in trains} == {
@@ -336,18 +336,139 @@ def test_each_step_keeps_its_deadline_retry_and_checkpoint(rendered_argo: dict[s
 
 
 # ---- placement and progress --------------------------------------------------------------------
-def test_gpu_steps_are_placed_only_by_the_pod_spec_patch(rendered_argo: dict[str, Doc]) -> None:
-    gpu = {step.name for step in PIPELINE.steps() if step.resources == "gpu"}
+GPU_STEPS = {step.name for step in PIPELINE.steps() if step.resources == "gpu"}
+# The seed's deploy command: `argo submit … -p commit-sha=… -p model=dqn -p gpu-pool=… -p hyperopt-trials=0
+# -p train-epochs=5`, no pod-spec-patch (job-id bound here: the template declares no default for it).
+SEED_PARAMETERS = {
+    "job-id": JOB, "commit-sha": COMMIT, "model": "dqn", "gpu-pool": POOL, "hyperopt-trials": "0", "train-epochs": "5",
+}  # fmt: skip
+CONVENTION_TOLERATIONS = [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "foxhunt.io/pool", "operator": "Equal", "value": POOL, "effect": "NoSchedule"},
+]
+
+
+def strategic_merge(original: Any, patch: Any, field: str = "") -> Any:
+    """Kubernetes' strategic merge patch, for the PodSpec fields a pod spec patch of ours sets (Argo applies
+    podSpecPatch with strategicpatch.StrategicMergePatch(pod, patch, apiv1.PodSpec{})): a map merges key by
+    key and a null value deletes the key; a list with a patch merge key (`containers`: name) merges by it;
+    any other list (`tolerations`, which has none in PodSpec) is replaced by the patch's."""
+    if isinstance(patch, dict):
+        merged = dict(original) if isinstance(original, dict) else {}
+        for key, value in patch.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = strategic_merge(merged.get(key), value, key)
+        return merged
+    if field == "containers" and isinstance(original, list):
+        by_name = {item["name"]: item for item in original}
+        patched = {item["name"]: strategic_merge(by_name.get(item["name"]), item) for item in patch}
+        return [patched.get(item["name"], item) for item in original] + [
+            item for name, item in patched.items() if name not in by_name
+        ]
+    return copy.deepcopy(patch)
+
+
+def pod_placement(template: Doc, variables: dict[str, str]) -> Doc:
+    """Where Argo puts a step's pod: the template's nodeSelector, tolerations and main container's resources,
+    Argo's variables substituted, then its podSpecPatch applied over them."""
+    spec = {key: template[key] for key in ("nodeSelector", "tolerations") if key in template}
+    spec["containers"] = [{"name": render.MAIN_CONTAINER, "resources": template["container"]["resources"]}]
+    spec = json.loads(substitute(json.dumps(spec), variables))
+    if "podSpecPatch" in template:
+        spec = strategic_merge(spec, json.loads(substitute(template["podSpecPatch"], variables)))
+    return spec
+
+
+def placements(doc: Doc, parameters: dict[str, str]) -> dict[str, Doc]:
+    """Each step's pod placement (by template name) of a Workflow of `doc` given `parameters`."""
+    return {name: pod_placement(template, variables) for name, template, variables in invocations(doc, parameters)}
+
+
+def test_gpu_steps_select_their_pool_by_convention_under_the_pod_spec_patch(rendered_argo: dict[str, Doc]) -> None:
     for doc in (rendered_argo["compile-and-train"], rendered_argo["foxhunt-bench"]):
         for template in (t for t in doc["spec"]["templates"] if "container" in t):
             name, container = template["name"], template["container"]
-            assert "nodeSelector" not in template and "tolerations" not in template, name
             assert "nvidia.com/gpu" not in json.dumps(container["resources"]), name
-            if name in gpu or name == "bench":
+            if name in GPU_STEPS or name == "bench":
+                assert template["nodeSelector"] == {"foxhunt.io/pool": "{{workflow.parameters.gpu-pool}}"}, name
+                assert template["tolerations"] == [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    {
+                        "key": "foxhunt.io/pool",
+                        "operator": "Equal",
+                        "value": "{{workflow.parameters.gpu-pool}}",
+                        "effect": "NoSchedule",
+                    },
+                ], name
                 assert template["podSpecPatch"] == "{{workflow.parameters.pod-spec-patch}}", name
                 assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in container["ports"], name
-            else:
-                assert "podSpecPatch" not in template, name
+            else:  # CPU steps run on any node: resolve, above all, must never wait for the pool's
+                assert not {"nodeSelector", "tolerations", "podSpecPatch", "affinity"} & set(template), name
+
+
+def test_the_seeds_deploy_command_places_gpu_steps_on_the_pools_nodes(rendered_argo: dict[str, Doc]) -> None:
+    """Without pod-spec-patch, GPU pods select the pool's label, tolerate its taints and ask one GPU."""
+    pods = placements(rendered_argo["compile-and-train"], SEED_PARAMETERS)
+    assert set(pods) == {step.name for step in PIPELINE.steps()}  # every step-call followed, `when` or not
+    for name, pod in pods.items():
+        (main,) = pod["containers"]
+        requests, limits = main["resources"]["requests"], main["resources"]["limits"]
+        if name in GPU_STEPS:
+            assert pod["nodeSelector"] == {"foxhunt.io/pool": POOL}, name
+            assert pod["tolerations"] == CONVENTION_TOLERATIONS, name
+            assert requests["nvidia.com/gpu"] == limits["nvidia.com/gpu"] == "1", name
+            assert requests["cpu"] == "4" and limits["memory"] == "48Gi", name  # the template's own CPU and memory
+        else:
+            assert "nodeSelector" not in pod and "tolerations" not in pod, name
+            assert "nvidia.com/gpu" not in json.dumps(main), name
+    bench = placements(rendered_argo["foxhunt-bench"], {"gpu-pool": POOL})["bench"]
+    assert bench["nodeSelector"] == {"foxhunt.io/pool": POOL} and bench["tolerations"] == CONVENTION_TOLERATIONS
+
+
+def test_with_the_controller_the_pools_own_placement_wins(rendered_argo: dict[str, Doc]) -> None:
+    """The controller's patch over the template: the pods select exactly the pool's labels and tolerate exactly
+    its taints (the patch's tolerations replace the template's), with the pool's GPUs."""
+    spec = h100_job()
+    pods = placements(rendered_argo["compile-and-train"], sent_parameters(spec))
+    for name in GPU_STEPS:
+        pod = pods[name]
+        assert pod["nodeSelector"] == spec.placement.node_selector == {"foxhunt.io/pool": POOL}, name
+        assert pod["tolerations"] == spec.placement.tolerations == CONVENTION_TOLERATIONS, name
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8", name
+    other = Placement(
+        node_selector={"cloud.google.com/gke-nodepool": "a3-h100"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        gpus=2,
+    )
+    pods = placements(rendered_argo["compile-and-train"], sent_parameters(spec.model_copy(update={"placement": other})))
+    for name in GPU_STEPS:
+        # The template's foxhunt.io/pool selector is deleted and its pool toleration replaced: the pool's config only.
+        assert pods[name]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "a3-h100"}, name
+        assert pods[name]["tolerations"] == other.tolerations, name
+    anywhere = sent_parameters(spec.model_copy(update={"placement": Placement(gpus=1)}))
+    pod = placements(rendered_argo["compile-and-train"], anywhere)[PIPELINE.train.name]
+    assert pod["nodeSelector"] == {} and pod["tolerations"] == []  # a pool that names no label or taint
+
+
+def test_the_merge_model_follows_the_pod_spec_patch_rules() -> None:
+    """The strategic merge above, on its own: a map by key (null deletes), containers by name, other lists whole."""
+    original = {
+        "nodeSelector": {"a": "1", "b": "2"},
+        "tolerations": [{"key": "x"}, {"key": "y"}],
+        "containers": [{"name": "main", "resources": {"requests": {"cpu": "4"}}}, {"name": "wait"}],
+    }
+    patch = {
+        "nodeSelector": {"b": None, "c": "3"},
+        "tolerations": [{"key": "z"}],
+        "containers": [{"name": "main", "resources": {"requests": {"gpu": "1"}}}],
+    }
+    assert strategic_merge(original, patch) == {
+        "nodeSelector": {"a": "1", "c": "3"},
+        "tolerations": [{"key": "z"}],
+        "containers": [{"name": "main", "resources": {"requests": {"cpu": "4", "gpu": "1"}}}, {"name": "wait"}],
+    }
 
 
 def test_the_default_pod_spec_patch_asks_one_gpu_for_the_main_container(rendered_argo: dict[str, Doc]) -> None:
@@ -371,14 +492,13 @@ def test_the_template_declares_model_and_train_epochs_for_compile(rendered_argo:
     assert "2000" in parameters["train-epochs"]["description"]
 
 
-def test_the_seeds_deploy_command_reaches_compile_as_it_says(rendered_argo: dict[str, Doc]) -> None:
+def test_the_seeds_deploy_command_reaches_resolve_as_it_says(rendered_argo: dict[str, Doc]) -> None:
     """`argo submit --from workflowtemplate/compile-and-train -p model=dqn -p train-epochs=5 …` with no
-    controller: every other parameter at its default, compile gets the model, the epochs and the pool."""
-    passed = {"job-id": JOB, "commit-sha": COMMIT, "model": "dqn", "gpu-pool": POOL, "hyperopt-trials": "0"}
+    controller: every other parameter at its default, resolve gets the model, the epochs and the pool."""
     cli = trainer_cli()
-    pods = list(invocations(rendered_argo["compile-and-train"], passed | {"train-epochs": "5"}))
-    (compile_,) = [parse(cli, pod_args(t, v)) for name, t, v in pods if name == PIPELINE.check.name]
-    assert (compile_["model"], compile_["train_epochs"], compile_["pool"]) == ("dqn", 5, POOL)
+    pods = list(invocations(rendered_argo["compile-and-train"], SEED_PARAMETERS))
+    (resolve,) = [parse(cli, pod_args(t, v)) for name, t, v in pods if name == PIPELINE.resolve.name]
+    assert (resolve["model"], resolve["train_epochs"], resolve["pool"]) == ("dqn", 5, POOL)
     assert render.PARAMETER_DEFAULTS["config"] == "{}"  # the default config sets no run.steps: epochs can
 
 
@@ -403,14 +523,14 @@ def test_every_argo_submit_in_the_docs_passes_only_parameters_the_template_decla
         )
 
 
-def test_compile_alone_reads_the_submitted_config_and_the_pools_file(rendered_argo: dict[str, Doc]) -> None:
+def test_resolve_alone_reads_the_submitted_config_and_the_pools_file(rendered_argo: dict[str, Doc]) -> None:
     spec = rendered_argo["compile-and-train"]["spec"]
     (pools,) = [v for v in spec["volumes"] if v["name"] == "pools"]
-    assert pools["configMap"] == {"name": "foxhunt-pools", "optional": True}  # optional: a missing one fails compile
+    assert pools["configMap"] == {"name": "foxhunt-pools", "optional": True}  # optional: a missing one fails resolve
     for template in (t for t in spec["templates"] if "container" in t):
         mounts = {m["name"]: m for m in template["container"]["volumeMounts"]}
         artifacts = template.get("inputs", {}).get("artifacts", [])
-        if template["name"] == PIPELINE.check.name:
+        if template["name"] == PIPELINE.resolve.name:
             assert mounts["pools"] == {"name": "pools", "mountPath": "/etc/foxhunt/pools", "readOnly": True}
             assert [a["raw"]["data"] for a in artifacts] == ["{{workflow.parameters.config}}"]
         else:

@@ -87,7 +87,7 @@ def test_the_workflow_the_controller_generates_passes_exactly_the_templates_para
 
 def test_no_parameter_overrides_the_config() -> None:
     """The resolved config is the one carrier of plan and steps: no template argument overrides it. The
-    job's `model` and `train-epochs` reach compile alone, which writes the resolved config."""
+    job's `model` and `train-epochs` reach resolve alone, which writes the resolved config."""
     doc = argo_doc("compile-and-train")
     declared = {p["name"] for p in doc["spec"]["arguments"]["parameters"]}
     assert "plan" not in declared and {"train-epochs", "model"} <= declared, declared
@@ -95,7 +95,7 @@ def test_no_parameter_overrides_the_config() -> None:
         args = template["container"]["args"]
         assert "--override" not in args and "-o" not in args, template["name"]
         uses = {name for name in ("model", "train-epochs") if f"{{{{workflow.parameters.{name}}}}}" in args}
-        assert uses == ({"model", "train-epochs"} if template["name"] == "compile" else set()), template["name"]
+        assert uses == ({"model", "train-epochs"} if template["name"] == "resolve" else set()), template["name"]
 
 
 def test_every_workflow_parameter_is_used_by_the_template() -> None:
@@ -124,9 +124,13 @@ def test_gpu_pods_select_their_pool_and_expose_metrics(name: str) -> None:
     for template in gpu:
         where = f"{name}/{template['name']}"
         container = template["container"]
-        # Placement is the pool's, from the controller (or the operator): none is written here.
+        # The pool's nodes by convention (label and taints), then the pool's own placement over it.
+        assert template["nodeSelector"] == {"foxhunt.io/pool": POOL}, where
+        assert {(t["key"], t.get("value")) for t in template["tolerations"]} == {
+            ("nvidia.com/gpu", None),
+            ("foxhunt.io/pool", POOL),
+        }, where
         assert template["podSpecPatch"] == POD_SPEC_PATCH, where
-        assert "nodeSelector" not in template and "tolerations" not in template, where
         assert "nvidia.com/gpu" not in str(container["resources"]), where
         assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"], where
         labels = template["metadata"]["labels"]
@@ -151,11 +155,11 @@ def _assert_infra_only_retry(retry: Doc, where: str) -> None:
 
 def test_cpu_helpers_request_no_gpu_and_retry_only_on_error() -> None:
     doc = argo_doc("compile-and-train")
-    for name in ("hyperopt-suggest", "hyperopt-best", "report", "on-exit"):
+    for name in ("resolve", "hyperopt-suggest", "hyperopt-best", "report", "on-exit"):
         template = _template(doc, name)
         body = template["container"]
         assert "nvidia.com/gpu" not in str(body["resources"]), name
-        assert "nodeSelector" not in template and "podSpecPatch" not in template, name
+        assert not {"nodeSelector", "tolerations", "podSpecPatch"} & set(template), name
         assert template["retryStrategy"]["retryPolicy"] == "OnError", name
 
 
@@ -180,11 +184,14 @@ def test_lifecycle_bounds_are_set() -> None:
     assert _template(argo_doc("compile-and-train"), spec["onExit"])["container"]["args"][0] == "finish"
 
 
-def test_steps_run_compile_then_optional_search_then_train_then_report() -> None:
+def test_steps_run_resolve_then_compile_then_optional_search_then_train_then_report() -> None:
     doc = argo_doc("compile-and-train")
     main = _template(doc, doc["spec"]["entrypoint"])
     order = [[step["name"] for step in group] for group in main["steps"]]
-    assert order == [["compile"], ["hyperopt"], ["train", "train-best"], ["report"]]
+    assert order == [["resolve"], ["compile"], ["hyperopt"], ["train", "train-best"], ["report"]]
+    # resolve, which fails the job on an unknown pool, is a CPU pod that any node runs: it never waits for the pool.
+    resolve = _template(doc, "resolve")
+    assert resolve["retryStrategy"]["retryPolicy"] == "OnError" and "podSpecPatch" not in resolve
     whens = {step["name"]: step.get("when") for group in main["steps"] for step in group}
     assert whens["hyperopt"] == whens["train-best"] == "{{workflow.parameters.hyperopt-trials}} > 0"
     assert whens["train"] == "{{workflow.parameters.hyperopt-trials}} == 0"

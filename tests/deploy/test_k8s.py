@@ -140,16 +140,16 @@ def test_pools_file_of_each_overlay_loads_in_the_controller(rendered: dict[str, 
             assert any(t.key == "nvidia.com/gpu" for t in pool.tolerations), f"{overlay}: {pool.name}"
 
 
-def test_compile_checks_the_pool_against_the_controllers_own_pools_file(rendered: dict[str, list[Doc]]) -> None:
+def test_resolve_checks_the_pool_against_the_controllers_own_pools_file(rendered: dict[str, list[Doc]]) -> None:
     """The WorkflowTemplate mounts the very ConfigMap the controller reads, its hashed name included."""
     for overlay, docs in rendered.items():
         pools_map = _one(docs, "ConfigMap", "foxhunt-pools")
         spec = _one(docs, "WorkflowTemplate", "compile-and-train")["spec"]
         (volume,) = [v for v in spec["volumes"] if "configMap" in v]
         assert volume["configMap"]["name"] == pools_map["metadata"]["name"] != "foxhunt-pools", overlay
-        compile_ = next(t for t in spec["templates"] if t["name"] == "compile")
-        mount = next(m for m in compile_["container"]["volumeMounts"] if m["name"] == volume["name"])
-        args = compile_["container"]["args"]
+        resolve = next(t for t in spec["templates"] if t["name"] == "resolve")
+        mount = next(m for m in resolve["container"]["volumeMounts"] if m["name"] == volume["name"])
+        args = resolve["container"]["args"]
         assert args[args.index("--pools-file") + 1] == f"{mount['mountPath']}/pools.yaml", overlay
         assert "pools.yaml" in pools_map["data"], overlay
 

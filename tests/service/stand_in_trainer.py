@@ -1,13 +1,14 @@
 """A real, tiny program with the trainer CLI's commands, options and exit codes, for backend tests.
 
 `python stand_in_trainer.py [KNOBS] COMMAND [OPTIONS]`, where COMMAND and OPTIONS are those the job
-pipeline (trainer/pipeline.py) gives the real trainer: `check`, `train`, `report`, `finish`,
+pipeline (trainer/pipeline.py) gives the real trainer: `resolve`, `check`, `train`, `report`, `finish`,
 `hyperopt suggest|trial|best`. Every command prints `stand-in: <command> env …` (the FOXHUNT_* and
-CUDA_VISIBLE_DEVICES it got), then does the least the pipeline needs: check copies the config to
---resolved-config as it is (the real `trainer check` applies the model, pool and epochs checks, which
-tests/trainer/test_cli.py and the real-trainer backend tests cover), train writes progress.json,
-summary.json and a checkpoint (in FOXHUNT_CHECKPOINT_URL) and prints the breakdown line; suggest prints
-a JSON list of trial numbers; a trial writes its objective; best writes the best trial's config.
+CUDA_VISIBLE_DEVICES it got), then does the least the pipeline needs: resolve copies the config to
+--out as it is (the real `trainer resolve` applies the model, pool and epochs checks, which
+tests/trainer/test_cli.py and the real-trainer backend tests cover), check reads that config and
+writes check.json, train writes progress.json, summary.json and a checkpoint (in
+FOXHUNT_CHECKPOINT_URL) and prints the breakdown line; suggest prints a JSON list of trial numbers; a
+trial writes its objective; best writes the best trial's config.
 
 Knobs (before COMMAND): `--sleep S` (train sleeps), `--exit N` with `--exit-in CMD` (default train:
 that command exits N), `--fail-trial N` (repeatable: that trial exits 1), `--trials-together K` (a trial
@@ -47,15 +48,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials-together", type=int, default=0)
     parser.add_argument("--ignore-term", action="store_true")
     commands = parser.add_subparsers(dest="command", required=True)
+    resolve = commands.add_parser("resolve")
+    resolve.add_argument("--config", required=True)
+    resolve.add_argument("--out", required=True)
+    resolve.add_argument("--model", default="dqn")
+    resolve.add_argument("--train-epochs", type=int, default=0)
+    resolve.add_argument("--pool")
+    resolve.add_argument("--pools-file")
     check = commands.add_parser("check")
     check.add_argument("--config", required=True)
     check.add_argument("--out", required=True)
     check.add_argument("--steps", type=int, default=20)
-    check.add_argument("--model", default="dqn")
-    check.add_argument("--train-epochs", type=int, default=0)
-    check.add_argument("--pool")
-    check.add_argument("--pools-file")
-    check.add_argument("--resolved-config")
     train = commands.add_parser("train")
     train.add_argument("--config", required=True)
     train.add_argument("--run-dir", required=True)
@@ -171,9 +174,10 @@ def main() -> int:
     )
     print(f"stand-in: {command} env {env}", flush=True)
     code = 0
-    if command == "check":
-        if args.resolved_config:
-            _write(Path(args.resolved_config), json.loads(Path(args.config).read_text()))
+    if command == "resolve":
+        _write(Path(args.out), json.loads(Path(args.config).read_text()))
+    elif command == "check":
+        json.loads(Path(args.config).read_text())  # the resolved config: resolve must have written it
         _write(Path(args.out) / "check.json", {"ok": True})
     elif command == "train":
         _train(args)

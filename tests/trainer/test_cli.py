@@ -59,7 +59,7 @@ def test_malformed_dataset_exits_2(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
 
 
-# ---- the pipeline's own commands: check, report, finish --------------------------------------------
+# ---- the pipeline's own commands: resolve, check, report, finish ----------------------------------
 
 TINY = [
     "-o", "run.batch_size=16", "-o", "replay.capacity=512", "-o", "data.learning_starts=64",
@@ -102,23 +102,31 @@ def quickstart_without_steps(tmp_path: Path) -> Path:
     return path
 
 
-def test_check_turns_the_jobs_epochs_into_run_steps_of_the_config_it_writes(tmp_path: Path) -> None:
+def test_resolve_turns_the_jobs_epochs_into_run_steps_of_the_config_it_writes(tmp_path: Path) -> None:
     resolved = tmp_path / "job" / "config.json"
-    result = invoke("check", "-c", str(quickstart_without_steps(tmp_path)), *TINY, "--train-epochs", "3",
-                    "--resolved-config", str(resolved), "--out", str(tmp_path / "check"), "--steps", "2")  # fmt: skip
+    result = invoke("resolve", "-c", str(quickstart_without_steps(tmp_path)), *TINY, "--train-epochs", "3",
+                    "--out", str(resolved))  # fmt: skip
     assert result.exit_code == 0, result.output
     written = load_config(resolved)
     assert written.run.steps == 3 * STEPS_PER_EPOCH == 6000
     assert written.run.batch_size == 16 and written.model.hidden == 32  # the rest is the config's, overrides in
-    assert json.loads((tmp_path / "check" / "check.json").read_text())["steps"] == 2  # the check stays short
+    assert result.output == f"resolved config: {resolved} (model dqn, 6000 steps, plan eager)\n"
 
 
-def test_check_without_epochs_writes_the_config_as_it_is(tmp_path: Path) -> None:
+def test_resolve_without_epochs_writes_the_config_as_it_is(tmp_path: Path) -> None:
     resolved = tmp_path / "config.json"
-    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, "--resolved-config", str(resolved),
-                    "--out", str(tmp_path / "check"), "--steps", "1")  # fmt: skip
+    result = invoke("resolve", "-c", "examples/quickstart.yaml", *TINY, "--out", str(resolved))
     assert result.exit_code == 0, result.output
     assert load_config(resolved) == load_config("examples/quickstart.yaml", TINY[1::2])
+
+
+def test_check_runs_the_config_resolve_wrote(tmp_path: Path) -> None:
+    """The pipeline's order: resolve writes the config, compile (`trainer check`) runs that file's plan."""
+    resolved = tmp_path / "run" / "config.json"
+    assert invoke("resolve", "-c", "examples/quickstart.yaml", *TINY, "--out", str(resolved)).exit_code == 0
+    result = invoke("check", "-c", str(resolved), "--out", str(tmp_path / "run" / "check"), "--steps", "2")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "check" / "check.json").read_text())["steps"] == 2
 
 
 POOLS = "pools:\n  - name: h100\n    gpu_type: nvidia-h100-80gb\n  - name: dev\n    gpu_type: nvidia-l4\n"
@@ -135,26 +143,58 @@ POOLS = "pools:\n  - name: h100\n    gpu_type: nvidia-h100-80gb\n  - name: dev\n
     ],
     ids=["model", "epochs-and-steps", "pool", "no-pools-file", "bad-pools-file"],
 )
-def test_check_refuses_what_the_job_asks_wrongly_before_any_update(
-    tmp_path: Path, args: list[str], message: str
-) -> None:
-    """Bad input (exit 2, one line) before the config's plan runs: nothing is written."""
+def test_resolve_refuses_what_the_job_asks_wrongly(tmp_path: Path, args: list[str], message: str) -> None:
+    """Bad input (exit 2, one line): nothing is written, so no later step can run."""
     (tmp_path / "pools.yaml").write_text(POOLS)
     (tmp_path / "bad.yaml").write_text("pools: 3\n")
     paths = {"pools": tmp_path / "pools.yaml", "missing": tmp_path / "none.yaml", "bad": tmp_path / "bad.yaml"}
-    resolved = tmp_path / "config.json"
-    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, *(a.format(**paths) for a in args),
-                    "--resolved-config", str(resolved), "--out", str(tmp_path / "check"))  # fmt: skip
+    resolved = tmp_path / "run" / "config.json"
+    result = invoke("resolve", "-c", "examples/quickstart.yaml", *TINY, *(a.format(**paths) for a in args),
+                    "--out", str(resolved))  # fmt: skip
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
-    assert not resolved.exists() and not (tmp_path / "check").exists()
+    assert not resolved.parent.exists()
 
 
-def test_check_accepts_a_pool_the_pools_file_names(tmp_path: Path) -> None:
+def test_resolve_accepts_a_pool_the_pools_file_names(tmp_path: Path) -> None:
     (tmp_path / "pools.yaml").write_text(POOLS)
-    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, "--pool", "dev", "--pools-file",
-                    str(tmp_path / "pools.yaml"), "--out", str(tmp_path / "check"), "--steps", "1")  # fmt: skip
+    result = invoke("resolve", "-c", "examples/quickstart.yaml", *TINY, "--pool", "dev", "--pools-file",
+                    str(tmp_path / "pools.yaml"), "--out", str(tmp_path / "config.json"))  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "config.json").is_file()
+
+
+NO_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch imported by trainer resolve ({name})")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+from trainer.cli import main
+sys.argv = ["foxhunt-trainer", *sys.argv[1:]]
+main()
+"""
+
+
+def test_resolve_runs_without_torch(tmp_path: Path) -> None:
+    """The pipeline's first step runs in a tiny CPU pod and answers in a second: it never imports torch."""
+    pools, resolved = tmp_path / "pools.yaml", tmp_path / "config.json"
+    pools.write_text(POOLS)
+
+    def resolve(pool: str) -> subprocess.CompletedProcess[str]:
+        args = ["resolve", "-c", "examples/quickstart.yaml", "--pool", pool, "--pools-file", str(pools)]
+        return subprocess.run([sys.executable, "-c", NO_TORCH, *args, "--out", str(resolved)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    accepted = resolve("h100")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    assert load_config(resolved).run.steps == 240
+    refused = resolve("a100")
+    assert refused.returncode == 2 and refused.stderr == "error: unknown pool 'a100'; configured: h100, dev\n"
 
 
 def test_report_prints_the_breakdown_then_the_summary_as_one_json_line(tmp_path: Path) -> None:

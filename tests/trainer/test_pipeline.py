@@ -50,23 +50,31 @@ def test_an_option_the_cli_lacks_is_an_error(command: str, options: dict[str, ob
 def test_every_step_command_parses_with_the_trainer_cli(step: Step) -> None:
     params = parse_trainer_args(step.command(BOUND))
     assert params, step.name
-    if step is PIPELINE.check:  # the one step that reads the config as submitted
+    if step is PIPELINE.resolve:  # the one step that reads the config as submitted
         assert str(params["config"]) == BOUND["config"]
     elif "config" in params:
         assert str(params["config"]) in ("/jobs/j/config.json", "/jobs/j/hyperopt/best-config.json")
 
 
-def test_compile_checks_the_jobs_asks_and_writes_the_config_every_later_step_reads() -> None:
-    check = parse_trainer_args(PIPELINE.check.command(BOUND))
-    assert (check["model"], check["train_epochs"], check["pool"]) == ("dqn", 3, "h100")
-    assert str(check["pools_file"]) == BOUND["pools"]
+def test_resolve_checks_the_jobs_asks_and_writes_the_config_every_later_step_reads() -> None:
+    resolve = parse_trainer_args(PIPELINE.resolve.command(BOUND))
+    assert (resolve["model"], resolve["train_epochs"], resolve["pool"]) == ("dqn", 3, "h100")
+    assert str(resolve["pools_file"]) == BOUND["pools"]
     resolved = RESOLVED_CONFIG.format(**BOUND)
-    assert str(check["resolved_config"]) == resolved
-    for step in (PIPELINE.suggest, PIPELINE.trial, PIPELINE.best, PIPELINE.train):
+    assert str(resolve["out"]) == resolved
+    for step in (PIPELINE.check, PIPELINE.suggest, PIPELINE.trial, PIPELINE.best, PIPELINE.train):
         assert str(parse_trainer_args(step.command(BOUND))["config"]) == resolved, step.name
     for step in [*PIPELINE.steps(), PIPELINE.train_best]:
-        if step is not PIPELINE.check:
-            assert not {"config", "model", "train_epochs"} & placeholders(step), step.name
+        if step is not PIPELINE.resolve:
+            assert not {"config", "model", "train_epochs", "pool", "pools"} & placeholders(step), step.name
+
+
+def test_resolve_runs_first_on_a_cpu_so_a_wrong_ask_fails_before_any_gpu_step() -> None:
+    """An unknown pool must fail the job at once: a GPU step placed on a pool with no nodes would wait for ever."""
+    steps = PIPELINE.steps()
+    assert steps[0] is PIPELINE.resolve and steps[1] is PIPELINE.check
+    assert PIPELINE.resolve.resources == "tiny" and PIPELINE.resolve.retry == "on-error"
+    assert PIPELINE.check.resources == "gpu"
 
 
 def placeholders(step: Step) -> set[str]:
@@ -93,4 +101,4 @@ def test_the_cli_rejects_what_it_does_not_have(argv: list[str]) -> None:
 
 def test_an_unbound_placeholder_is_named() -> None:
     with pytest.raises(KeyError, match="config"):
-        PIPELINE.check.command({})
+        PIPELINE.resolve.command({})

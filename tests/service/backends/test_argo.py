@@ -114,13 +114,32 @@ def test_pod_spec_patch_is_the_pools_placement_on_the_main_container() -> None:
         "containers": [{"name": "main", "resources": {"requests": gpus, "limits": gpus}}],
     }
     amd = json.loads(pod_spec_patch(Placement(gpu_resource="amd.com/gpu", gpus=1)))
-    assert amd == {
-        "containers": [
-            {"name": "main", "resources": {"requests": {"amd.com/gpu": "1"}, "limits": {"amd.com/gpu": "1"}}}
-        ]
-    }
-    assert pod_spec_patch(Placement(node_selector={"pool": "cpu"}, gpus=0)) == '{"nodeSelector":{"pool":"cpu"}}'
-    assert pod_spec_patch(Placement()) == "{}"
+    assert amd["containers"] == [
+        {"name": "main", "resources": {"requests": {"amd.com/gpu": "1"}, "limits": {"amd.com/gpu": "1"}}}
+    ]
+
+
+def test_pod_spec_patch_makes_the_pools_own_placement_win_over_the_templates() -> None:
+    """The template's GPU steps select foxhunt.io/pool=<pool> and tolerate the GPU and pool taints; Argo merges
+    the patch over that (strategic merge): nodeSelector by key, so the template's label is deleted (null) when
+    the pool does not select on it; tolerations replaced whole, so the pool's full list goes, even empty."""
+    other = Placement(
+        node_selector={"cloud.google.com/gke-nodepool": "a3"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        gpus=0,
+    )
+    assert json.loads(pod_spec_patch(other)) == {
+        "nodeSelector": {"cloud.google.com/gke-nodepool": "a3", "foxhunt.io/pool": None},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }  # no GPUs: no containers entry
+    assert pod_spec_patch(Placement()) == '{"nodeSelector":{"foxhunt.io/pool":null},"tolerations":[]}'
+    tainted = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "foxhunt.io/pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists"},
+    ]
+    patch = json.loads(pod_spec_patch(Placement(node_selector={"foxhunt.io/pool": "h100"}, tolerations=tainted)))
+    assert patch["tolerations"] == tainted and patch["nodeSelector"] == {"foxhunt.io/pool": "h100"}
 
 
 def test_manifest_carries_the_placement_and_the_jobs_progress_token() -> None:

@@ -2,7 +2,7 @@
 
 Each job's config carries what its trainer does (`lines` to print, `hold` seconds to run, `exit`
 code). For `local` a tiny script, the trainer program of every pipeline step, does exactly that in
-its `train` step (compile copies the config to where later steps read it, the other steps succeed at
+its `train` step (resolve copies the config to where later steps read it, the other steps succeed at
 once); for `argo` a stand-in for Argo's workflow controller moves the Workflow through its phases,
 creates its pod and writes the pod's log.
 """
@@ -32,9 +32,9 @@ TRAINER = """
 import json, os, shutil, sys, time
 def arg(name):
     return sys.argv[sys.argv.index(name) + 1]
-if sys.argv[1] == "check":  # compile writes the config every later step reads
-    os.makedirs(os.path.dirname(arg("--resolved-config")), exist_ok=True)
-    shutil.copyfile(arg("--config"), arg("--resolved-config"))
+if sys.argv[1] == "resolve":  # resolve writes the config every later step reads
+    os.makedirs(os.path.dirname(arg("--out")), exist_ok=True)
+    shutil.copyfile(arg("--config"), arg("--out"))
 if sys.argv[1] != "train":
     sys.exit(0)
 job = json.load(open(sys.argv[sys.argv.index("--config") + 1]))["job"]

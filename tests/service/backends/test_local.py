@@ -93,7 +93,8 @@ def test_a_job_runs_to_success_with_progress_and_logs(tmp_path: Path) -> None:
     log = "".join(backend.logs("job-1"))
     assert "Training step breakdown: sample=0.250ms" in log
     started = [line.split(" starting: ")[0] for line in log.splitlines() if " starting: " in line]
-    assert started[1:] == [f"--- foxhunt: step {name}" for name in ("compile", "train", "report", "on-exit")]
+    steps = ("resolve", "compile", "train", "report", "on-exit")
+    assert started[1:] == [f"--- foxhunt: step {name}" for name in steps]
     assert json.loads((tmp_path / "job-1" / "config.json").read_text())["run"]["steps"] == 3
     assert json.loads((tmp_path / "job-1" / "run" / "status.json").read_text())["status"] == "Succeeded"
 
@@ -285,7 +286,7 @@ def test_supervisor_records_exit_codes_and_rejects_bad_usage(tmp_path: Path) -> 
         (tmp_path / f"run-{attempt}.json").write_text(json.dumps({"started_at": 0, "gpu": None}))
     subprocess.run([*run, str(tmp_path), "4", "--", sys.executable, "-c", "raise SystemExit(7)"], check=True)
     assert json.loads((tmp_path / "exit-4.json").read_text())["code"] == 7
-    assert json.loads((tmp_path / "exit-4.json").read_text())["step"] == "compile"
+    assert json.loads((tmp_path / "exit-4.json").read_text())["step"] == "resolve"
     subprocess.run([*run, str(tmp_path), "5", "--", str(tmp_path / "missing-binary")], check=True)
     assert json.loads((tmp_path / "exit-5.json").read_text())["code"] == 127
 

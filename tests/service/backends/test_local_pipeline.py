@@ -62,23 +62,27 @@ def test_placeholders_are_bound_to_the_job_directory(tmp_path: Path) -> None:
     }
 
 
-def test_without_trials_it_runs_compile_train_report_then_on_exit(tmp_path: Path) -> None:
+def test_without_trials_it_runs_resolve_compile_train_report_then_on_exit(tmp_path: Path) -> None:
     outcome, log = run_pipeline(tmp_path)
     assert outcome == Outcome(0)
-    assert started(log) == ["compile", "train", "report", "on-exit"]
-    assert f"check --config {tmp_path}/config.json --model dqn --train-epochs 0 --pool cpu" in log
-    assert f"--resolved-config {tmp_path}/run/config.json --out {tmp_path}/run/check" in log
+    steps = ["resolve", "compile", "train", "report", "on-exit"]
+    assert started(log) == steps
+    assert f"resolve --config {tmp_path}/config.json --model dqn --train-epochs 0 --pool cpu" in log
+    assert f"--pools-file {tmp_path}/pools.yaml --out {tmp_path}/run/config.json\n" in log
+    assert f"check --config {tmp_path}/run/config.json --out {tmp_path}/run/check\n" in log
     assert f"train --config {tmp_path}/run/config.json --run-dir {tmp_path}/run/train --resume --no-progress" in log
     assert exit_record(tmp_path)["status"] == "Succeeded" and exit_record(tmp_path)["failures"] is None
     done = json.loads(state_file(tmp_path, 0).read_text())
-    assert done["current"] is None and [d["step"] for d in done["done"]] == ["compile", "train", "report", "on-exit"]
+    assert done["current"] is None and [d["step"] for d in done["done"]] == steps
 
 
 def test_trials_fan_out_then_best_then_train_from_the_best_config(tmp_path: Path) -> None:
     outcome, log = run_pipeline(tmp_path, trials=3)
     assert outcome == Outcome(0)
     trials = ["hyperopt-trial 0", "hyperopt-trial 1", "hyperopt-trial 2"]
-    assert started(log) == ["compile", "hyperopt-suggest", *trials, "hyperopt-best", "train", "report", "on-exit"]
+    assert started(log) == [
+        "resolve", "compile", "hyperopt-suggest", *trials, "hyperopt-best", "train", "report", "on-exit",
+    ]  # fmt: skip
     assert "--trials 3 --storage sqlite:///" in log and "--study foxhunt-job-1" in log
     assert f"--run-dir {tmp_path}/run/hyperopt/trial-1" in log
     assert "stand-in: steps=3 resume=False config=best-config.json" in log
@@ -119,23 +123,29 @@ def test_a_search_with_no_completed_trial_fails_at_best(tmp_path: Path) -> None:
 def test_a_failed_train_fails_the_pipeline_with_its_code_and_still_runs_on_exit(tmp_path: Path) -> None:
     outcome, log = run_pipeline(tmp_path, "--exit", "3")
     assert outcome == Outcome(3, "train", "stand-in: done, exit 3")
-    assert started(log) == ["compile", "train", "on-exit"]  # no report of a run that failed
+    assert started(log) == ["resolve", "compile", "train", "on-exit"]  # no report of a run that failed
     assert "--- foxhunt: step train finished: exit 3" in log
     record = exit_record(tmp_path)
     assert record["status"] == "Failed" and record["failures"][0]["displayName"] == "train"
 
 
-def test_bad_input_at_compile_keeps_exit_2_and_its_error_line(tmp_path: Path) -> None:
-    outcome, log = run_pipeline(tmp_path, "--exit", "2", "--exit-in", "check")
-    assert outcome == Outcome(2, "compile", "error: bad input for the stand-in")
-    assert started(log) == ["compile", "on-exit"]
+@pytest.mark.parametrize(
+    ("command", "step", "steps"),
+    [("resolve", "resolve", ["resolve", "on-exit"]), ("check", "compile", ["resolve", "compile", "on-exit"])],
+)
+def test_bad_input_at_resolve_or_compile_keeps_exit_2_and_its_error_line(
+    tmp_path: Path, command: str, step: str, steps: list[str]
+) -> None:
+    outcome, log = run_pipeline(tmp_path, "--exit", "2", "--exit-in", command)
+    assert outcome == Outcome(2, step, "error: bad input for the stand-in")
+    assert started(log) == steps
 
 
 def test_suggest_output_that_is_not_a_list_of_trials_fails_the_pipeline(tmp_path: Path) -> None:
     outcome, log = run_pipeline(tmp_path, "--exit-in", "suggest", trials=2)  # its last stdout line is not JSON
     assert outcome.code == 1 and outcome.step == "hyperopt-suggest"
     assert "hyperopt-suggest printed no JSON list of trial numbers" in log
-    assert started(log) == ["compile", "hyperopt-suggest", "on-exit"]
+    assert started(log) == ["resolve", "compile", "hyperopt-suggest", "on-exit"]
 
 
 def test_a_failing_exit_handler_fails_a_pipeline_that_succeeded(tmp_path: Path) -> None:
@@ -147,7 +157,7 @@ def test_a_trainer_that_cannot_start_is_exit_127(tmp_path: Path) -> None:
     tmp_path.joinpath("config.json").write_text("{}")
     with open(tmp_path / "log.txt", "a") as log:
         outcome = PipelineRun(tmp_path, job(), [str(tmp_path / "no-such-trainer")], out=log).run()
-    assert (outcome.code, outcome.step) == (127, "compile")
+    assert (outcome.code, outcome.step) == (127, "resolve")
     assert "error: cannot start" in (tmp_path / "log.txt").read_text()
 
 
@@ -164,6 +174,7 @@ def test_each_step_gets_the_job_env_its_checkpoint_and_the_gpu_only_when_it_need
     env = {line.split()[1]: line for line in log.splitlines() if line.startswith("stand-in: ") and " env " in line}
     for command in env.values():
         assert " job=job-1 pool=cpu commit=abc123 attempt=0 " in command
+    assert env["resolve"].endswith("checkpoint=- cuda=")  # resolve needs no GPU, as its pod has none
     assert env["check"].endswith("checkpoint=- cuda=1")  # compile never writes the job's checkpoint
     assert env["trial"].endswith(f"checkpoint={tmp_path}/checkpoints/trial-0 cuda=1")
     assert env["train"].endswith(f"checkpoint={tmp_path}/checkpoints/train cuda=1")
@@ -171,7 +182,7 @@ def test_each_step_gets_the_job_env_its_checkpoint_and_the_gpu_only_when_it_need
         assert env[cpu_step].endswith("checkpoint=- cuda="), env[cpu_step]
 
 
-# ---- what a job asks, checked by the real trainer's compile step ----------------------------------
+# ---- what a job asks, checked by the real trainer's resolve step ----------------------------------
 REAL_TRAINER = [sys.executable, "-m", "trainer"]
 
 
@@ -184,10 +195,11 @@ REAL_TRAINER = [sys.executable, "-m", "trainer"]
     ],
     ids=["model", "pool", "epochs-and-steps"],
 )
-def test_compile_refuses_what_argo_refuses_with_the_same_message(
+def test_resolve_refuses_what_argo_refuses_with_the_same_message(
     tmp_path: Path, asks: dict[str, object], steps: int | None, error: str
 ) -> None:
-    """The local pipeline runs the trainer's own compile step, as Argo does: same step, same message."""
+    """The local pipeline runs the trainer's own resolve step, as Argo does: same step, same message, and
+    nothing after it but the exit handler."""
     config = tiny_train_config(steps or 1)
     if steps is None:
         del config["run"]["steps"]
@@ -195,9 +207,9 @@ def test_compile_refuses_what_argo_refuses_with_the_same_message(
     (tmp_path / "pools.yaml").write_text(POOLS_YAML)
     with open(tmp_path / "log.txt", "a") as log:
         outcome = PipelineRun(tmp_path, {**job(), **asks}, REAL_TRAINER, out=log).run()
-    assert (outcome.code, outcome.step) == (2, "compile")
+    assert (outcome.code, outcome.step) == (2, "resolve")
     assert outcome.last_line is not None and outcome.last_line.startswith(error), outcome.last_line
-    assert started((tmp_path / "log.txt").read_text()) == ["compile", "on-exit"]
+    assert started((tmp_path / "log.txt").read_text()) == ["resolve", "on-exit"]
     assert not (tmp_path / "run" / "config.json").exists()
 
 
@@ -217,7 +229,7 @@ def test_a_stop_before_a_step_starts_runs_only_the_exit_handler(tmp_path: Path) 
     stop = threading.Event()
     stop.set()
     outcome, log = run_pipeline(tmp_path, stop=stop)
-    assert (outcome.code, outcome.step) == (143, "compile")
+    assert (outcome.code, outcome.step) == (143, "resolve")
     assert started(log) == ["on-exit"]
     record = exit_record(tmp_path)
     assert record["status"] == "Failed" and record["failures"][0]["message"] == "stopped on request"
@@ -225,8 +237,8 @@ def test_a_stop_before_a_step_starts_runs_only_the_exit_handler(tmp_path: Path) 
 
 def test_a_stop_that_lands_while_a_step_starts_stops_that_step(tmp_path: Path) -> None:
     outcome, log = run_pipeline(tmp_path, stop=_StopsAfter(checks=1))
-    assert (outcome.code, outcome.step) == (143, "compile")
-    assert started(log) == ["compile", "on-exit"] and "--- foxhunt: step compile finished: exit 143" in log
+    assert (outcome.code, outcome.step) == (143, "resolve")
+    assert started(log) == ["resolve", "on-exit"] and "--- foxhunt: step resolve finished: exit 143" in log
 
 
 def spec(trials: int) -> JobSpec:

@@ -70,8 +70,8 @@ def test_a_name_is_an_idempotency_key_and_keys_are_per_tenant(controller: Contro
     assert no_key[0] != no_key[1]
 
 
-def test_epochs_leave_run_steps_to_the_compile_step_and_plan_overrides_the_config(controller: Controller) -> None:
-    """The compile step turns epochs into run.steps (trainer.config.apply_epochs), nowhere else: the stored
+def test_epochs_leave_run_steps_to_the_resolve_step_and_plan_overrides_the_config(controller: Controller) -> None:
+    """The resolve step turns epochs into run.steps (trainer.config.apply_epochs), nowhere else: the stored
     config leaves run.steps out, so it and the epochs never both carry the steps."""
     body = _submit(controller, config={"run": {"seed": 4}}, epochs=2, plan="graph").json()
     assert "steps" not in body["config"]["run"] and body["config"]["run"]["seed"] == 4
@@ -306,7 +306,7 @@ def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:
     """The default trainer program (`python -m trainer`) runs every step of the job pipeline locally, with
-    the commands Argo runs: compile, 2 hyper-parameter trials, best, train from the best config, report
+    the commands Argo runs: resolve, compile, 2 hyper-parameter trials, best, train from the best config, report
     and the exit handler, on a tiny market config on the CPU."""
     c = controller_factory(make_settings(tmp_path, local_command=list(DEFAULT_LOCAL_COMMAND)))
     config = tiny_train_config(steps=4)
@@ -322,8 +322,8 @@ def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
     marks = [line.split(" starting: ")[0] for line in log.splitlines() if " starting: " in line]
     started = [mark.removeprefix("--- foxhunt: step ") for mark in marks if mark.startswith("--- foxhunt: step ")]
     trials = ["hyperopt-suggest", "hyperopt-trial 0", "hyperopt-trial 1", "hyperopt-best"]
-    assert started == ["compile", *trials, "train", "report", "on-exit"]
-    assert log.count("finished: exit 0 (") == 8 and "Training step breakdown: sample=" in log
+    assert started == ["resolve", "compile", *trials, "train", "report", "on-exit"]
+    assert log.count("finished: exit 0 (") == 9 and "Training step breakdown: sample=" in log
     assert "train --config " + str(tmp_path / "jobs" / job["id"] / "run" / "hyperopt" / "best-config.json") in log
     job_dir = tmp_path / "jobs" / job["id"]
     assert (job_dir / "run" / "train" / "summary.json").is_file() and any((job_dir / "checkpoints" / "train").iterdir())
@@ -333,7 +333,7 @@ def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
 def test_a_job_given_in_epochs_trains_epochs_times_2000_steps_with_the_real_trainer(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:
-    """`epochs` reaches the trainer's compile step (`--train-epochs`), which writes the config train runs.
+    """`epochs` reaches the trainer's resolve step (`--train-epochs`), which writes the config train runs.
     Two epochs: one would be run.steps' default, 2000, and could not tell a conversion from none."""
     c = controller_factory(make_settings(tmp_path, local_command=list(DEFAULT_LOCAL_COMMAND)))
     config = tiny_train_config()
@@ -350,7 +350,7 @@ def test_a_job_given_in_epochs_trains_epochs_times_2000_steps_with_the_real_trai
     assert job["step"] == 4000 and job["epochs"] == 2
     assert "--model dqn --train-epochs 2 --pool cpu --pools-file " in log
     run = tmp_path / "jobs" / job["id"] / "run"
-    assert json.loads((run / "config.json").read_text())["run"]["steps"] == 4000  # compile's resolved config
+    assert json.loads((run / "config.json").read_text())["run"]["steps"] == 4000  # resolve's resolved config
     assert json.loads((run / "train" / "summary.json").read_text())["step"] == 4000
 
 
