@@ -36,6 +36,7 @@ from tests.upstream import versions
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cluster.sh"
 OVERLAY = Path(__file__).with_name("overlay")
+PERSISTENT_VOLUME = "foxhunt-data-cluster-tests"
 NAMESPACE = "foxhunt"
 OPTUNA_STORAGE = "sqlite:////data/optuna.db"  # on the shared volume: one file per job's study
 
@@ -107,7 +108,9 @@ def foxhunt(cluster: Cluster, data_dir: Path) -> Iterator[Cluster]:
     """k8s/base applied as an operator applies it, through the tests' overlay (tests/cluster/overlay:
     the controller's Deployment, RBAC, the templates, the pools), a fake node for each pool, the volume
     bound, and the Optuna storage secret the templates read."""
+    # What an earlier session left (one that was killed before its teardown)
     cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    cluster.kubectl("delete", "pv", PERSISTENT_VOLUME, "--ignore-not-found", "--wait=true", "--timeout=60s")
     cluster.kubectl("apply", "--server-side", "-k", str(OVERLAY))
     for pool in yaml.safe_load((OVERLAY / "pools.yaml").read_text())["pools"]:
         subprocess.run([str(SCRIPT), "node", pool["name"]], check=True, capture_output=True, timeout=120)
@@ -116,7 +119,7 @@ def foxhunt(cluster: Cluster, data_dir: Path) -> Iterator[Cluster]:
         {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
-            "metadata": {"name": "foxhunt-data-test"},
+            "metadata": {"name": PERSISTENT_VOLUME},
             "spec": {
                 "capacity": {"storage": "200Gi"},
                 "accessModes": ["ReadWriteMany"],
@@ -143,7 +146,7 @@ def foxhunt(cluster: Cluster, data_dir: Path) -> Iterator[Cluster]:
         what="the foxhunt-data claim to bind",
     )
     yield cluster
-    cluster.kubectl("delete", "pv", "foxhunt-data-test", "--ignore-not-found", "--wait=false", check=False)
+    cluster.kubectl("delete", "pv", PERSISTENT_VOLUME, "--ignore-not-found", "--wait=false", check=False)
 
 
 @pytest.fixture

@@ -27,8 +27,10 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +132,8 @@ class PodRunner:
     def _run_reporting(self, pod: client.V1Pod) -> None:
         try:
             self._run(pod)
-        except Exception as error:
+        except Exception as error:  # raised by __exit__; printed now, as a test may wait long for the job
+            traceback.print_exc()
             self.errors.append(error)
 
     # ---- one pod ------------------------------------------------------------------------------
@@ -138,13 +141,16 @@ class PodRunner:
         name = pod.metadata.name
         main = next(c for c in pod.spec.containers if c.name == "main")
         env_of = {e.name: e.value for e in main.env or [] if e.value is not None}
-        template = json.loads(env_of.get("ARGO_TEMPLATE", "{}"))
+        # Argo gives the template (JSON) to its own containers (init, wait), not to main.
+        argo_env = [e for c in [*(pod.spec.init_containers or []), *pod.spec.containers] for e in c.env or []]
+        template = json.loads(next(e.value for e in argo_env if e.name == "ARGO_TEMPLATE"))
         node_id, workflow = env_of["ARGO_NODE_ID"], pod.metadata.labels[WORKFLOW_LABEL]
         home = self.root / "pods" / name
         home.mkdir(parents=True)
         log = home / "main.log"
         log.touch()
-        self._create_logs_object(name, log)
+        log.with_suffix(".cri").touch()
+        self._create_logs_object(name, log.with_suffix(".cri"))
         mounts = self._mounts(pod, main, template, home)
         env = self._environment(main, mounts)
         argv = [*(main.command or []), *(main.args or [])]
@@ -159,7 +165,10 @@ class PodRunner:
             exit_code, stdout = self._execute(argv, env, home, log, workflow)
         else:
             exit_code, stdout = verdict, ""
-        self._report(workflow, node_id, exit_code, stdout)
+        # argoexec keeps stdout as the step's result only where another step reads it (Argo sets this):
+        # withParam's children must not carry a result that is not JSON, Argo parses each one.
+        result = stdout.strip() if env_of.get("ARGO_INCLUDE_SCRIPT_OUTPUT") == "true" else None
+        self._report(workflow, node_id, exit_code, result)
         self.runs.append(PodRun(name, workflow, template.get("name", ""), argv, exit_code, stdout, log))
         self._core.patch_namespaced_pod(
             name, self.namespace, {"metadata": {"annotations": {EXIT_ANNOTATION: str(exit_code)}}}
@@ -167,19 +176,30 @@ class PodRunner:
 
     def _execute(self, argv: list[str], env: dict[str, str], home: Path, log: Path, workflow: str) -> tuple[int, str]:
         """Run the command; SIGTERM it once its Workflow is shut down (Argo's controller then execs
-        `argoexec kill 15 1` in the pod's containers, which kwok's pods cannot take)."""
+        `argoexec kill 15 1` in the pod's containers, which kwok's pods cannot take).
+
+        Its lines go to `log` as they come (plain text, for the tests) and to the container log that
+        kwok serves (`log` with suffix .cri, in the CRI format a kubelet's runtime writes)."""
         output: list[bytes] = []
-        with log.open("ab", buffering=0) as logged:
-            process = subprocess.Popen(argv, env=env, cwd=home, stdout=subprocess.PIPE, stderr=logged)
-            assert process.stdout is not None
+        lock = threading.Lock()
+        with log.open("ab", buffering=0) as plain, log.with_suffix(".cri").open("ab", buffering=0) as cri:
+            process = subprocess.Popen(argv, env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-            def tee() -> None:  # stdout is the step's result and, with stderr, its log
-                for line in process.stdout:  # type: ignore[union-attr]
-                    output.append(line)
-                    logged.write(line)
+            def tee(stream: Any, name: bytes) -> None:  # stdout is also the step's result
+                for line in stream:
+                    if name == b"stdout":
+                        output.append(line)
+                    stamp = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+                    with lock:
+                        plain.write(line)
+                        cri.write(stamp.encode() + b" " + name + b" F " + line.rstrip(b"\n") + b"\n")
 
-            reader = threading.Thread(target=tee, daemon=True)
-            reader.start()
+            readers = [
+                threading.Thread(target=tee, args=(process.stdout, b"stdout"), daemon=True),
+                threading.Thread(target=tee, args=(process.stderr, b"stderr"), daemon=True),
+            ]
+            for reader in readers:
+                reader.start()
             deadline = time.monotonic() + self.timeout
             signalled = False
             while process.poll() is None:
@@ -190,7 +210,8 @@ class PodRunner:
                     signalled = True
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=1.0)
-            reader.join(timeout=30)
+            for reader in readers:
+                reader.join(timeout=30)
         return process.returncode, b"".join(output).decode(errors="replace")
 
     def _shut_down(self, workflow: str) -> bool:
@@ -261,7 +282,7 @@ class PodRunner:
         }
         self._custom.create_namespaced_custom_object(*KWOK, self.namespace, "logs", body)
 
-    def _report(self, workflow: str, node_id: str, exit_code: int, stdout: str) -> None:
+    def _report(self, workflow: str, node_id: str, exit_code: int, result: str | None) -> None:
         """What argoexec's wait container writes when main ends: outputs, then the completed label."""
         owner = self._custom.get_namespaced_custom_object(*ARGO, self.namespace, "workflows", workflow)
         body = {
@@ -279,7 +300,7 @@ class PodRunner:
                     }
                 ],
             },
-            "outputs": {"result": stdout.strip(), "exitCode": str(exit_code)},
+            "outputs": {"exitCode": str(exit_code), **({"result": result} if result is not None else {})},
         }
         client.CustomObjectsApi(self.reporter).create_namespaced_custom_object(
             *ARGO, self.namespace, "workflowtaskresults", body
@@ -287,10 +308,12 @@ class PodRunner:
 
 
 def _rewrite(value: str, mounts: dict[str, Path]) -> str:
-    """`value` with each mount path (at a path boundary) replaced by its folder here."""
-    for path in sorted(mounts, key=len, reverse=True):
-        value = re.sub(rf"(?<![\w.-]){re.escape(path)}(?=/|$|\W)", str(mounts[path]), value)
-    return value
+    """`value` with each mount path (at a path boundary) replaced by its folder here, in one pass (a
+    folder here may itself start with a mount path, /tmp say)."""
+    if not mounts:
+        return value
+    paths = "|".join(re.escape(path) for path in sorted(mounts, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.-])({paths})(?=/|$|\W)", lambda m: str(mounts[m.group(1)]), value)
 
 
 def _files(folder: Path, data: dict[str, str]) -> Path:

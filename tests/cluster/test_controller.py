@@ -21,7 +21,7 @@ from service.leader import LeaderElector
 from tests.cluster.conftest import NAMESPACE, Cluster, Controller, controller_settings, workflow
 from tests.cluster.pods import PodRunner
 from tests.polling import wait_until
-from tests.service.conftest import Controller as TestController
+from tests.service.conftest import Controller as ServiceController
 from tests.service.factories import tiny_train_config
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
@@ -129,7 +129,7 @@ def test_a_step_ended_by_sigterm_is_retried_by_the_retry_strategy(controller: Co
 def test_only_the_lease_holder_reconciles_with_a_real_lease(foxhunt: Cluster, tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path / 'shared.db'}"
     replicas = [
-        TestController(
+        ServiceController(
             create_app(
                 controller_settings(
                     foxhunt,
@@ -154,7 +154,7 @@ def test_only_the_lease_holder_reconciles_with_a_real_lease(foxhunt: Cluster, tm
         elector = leader.services.reconciler.leader
         assert isinstance(elector, LeaderElector) and lease.spec.holder_identity == elector.identity
 
-        def passes(replica: TestController) -> float:
+        def passes(replica: ServiceController) -> float:
             registry = replica.services.metrics.registry
             return registry.get_sample_value("foxhunt_reconcile_duration_seconds_count") or 0.0
 

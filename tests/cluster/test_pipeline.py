@@ -36,9 +36,9 @@ def test_two_trials_fanned_out_by_withparam_from_the_stand_in_executors_result_t
     assert job["step"] == 12 and {"sample", "guard"} <= set(job["breakdown_ms"])
 
     steps = pods.steps(job_id)
-    assert steps[:2] == ["compile", "hyperopt-suggest"], steps
-    assert steps[2:4] == ["hyperopt-trial", "hyperopt-trial"], steps
-    assert steps[4:] == ["hyperopt-best", "train", "report", "on-exit"], steps
+    assert steps[:3] == ["resolve", "compile", "hyperopt-suggest"], steps
+    assert steps[3:5] == ["hyperopt-trial", "hyperopt-trial"], steps
+    assert steps[5:] == ["hyperopt-best", "train", "report", "on-exit"], steps
     suggested = json.loads(next(run.stdout for run in pods.runs if run.template == "hyperopt-suggest"))
     trials = sorted(run.argv[run.argv.index("--trial") + 1] for run in pods.runs if run.template == "hyperopt-trial")
     assert trials == sorted(str(t) for t in suggested) and len(trials) == 2

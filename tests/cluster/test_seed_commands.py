@@ -86,7 +86,7 @@ def test_the_seeds_deploy_command_trains_train_epochs_epochs_and_its_measure_com
     ],
     ids=["unknown-model", "unknown-pool"],
 )
-def test_a_wrong_model_or_pool_fails_the_job_at_compile_with_a_message(
+def test_a_wrong_model_or_pool_fails_the_job_at_resolve_with_a_message(
     foxhunt: Cluster, pods: PodRunner, parameters: tuple[str, ...], message: str
 ) -> None:
     defaults = {"model": "dqn", "gpu-pool": "ci-training-h100"}
@@ -99,6 +99,6 @@ def test_a_wrong_model_or_pool_fails_the_job_at_compile_with_a_message(
     )
     phase = wait_until(lambda: _phase(foxhunt, name), 600, interval=1.0, what=f"{name} to end")
     assert phase == "Failed"
-    compile_run = next(run for run in pods.runs if run.workflow == name and run.template == "compile")
-    assert compile_run.exit_code != 0 and message in compile_run.log.read_text()
-    assert "train" not in pods.steps(name)
+    resolve = next(run for run in pods.runs if run.workflow == name and run.template == "resolve")
+    assert resolve.exit_code == 2 and message in resolve.log.read_text()
+    assert "compile" not in pods.steps(name) and "train" not in pods.steps(name)
