@@ -160,6 +160,27 @@ def _reason(state: JobState, phase: str, message: str, shutdown: str) -> str | N
     return "Created" if phase == "" else None
 
 
+def _failed_step(status: dict[str, Any]) -> str | None:
+    """Which step failed and how, from the Workflow's nodes: "step train failed: Error (exit code 1)".
+
+    Argo's own message names only a node ("child 'job-1-3877072985' failed"); the step's pod node
+    carries the template's name and the reason (the exit code, OOMKilled, a deadline). The last pod to
+    fail is the one that ended the job; the exit handler's pods are not steps of the job.
+    """
+    pods = [
+        node
+        for node in (status.get("nodes") or {}).values()
+        if node.get("type") == "Pod"
+        and node.get("phase") in ("Failed", "Error")
+        and ".onExit" not in (node.get("name") or "")
+    ]
+    if not pods:
+        return None
+    last = max(pods, key=lambda node: node.get("finishedAt") or "")
+    step = last.get("templateName") or last.get("displayName") or "?"
+    return f"step {step} failed: {last.get('message') or last.get('phase')}"
+
+
 def status_from_workflow(obj: dict[str, Any]) -> BackendStatus:
     """Map one Workflow object (as the API returns it) to our status; see the module docstring."""
     status = obj.get("status") or {}
@@ -169,6 +190,8 @@ def status_from_workflow(obj: dict[str, Any]) -> BackendStatus:
     state = _PHASES.get(phase, JobState.PENDING)
     if shutdown and state in (JobState.FAILED, JobState.ERROR):
         state = JobState.CANCELLED
+    if state in (JobState.FAILED, JobState.ERROR):
+        message = _failed_step(status) or message
     metadata = obj.get("metadata") or {}
     return BackendStatus(
         job_id=(metadata.get("labels") or {}).get(LABEL_JOB, metadata.get("name", "")),

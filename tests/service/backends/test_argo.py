@@ -267,26 +267,38 @@ def test_retry_is_a_new_workflow_and_becomes_the_jobs_status(fake_kube: FakeKube
 
 # ---- status ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("phase", "message", "state", "reason"),
+    ("phase", "message", "failed_step", "state", "reason", "shown"),
     [
-        (None, None, JobState.PENDING, "Created"),
-        ("Pending", None, JobState.PENDING, None),
-        ("Running", None, JobState.RUNNING, None),
-        ("Succeeded", None, JobState.SUCCEEDED, None),
-        ("Failed", "child 'train' failed: exit code 1", JobState.FAILED, "JobFailed"),
-        ("Failed", "OOMKilled (exit code 137)", JobState.FAILED, "OOMKilled"),
-        ("Failed", "Step exceeded its deadline", JobState.FAILED, "DeadlineExceeded"),
-        ("Error", "pod deleted", JobState.ERROR, "InfrastructureError"),
+        (None, None, None, JobState.PENDING, "Created", None),
+        ("Pending", None, None, JobState.PENDING, None, None),
+        ("Running", None, None, JobState.RUNNING, None, None),
+        ("Succeeded", None, None, JobState.SUCCEEDED, None, None),
+        # A step's failure as a real Argo reports it: the reason on the pod's node, not the workflow
+        ("Failed", None, ("train", "Error (exit code 1)"), JobState.FAILED, "JobFailed",
+         "step train failed: Error (exit code 1)"),
+        ("Failed", None, ("train", "OOMKilled (exit code 137)"), JobState.FAILED, "OOMKilled",
+         "step train failed: OOMKilled (exit code 137)"),
+        ("Failed", "Step exceeded its deadline", None, JobState.FAILED, "DeadlineExceeded",
+         "Step exceeded its deadline"),
+        ("Error", None, ("compile", "pod deleted"), JobState.ERROR, "InfrastructureError",
+         "step compile failed: pod deleted"),
     ],
-)
+)  # fmt: skip
 def test_status_maps_every_phase(
-    fake_kube: FakeKube, argo: ArgoBackend, phase: str | None, message: str | None, state: JobState, reason: str
+    fake_kube: FakeKube,
+    argo: ArgoBackend,
+    phase: str | None,
+    message: str | None,
+    failed_step: tuple[str, str] | None,
+    state: JobState,
+    reason: str,
+    shown: str | None,
 ) -> None:
     argo.submit(job_spec())
     if phase is not None:
-        fake_kube.set_phase("job-1", phase, message)
+        fake_kube.set_phase("job-1", phase, message, failed_step=failed_step)
     status = argo.status("job-1")
-    assert (status.state, status.reason, status.message) == (state, reason, message)
+    assert (status.state, status.reason, status.message) == (state, reason, shown)
     assert status.phase == (phase or "")
     assert (status.started_at is not None) == (phase is not None)
     assert (status.finished_at is not None) == (phase in ("Succeeded", "Failed", "Error"))

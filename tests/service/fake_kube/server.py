@@ -130,8 +130,14 @@ class FakeKube:
         change(obj)
         return self.state.replace("workflows", self.namespace, name, obj)
 
-    def set_phase(self, name: str, phase: str, message: str | None = None) -> Obj:
-        """Move a workflow to `phase` as Argo's controller would, stamping startedAt/finishedAt."""
+    def set_phase(
+        self, name: str, phase: str, message: str | None = None, *, failed_step: tuple[str, str] | None = None
+    ) -> Obj:
+        """Move a workflow to `phase` as Argo's controller would, stamping startedAt/finishedAt.
+
+        `failed_step` (template, the pod's message) ends it as a real Argo ends a workflow whose step
+        failed (seen on the test cluster, tests/cluster): the step's pod node carries the template's
+        name and the reason, the workflow's message names only the node."""
 
         def change(obj: Obj) -> None:
             status = obj.setdefault("status", {})
@@ -141,6 +147,17 @@ class FakeKube:
                 status["finishedAt"] = now_rfc3339()
             if message is not None:
                 status["message"] = message
+            if failed_step is not None:
+                template, reason = failed_step
+                node_id = f"{name}-{abs(hash(template)) % 10**10}"
+                status["nodes"] = {
+                    node_id: {
+                        "id": node_id, "name": f"{name}[1].{template}", "displayName": template, "type": "Pod",
+                        "templateName": template, "phase": phase, "message": reason,
+                        "finishedAt": now_rfc3339(),
+                    }
+                }  # fmt: skip
+                status["message"] = f"child '{node_id}' failed"
 
         return self.update_workflow(name, change)
 
