@@ -7,7 +7,7 @@ builds both targets with scripts/images.sh, on local stand-ins for the two base 
 - the trainer image runs every step of the job pipeline (trainer/pipeline.py) on a tiny CPU config as
   the Argo templates run it: their command, the pipeline's arguments, the template's environment,
   user 10001, read-only root, /data and /tmp as volumes, the config at /inputs/config.json, and for
-  compile k8s/base's pools file where the template mounts the foxhunt-pools ConfigMap;
+  resolve k8s/base's pools file where the template mounts the foxhunt-pools ConfigMap;
 - the service image holds no torch, and each image's size and build time are reported.
 Everything stays on loopback: builds and the service use `--network host`, the trainer steps
 `--network none` (they need no network at all).
@@ -50,7 +50,7 @@ HARDENED = ["--user", USER, "--read-only", "--cap-drop", "ALL", "--security-opt"
 
 JOB = "job-images"
 # The Argo workflow parameters that the templates' env and args refer to, as a controller would pass them.
-# The pool is k8s/base's one (its pools.yaml, the foxhunt-pools ConfigMap): compile checks it against that file.
+# The pool is k8s/base's one (its pools.yaml, the foxhunt-pools ConfigMap): resolve checks it against that file.
 POOL = "default"
 POOLS = K8S_DIR / "base" / "pools.yaml"
 WORKFLOW_PARAMETERS = {"job-id": JOB, "gpu-pool": POOL, "commit-sha": TAG, "progress-token": "", "queue-name": ""}
@@ -275,7 +275,7 @@ def _run_step(engine: Engine, step: Step, data: Path, tmp: Path, config: Path, *
     container = _templates()[step.name]["container"]
     assert container["command"] == ["python", "-m", "trainer"], container["command"]
     args = step.command(VALUES | extra)
-    # The pools ConfigMap where the template mounts it (compile), holding k8s/base's pools.yaml.
+    # The pools ConfigMap where the template mounts it (resolve), holding k8s/base's pools.yaml.
     mounts = {mount["name"]: mount["mountPath"] for mount in container.get("volumeMounts", [])}
     pools = ["-v", f"{POOLS}:{mounts['pools']}/pools.yaml:ro"] if "pools" in mounts else []
     result = engine(
@@ -296,30 +296,47 @@ def test_trainer_image_runs_every_pipeline_step(engine: Engine, images: dict[str
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))
     run = data / "runs" / JOB
-    ran = []
+    suggested: list[int] = []
 
-    _run_step(engine, PIPELINE.check, data, tmp, config)
-    assert json.loads((run / "check" / "check.json").read_text())
-    # compile wrote the resolved config that every later step reads.
-    assert json.loads((run / "config.json").read_text())["run"]["steps"] == TINY["run"]["steps"]
-    ran.append(PIPELINE.check.name)
+    def resolved(_: str) -> None:
+        # resolve wrote the resolved config that every later step reads.
+        assert json.loads((run / "config.json").read_text())["run"]["steps"] == TINY["run"]["steps"]
 
-    suggested = json.loads(_run_step(engine, PIPELINE.suggest, data, tmp, config).strip().splitlines()[-1])
-    assert suggested == list(range(TRIALS))
-    for trial in suggested:
-        _run_step(engine, PIPELINE.trial, data, tmp, config, trial=str(trial))
-    assert (data / "checkpoints" / JOB / "trial-0").is_dir()
-    _run_step(engine, PIPELINE.best, data, tmp, config)
-    assert json.loads((run / "hyperopt" / "best-config.json").read_text())["run"]["steps"] == TINY["run"]["steps"]
-    ran += [PIPELINE.suggest.name, PIPELINE.trial.name, PIPELINE.best.name]
+    def checked(_: str) -> None:
+        assert json.loads((run / "check" / "check.json").read_text())
 
-    _run_step(engine, PIPELINE.train, data, tmp, config)
-    assert (data / "checkpoints" / JOB / "train").is_dir()
-    assert json.loads((run / "train" / "summary.json").read_text())
-    summary = _run_step(engine, PIPELINE.report, data, tmp, config).strip().splitlines()[-1]
-    assert json.loads(summary)["steps"] == TINY["run"]["steps"]
-    _run_step(engine, PIPELINE.on_exit, data, tmp, config)
-    assert json.loads((run / "status.json").read_text())["status"] == "Succeeded"
-    ran += [PIPELINE.train.name, PIPELINE.report.name, PIPELINE.on_exit.name]
+    def suggest(stdout: str) -> None:
+        suggested.extend(json.loads(stdout.strip().splitlines()[-1]))
+        assert suggested == list(range(TRIALS))
 
-    assert ran == [step.name for step in PIPELINE.steps()]  # every step, in the pipeline's order
+    def trials(_: str) -> None:
+        assert (data / "checkpoints" / JOB / "trial-0").is_dir()
+
+    def best(_: str) -> None:
+        assert json.loads((run / "hyperopt" / "best-config.json").read_text())["run"]["steps"] == TINY["run"]["steps"]
+
+    def trained(_: str) -> None:
+        assert (data / "checkpoints" / JOB / "train").is_dir()
+        assert json.loads((run / "train" / "summary.json").read_text())
+
+    def report(stdout: str) -> None:
+        assert json.loads(stdout.strip().splitlines()[-1])["steps"] == TINY["run"]["steps"]
+
+    def finished(_: str) -> None:
+        assert json.loads((run / "status.json").read_text())["status"] == "Succeeded"
+
+    # What each step's run must leave behind, by step and in the pipeline's order: a step added, removed or
+    # moved in the pipeline fails this test until the test runs and checks it too.
+    checks = {
+        PIPELINE.resolve.name: resolved, PIPELINE.check.name: checked, PIPELINE.suggest.name: suggest,
+        PIPELINE.trial.name: trials, PIPELINE.best.name: best, PIPELINE.train.name: trained,
+        PIPELINE.report.name: report, PIPELINE.on_exit.name: finished,
+    }  # fmt: skip
+    assert list(checks) == [step.name for step in PIPELINE.steps()]  # every step, in the pipeline's order
+
+    for step in PIPELINE.steps():  # each step reads what the earlier ones wrote
+        if step.name == PIPELINE.trial.name:  # one pod per trial that suggest printed, as Argo fans them out
+            stdout = "".join(_run_step(engine, step, data, tmp, config, trial=str(trial)) for trial in suggested)
+        else:
+            stdout = _run_step(engine, step, data, tmp, config)
+        checks[step.name](stdout)
