@@ -116,6 +116,9 @@ POOL_TOLERATIONS = [
 ]
 # Defaults of compile-and-train's parameters; the controller always passes every one.
 PARAMETER_DEFAULTS: dict[str, str] = {
+    # A Workflow submitted by hand (`argo submit --from workflowtemplate/...`) is its own job: its name
+    # (Argo substitutes {{workflow.name}} in a parameter's default; checked on the test cluster).
+    "job-id": "{{workflow.name}}",
     "queue-name": "",
     "hyperopt-trials": "0",
     "model": "dqn",

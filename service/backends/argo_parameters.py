@@ -32,7 +32,10 @@ def pool_convention(pool: str) -> tuple[dict[str, str], list[dict[str, str]]]:
 
 # name -> description (rendered into the WorkflowTemplate)
 PARAMETERS: dict[str, str] = {
-    "job-id": "The controller's job id; names the run directory, checkpoints and Optuna study.",
+    "job-id": (
+        "The controller's job id; names the run directory, checkpoints and Optuna study. "
+        "Submitted by hand without it, the Workflow's own name."
+    ),
     "commit-sha": "Git commit of the trainer; the image tag of foxhunt-trainer.",
     "gpu-pool": (
         "The pool the job runs on, one of the controller's pools file (resolve, the first step, fails the job "
