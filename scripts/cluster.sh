@@ -6,7 +6,7 @@
 #   scripts/cluster.sh up       build, then start etcd, kube-apiserver, kube-controller-manager,
 #                               kube-scheduler, kwok and Argo's workflow-controller; print the kubeconfig
 #   scripts/cluster.sh status   which components run, and whether the API server is ready
-#   scripts/cluster.sh node P   add a fake node of pool P (label foxhunt.io/pool=P, taints, 8 GPUs)
+#   scripts/cluster.sh node P   add two fake nodes of pool P (label foxhunt.io/pool=P, taints, 8 GPUs)
 #   scripts/cluster.sh env      `export KUBECONFIG=…; export PATH=…` for a shell (eval "$(… env)")
 #   scripts/cluster.sh down     stop them all and delete the cluster's state (not the cache)
 #
@@ -72,6 +72,16 @@ tools_go() {  # tools_go PACKAGE...: a tools.go that imports each PACKAGE, so go
   echo ")"
 }
 
+module_dir() {  # module_dir DIR MODULE@VERSION: where Go's module cache holds it (downloaded if need be)
+  (cd "$1" && go mod download -json "$2" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+}
+
+wrapper_module() {  # wrapper_module DIR NAME MODULE VERSION PACKAGE...: a module of ours that builds PACKAGEs
+  mkdir -p "$1"
+  printf 'module foxhunt.local/cluster/%s\n\ngo 1.26.0\n\nrequire %s %s\n' "$2" "$3" "$4" >"$1/go.mod"
+  tools_go "${@:5}" >"$1/tools.go"
+}
+
 build_kubernetes() {
   local out="$CACHE/kubernetes-$KUBERNETES_VERSION" src
   [[ -f "$out/.built" ]] && return
@@ -110,7 +120,7 @@ build_argo() {
   [[ -f "$out/.built" ]] && return
   src="$out/src"
   mkdir -p "$src"
-  dir="$(cd "$src" && go mod download -json "github.com/argoproj/argo-workflows/v3@$ARGO_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  dir="$(module_dir "$src" "github.com/argoproj/argo-workflows/v3@$ARGO_VERSION")"
   # The module as downloaded lacks workflow/executor/osspecific/signal_linux.go: upstream's is a symlink
   # to signal_darwin.go, and module zips drop symlinks. A copy of the module with that file restored
   # (the same content the symlink gives) builds argoexec for Linux.
@@ -123,21 +133,17 @@ build_argo() {
   # placeholder there for builds without the UI (as here: the CLI only submits and inspects).
   mkdir -p "$src/upstream/ui/dist/app"
   echo "Argo UI not built" >"$src/upstream/ui/dist/app/index.html"
-  # The module's own replace directive too (a dependency's replaces do not apply to the main module).
-  cat >"$src/go.mod" <<EOF
-module foxhunt.local/cluster/argo
-
-go 1.26.0
-
-require github.com/argoproj/argo-workflows/v3 $ARGO_VERSION
+  local cmds=(workflow-controller argo argoexec)
+  wrapper_module "$src" argo github.com/argoproj/argo-workflows/v3 "$ARGO_VERSION" \
+    "${cmds[@]/#/github.com/argoproj/argo-workflows/v3/cmd/}"
+  # The copy, and the module's own replace directive (a dependency's replaces do not apply to us).
+  cat >>"$src/go.mod" <<EOF
 
 replace (
 	github.com/argoproj/argo-workflows/v3 => ./upstream
 	github.com/olekukonko/tablewriter => github.com/olekukonko/tablewriter v0.0.5
 )
 EOF
-  local cmds=(workflow-controller argo argoexec)
-  tools_go "${cmds[@]/#/github.com/argoproj/argo-workflows/v3/cmd/}" >"$src/tools.go"
   local ldflags="-X github.com/argoproj/argo-workflows/v3.version=$ARGO_VERSION"
   for cmd in "${cmds[@]}"; do
     timed "build $cmd $ARGO_VERSION" go_build "$src" "$ldflags" "github.com/argoproj/argo-workflows/v3/cmd/$cmd"
@@ -150,23 +156,17 @@ EOF
 build_kwok() {
   local out="$CACHE/kwok-$KWOK_VERSION"
   [[ -f "$out/.built" ]] && return
-  mkdir -p "$out/src"
-  printf 'module foxhunt.local/cluster/kwok\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok %s\n' "$KWOK_VERSION" >"$out/src/go.mod"
-  tools_go sigs.k8s.io/kwok/cmd/kwok >"$out/src/tools.go"
+  wrapper_module "$out/src" kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
   timed "build kwok $KWOK_VERSION" go_build "$out/src" "" sigs.k8s.io/kwok/cmd/kwok
-  local dir
-  dir="$(cd "$out/src" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
   mkdir -p "$out/crds"
-  cp "$dir/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$out/crds/"
+  cp "$(module_dir "$out/src" "sigs.k8s.io/kwok@$KWOK_VERSION")/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$out/crds/"
   touch "$out/.built"
 }
 
 build_etcd() {
   local out="$CACHE/etcd-$ETCD_VERSION"
   [[ -f "$out/.built" ]] && return
-  mkdir -p "$out/src"
-  printf 'module foxhunt.local/cluster/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$out/src/go.mod"
-  tools_go go.etcd.io/etcd/server/v3 >"$out/src/tools.go"
+  wrapper_module "$out/src" etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
   timed "build etcd $ETCD_VERSION" go_build "$out/src" "" go.etcd.io/etcd/server/v3
   mv "$out/bin/server" "$out/bin/etcd"  # go names the binary after the package path, less its /v3
   touch "$out/.built"
@@ -324,19 +324,22 @@ EOF
   fake_node default
 }
 
-fake_node() {  # fake_node POOL: a kwok node with 8 GPUs, labelled and tainted as a pool's nodes are
-  local pool="$1"
-  kubectl apply -f - >/dev/null <<EOF
+fake_node() {  # fake_node POOL: two kwok nodes with 8 GPUs each, labelled and tainted as a pool's nodes are
+  # Two: the templates retry a step on another node (retryStrategy.affinity.nodeAntiAffinity), which a
+  # pool of one node could never schedule.
+  local pool="$1" i
+  for i in 0 1; do
+    kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Node
 metadata:
-  name: fake-$pool-0
+  name: fake-$pool-$i
   annotations:
     node.alpha.kubernetes.io/ttl: "0"
     kwok.x-k8s.io/node: fake
   labels:
     type: kwok
-    kubernetes.io/hostname: fake-$pool-0
+    kubernetes.io/hostname: fake-$pool-$i
     kubernetes.io/os: linux
     kubernetes.io/arch: amd64
     foxhunt.io/pool: $pool
@@ -348,7 +351,8 @@ status:
   allocatable: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
   capacity: {cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "8"}
 EOF
-  wait_for "node fake-$pool-0" 60 kubectl wait --for=condition=Ready "node/fake-$pool-0" --timeout=1s
+    wait_for "node fake-$pool-$i" 60 kubectl wait --for=condition=Ready "node/fake-$pool-$i" --timeout=1s
+  done
 }
 
 start_argo() {

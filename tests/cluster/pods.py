@@ -212,7 +212,8 @@ class PodRunner:
                     process.wait(timeout=1.0)
             for reader in readers:
                 reader.join(timeout=30)
-        return process.returncode, b"".join(output).decode(errors="replace")
+        code = process.returncode  # killed by signal N: 128 + N, as a container runtime reports it
+        return (128 - code if code < 0 else code), b"".join(output).decode(errors="replace")
 
     def _shut_down(self, workflow: str) -> bool:
         obj = self._custom.get_namespaced_custom_object(*ARGO, self.namespace, "workflows", workflow)

@@ -23,6 +23,7 @@ from trainer.config import STEPS_PER_EPOCH
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 
 COMMIT = "0123abcd"
+EPOCHS = 2  # the seed's 5, made shorter: 2 epochs differ from the config's default length, 1 would not
 
 
 def argo(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -49,7 +50,7 @@ def _phase(foxhunt: Cluster, name: str) -> str | None:
 
 
 def test_the_seeds_deploy_command_trains_train_epochs_epochs_and_its_measure_command_prints_the_breakdown(
-    foxhunt: Cluster, pods: PodRunner
+    foxhunt: Cluster, pods: PodRunner, data_dir: Path
 ) -> None:
     config = tiny_train_config()
     del config["run"]["steps"]  # train-epochs sets the length; a config with run.steps too is refused
@@ -57,13 +58,17 @@ def test_the_seeds_deploy_command_trains_train_epochs_epochs_and_its_measure_com
     name = _submit(
         foxhunt,
         *("-p", f"commit-sha={COMMIT}", "-p", "model=dqn", "-p", "gpu-pool=ci-training-h100"),
-        *("-p", "hyperopt-trials=0", "-p", "train-epochs=1", "-p", f"config={json.dumps(config)}"),
-        *("-p", "job-id=seed-deploy"),
+        *("-p", "hyperopt-trials=0", "-p", f"train-epochs={EPOCHS}"),
+        *(
+            "-p",
+            f"config={json.dumps(config)}",
+        ),  # the one addition: a config small enough for a CPU
     )
     assert wait_until(lambda: _phase(foxhunt, name), 900, interval=1.0, what=f"{name} to end") == "Succeeded"
 
     report = next(run for run in pods.runs if run.workflow == name and run.template == "report")
-    assert json.loads(report.stdout.splitlines()[-1])["steps"] == 1 * STEPS_PER_EPOCH
+    assert json.loads(report.stdout.splitlines()[-1])["steps"] == EPOCHS * STEPS_PER_EPOCH
+    assert (data_dir / "runs" / name / "train" / "summary.json").exists()  # job-id: the Workflow's name
 
     train_pod = next(run.pod for run in pods.runs if run.workflow == name and run.template == "train")
     measured = subprocess.run(
@@ -95,7 +100,10 @@ def test_a_wrong_model_or_pool_fails_the_job_at_resolve_with_a_message(
     name = _submit(
         foxhunt,
         *("-p", f"commit-sha={COMMIT}", "-p", f"model={settings['model']}", "-p", f"gpu-pool={settings['gpu-pool']}"),
-        *("-p", f"config={json.dumps(tiny_train_config())}", "-p", "job-id=seed-wrong"),
+        *(
+            "-p",
+            f"config={json.dumps(tiny_train_config())}",
+        ),
     )
     phase = wait_until(lambda: _phase(foxhunt, name), 600, interval=1.0, what=f"{name} to end")
     assert phase == "Failed"
