@@ -336,7 +336,8 @@ class ArgoBackend:
             ordered = sorted(pods.items, key=lambda p: (p.metadata.creation_timestamp, p.metadata.name))
             for pod in ordered:
                 if pod.metadata.name not in done:
-                    complete = yield from self._pod_log(pod.metadata.name, follow)
+                    finished = pod.status is not None and pod.status.phase in ("Succeeded", "Failed")
+                    complete = yield from self._pod_log(pod.metadata.name, follow and not finished)
                     if complete:
                         done.add(pod.metadata.name)
             if not follow or ended:

@@ -161,8 +161,10 @@ class PodRunner:
         if argv and argv[0] == "python":
             argv[0] = sys.executable
         verdict = self.verdict(pod, template.get("name", ""))
+        # Argo signals the steps running when a Workflow is stopped, not the exit handler it runs then
+        on_exit = ".onExit" in (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
         if verdict is None:
-            exit_code, stdout = self._execute(argv, env, home, log, workflow)
+            exit_code, stdout = self._execute(argv, env, home, log, None if on_exit else workflow)
         else:
             exit_code, stdout = verdict, ""
         # argoexec keeps stdout as the step's result only where another step reads it (Argo sets this):
@@ -174,7 +176,9 @@ class PodRunner:
             name, self.namespace, {"metadata": {"annotations": {EXIT_ANNOTATION: str(exit_code)}}}
         )
 
-    def _execute(self, argv: list[str], env: dict[str, str], home: Path, log: Path, workflow: str) -> tuple[int, str]:
+    def _execute(
+        self, argv: list[str], env: dict[str, str], home: Path, log: Path, workflow: str | None
+    ) -> tuple[int, str]:
         """Run the command; SIGTERM it once its Workflow is shut down (Argo's controller then execs
         `argoexec kill 15 1` in the pod's containers, which kwok's pods cannot take).
 
@@ -205,7 +209,7 @@ class PodRunner:
             while process.poll() is None:
                 if time.monotonic() > deadline:
                     process.kill()
-                elif not signalled and self._shut_down(workflow):
+                elif not signalled and workflow is not None and self._shut_down(workflow):
                     process.send_signal(signal.SIGTERM)
                     signalled = True
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -71,6 +71,14 @@ def test_the_seeds_deploy_command_trains_train_epochs_epochs_and_its_measure_com
     assert (data_dir / "runs" / name / "train" / "summary.json").exists()  # job-id: the Workflow's name
 
     train_pod = next(run.pod for run in pods.runs if run.workflow == name and run.template == "train")
+    # No pod-spec-patch: the template's own placement, by the gpu-pool's label and taints, with one GPU
+    spec = json.loads(foxhunt.kubectl("get", "pod", train_pod, "-n", NAMESPACE, "-o", "json").stdout)["spec"]
+    assert spec["nodeSelector"] == {"foxhunt.io/pool": "ci-training-h100"}
+    assert {"key": "foxhunt.io/pool", "operator": "Equal", "value": "ci-training-h100", "effect": "NoSchedule"} in (
+        spec["tolerations"]
+    )
+    main = next(c for c in spec["containers"] if c["name"] == "main")
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
     measured = subprocess.run(
         f"{foxhunt.bin}/kubectl --kubeconfig {foxhunt.kubeconfig} logs {train_pod} -n {NAMESPACE} -c main"
         ' | grep "Training step breakdown"',
