@@ -54,7 +54,7 @@ dashboards-png: setup
 	$(PY) -m tests.k8s.render_dashboards docs/dashboards.png --seconds 90
 
 # Both images with no registry of images: local stand-ins for the two base images (Debian from
-# debootstrap, this machine's CPU torch), then both targets (scripts/images.sh; root, debootstrap and a
+# debootstrap, PyPI's torch 2.13.0), then both targets (scripts/images.sh; root, debootstrap and a
 # running Docker engine; docs/deploy.md has an operator's commands with the public bases).
 .PHONY: images test-images
 images:
