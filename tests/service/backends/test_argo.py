@@ -516,6 +516,19 @@ def test_logs_of_every_pod_in_order(fake_kube: FakeKube, argo: ArgoBackend) -> N
     assert all(q["container"] == "main" for q in queries) and queries[0].get("follow") != "true"
 
 
+def test_following_leaves_a_finished_pod_whose_stream_stays_open(fake_kube: FakeKube, argo: ArgoBackend) -> None:
+    """kwok's kubelet never ends a followed log: a pod seen finished while its stream is quiet is left,
+    and the follow ends with the workflow."""
+    argo.submit(job_spec())
+    fake_kube.set_phase("job-1", "Running")
+    fake_kube.add_pod("job-1", "job-1-train", ("step 1",))
+    lines = argo.logs("job-1", follow=True)
+    assert next(lines) == "step 1\n"
+    fake_kube.set_pod_phase("job-1-train", "Succeeded")  # its stream stays open
+    fake_kube.set_phase("job-1", "Succeeded")
+    assert [line for line in lines if line] == []  # ends, with no line twice
+
+
 def test_logs_follow_streams_until_the_workflow_ends(fake_kube: FakeKube, argo: ArgoBackend) -> None:
     """Each line read moves the cluster on, so the workflow ends only once lines have streamed: a
     follow that collected the log at the end would see the backstop end it after the first line."""

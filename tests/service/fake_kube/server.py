@@ -185,6 +185,13 @@ class FakeKube:
             self.state.logs[(self.namespace, pod)].extend(lines)
             self.state.cond.notify_all()
 
+    def set_pod_phase(self, pod: str, phase: str) -> None:
+        """The pod's phase, with its log stream left as it is: a kubelet that never ends a followed log
+        (kwok's, on the test cluster) shows a finished pod this way."""
+        obj = self.state.get("pods", self.namespace, pod)
+        obj = {**obj, "status": {**(obj.get("status") or {}), "phase": phase}}
+        self.state.replace("pods", self.namespace, pod, obj)
+
     def finish_pod(self, pod: str) -> None:
         """The container exited: a follow stream of its log ends after the last line."""
         with self.state.cond:
