@@ -46,7 +46,8 @@ pytestmark = pytest.mark.cluster
 @dataclass(frozen=True)
 class Cluster:
     kubeconfig: Path
-    bin: Path  # kubectl and argo
+    bin: Path  # kubectl
+    argo_bin: Path  # the argo CLI
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
@@ -59,6 +60,11 @@ class Cluster:
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done
+
+    def argo(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The argo CLI, built from Argo's module (it talks to the API server, no Argo server needed)."""
+        command = [str(self.argo_bin), "--kubeconfig", str(self.kubeconfig), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
     def apply(self, manifest: dict[str, Any] | list[dict[str, Any]], namespace: str = NAMESPACE) -> None:
         docs = manifest if isinstance(manifest, list) else [manifest]
@@ -92,6 +98,7 @@ def cluster() -> Iterator[Cluster]:
     yield Cluster(
         kubeconfig=Path(up.stdout.strip().splitlines()[-1]),
         bin=cache / f"kubernetes-{versions()['KUBERNETES_VERSION']}" / "bin",
+        argo_bin=cache / f"argo-{versions()['ARGO_VERSION']}" / "bin" / "argo",
     )
     if not was_up:
         subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=300)

@@ -212,13 +212,11 @@ def test_rbac_of_k8s_base_allows_what_each_account_needs_and_refuses_the_rest(fo
 
 
 def test_the_nightly_cron_workflow_is_accepted_and_creates_a_workflow_when_triggered(foxhunt: Cluster) -> None:
-    from tests.cluster.test_seed_commands import argo
-
     cron = json.loads(
         foxhunt.kubectl("get", "cronworkflow", "foxhunt-bench-nightly", "-n", NAMESPACE, "-o", "json").stdout
     )
     assert cron["spec"]["schedules"] or cron["spec"].get("schedule")
-    done = argo(foxhunt, "submit", "-n", NAMESPACE, "--from", "cronwf/foxhunt-bench-nightly", "-o", "name")
+    done = foxhunt.argo("submit", "-n", NAMESPACE, "--from", "cronwf/foxhunt-bench-nightly", "-o", "name")
     assert done.returncode == 0, done.stderr
     name = done.stdout.strip().splitlines()[-1]
     created = workflow(foxhunt, name)

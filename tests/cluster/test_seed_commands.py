@@ -26,19 +26,9 @@ COMMIT = "0123abcd"
 EPOCHS = 2  # the seed's 5, made shorter: 2 epochs differ from the config's default length, 1 would not
 
 
-def argo(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    argo_bin = next(Path("/var/cache/foxhunt-cluster").glob("argo-*/bin/argo"))
-    return subprocess.run(
-        [str(argo_bin), "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def _submit(foxhunt: Cluster, *parameters: str) -> str:
-    done = argo(
-        foxhunt, "submit", "-n", NAMESPACE, "--from", "workflowtemplate/compile-and-train", *parameters, "-o", "name"
+    done = foxhunt.argo(
+        "submit", "-n", NAMESPACE, "--from", "workflowtemplate/compile-and-train", *parameters, "-o", "name"
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
