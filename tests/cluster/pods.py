@@ -80,6 +80,7 @@ class PodRunner:
         self._stop = threading.Event()
         self._started: set[str] = set()
         self._threads: list[threading.Thread] = []
+        self._processes: set[subprocess.Popen[bytes]] = set()
         self._watch = watch.Watch()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
 
@@ -91,8 +92,10 @@ class PodRunner:
         self._stop.set()
         self._watch.stop()
         self._thread.join(timeout=30)
+        for process in list(self._processes):  # a test that ended early leaves no trainer behind
+            process.kill()
         for thread in self._threads:
-            thread.join(timeout=self.timeout)
+            thread.join(timeout=60)
         if self.errors and exc[0] is None:
             raise self.errors[0]
 
@@ -115,6 +118,7 @@ class PodRunner:
                         return
             except Exception as error:
                 if not self._stop.is_set():
+                    traceback.print_exc()
                     self.errors.append(error)
                     return
 
@@ -188,6 +192,7 @@ class PodRunner:
         lock = threading.Lock()
         with log.open("ab", buffering=0) as plain, log.with_suffix(".cri").open("ab", buffering=0) as cri:
             process = subprocess.Popen(argv, env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self._processes.add(process)
 
             def tee(stream: Any, name: bytes) -> None:  # stdout is also the step's result
                 for line in stream:
@@ -216,6 +221,7 @@ class PodRunner:
                     process.wait(timeout=1.0)
             for reader in readers:
                 reader.join(timeout=30)
+            self._processes.discard(process)
         code = process.returncode  # killed by signal N: 128 + N, as a container runtime reports it
         return (128 - code if code < 0 else code), b"".join(output).decode(errors="replace")
 
