@@ -8,18 +8,12 @@ import textwrap
 from pathlib import Path
 
 import service
+from tests.import_guard import forbid
 
-SCRIPT = textwrap.dedent(
+SCRIPT = forbid("torch", "torch is not allowed in the controller") + textwrap.dedent(
     """
     import importlib, pkgutil, sys
 
-    class NoTorch:
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError(f"torch is not allowed in the controller (import of {name})")
-            return None
-
-    sys.meta_path.insert(0, NoTorch())
     import service
     names = [m.name for m in pkgutil.walk_packages(service.__path__, "service.")]
     for name in names:

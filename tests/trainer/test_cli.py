@@ -12,6 +12,7 @@ import torch
 import yaml
 from typer.testing import CliRunner, Result
 
+from tests.import_guard import forbid
 from trainer.cli import app
 from trainer.config import STEPS_PER_EPOCH, load_config
 
@@ -164,20 +165,14 @@ def test_resolve_accepts_a_pool_the_pools_file_names(tmp_path: Path) -> None:
     assert (tmp_path / "config.json").is_file()
 
 
-NO_TORCH = """
-import sys
-
-class NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError(f"torch imported by trainer resolve ({name})")
-        return None
-
-sys.meta_path.insert(0, NoTorch())
+NO_TORCH = (
+    forbid("torch", "torch imported by trainer resolve")
+    + """
 from trainer.cli import main
 sys.argv = ["foxhunt-trainer", *sys.argv[1:]]
 main()
 """
+)
 
 
 def test_resolve_runs_without_torch(tmp_path: Path) -> None:

@@ -8,19 +8,13 @@ import textwrap
 from pathlib import Path
 
 import trainer
+from tests.import_guard import forbid
 
-SCRIPT = textwrap.dedent(
+SCRIPT = forbid("matplotlib", "matplotlib on the training path") + textwrap.dedent(
     """
     import importlib, sys, tempfile
     from pathlib import Path
 
-    class NoMatplotlib:
-        def find_spec(self, name, path=None, target=None):
-            if name == "matplotlib" or name.startswith("matplotlib."):
-                raise ImportError(f"matplotlib on the training path (import of {name})")
-            return None
-
-    sys.meta_path.insert(0, NoMatplotlib())
     root = Path(sys.argv[1])  # every file, namespace folders (trainer/kernels) too
     names = [".".join(p.relative_to(root.parent).with_suffix("").parts) for p in sorted(root.rglob("*.py"))]
     for name in names:
