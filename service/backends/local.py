@@ -5,10 +5,19 @@ commit point of a submission), `config.json`, `pools.yaml` (the controller's poo
 handed over, which the resolve step checks the job's pool against, as on Argo), `log.txt`, `run/`
 (the pipeline's outputs: config.json, check/, hyperopt/, train/ with the trainer's `progress.json`,
 status.json), `checkpoints/`, `optuna.db`, and per attempt `run-<n>.json` (claimed before launch),
-`pid-<n>`, `pipeline-<n>.json` (the step running now), `exit-<n>.json` (written by local_supervisor.py
-when the pipeline has ended) and `cancel-<n>`.
+`pid-<n>` (the supervisor), `pgid-<n>` (the attempt's process group: the supervisor leads a session of
+its own, and every step and trainer process it starts stays in it), `pipeline-<n>.json` (the step
+running now), `exit-<n>.json` (written by local_supervisor.py when the pipeline has ended), `cancel-<n>`
+and `lost-<n>` (when the supervisor was found gone with processes of its group still running).
 A restarted controller reads these files back, so it finds running and finished jobs and never
 starts one twice.
+
+Signals go to the process group, never to one pid: a cancel reaches every step and trainer process,
+also after their supervisor died. A supervisor that vanished without an exit code (killed, OOM) leaves
+its steps running: they are stopped (SIGTERM, SIGKILL after the grace period) before the attempt reads
+ERROR/ProcessLost, and the job stays RUNNING until the last of them has gone, so a retry cannot start a
+second trainer beside an orphan. A new attempt is not launched either while a process of an earlier one
+is alive.
 
 A job runs the job pipeline (trainer/pipeline.py) through local_pipeline.py: the same steps and
 commands as on Argo, with `command` as the trainer program.
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
 
 _SUPERVISOR = "service.backends.local_supervisor"
 _CANCEL_CODES = {143, -signal.SIGTERM, 137, -signal.SIGKILL}
+_LOST_PHASE = "stopping: the supervisor is gone"
 _LAST_LINE_CHARS = 300
 
 
@@ -155,10 +165,8 @@ class LocalBackend:
         attempt = int(spec.get("attempt", 0))
         with self._locked():  # not between the scheduler's check of the marker and its launch
             (job_dir / f"cancel-{attempt}").touch()
-            pid = self._live_pid(job_dir, attempt)
-        if pid is None:
-            return
-        self._signal(pid, signal.SIGKILL if force else signal.SIGTERM)
+            if not self._signal_group(job_dir, attempt, signal.SIGKILL if force else signal.SIGTERM):
+                return
         if not force and self.grace_seconds >= 0:
             timer = threading.Timer(self.grace_seconds, self._kill_if_alive, args=(job_dir, attempt))
             timer.daemon = True
@@ -243,13 +251,15 @@ class LocalBackend:
             attempt = int(spec.get("attempt", 0))
             run = read_json_object(job_dir / f"run-{attempt}.json")
             if run is not None:
-                if self._live_pid(job_dir, attempt) is not None:
+                if self._live_pid(job_dir, attempt) is not None or self._group_members(job_dir, attempt):
                     running.append(run.get("gpu"))
             elif not (job_dir / f"cancel-{attempt}").exists():
                 waiting.append((-int(spec.get("priority", 0)), float(spec["submitted_at"]), job_dir, spec))
         for _, _, job_dir, spec in sorted(waiting, key=lambda w: w[:2]):
             if len(running) >= self.slots:
                 break
+            if self._earlier_attempts_alive(job_dir, int(spec.get("attempt", 0))):
+                continue  # killed just now; the next pass launches it once they are gone
             free = [g for g in range(self.gpus) if g not in running]
             gpu = free[0] if free else None
             self._launch(job_dir, spec, gpu)
@@ -276,6 +286,7 @@ class LocalBackend:
             )
         self._children[child.pid] = child
         (job_dir / f"pid-{attempt}").write_text(str(child.pid))
+        (job_dir / f"pgid-{attempt}").write_text(str(child.pid))  # start_new_session: it leads its own group
 
     def _live_pid(self, job_dir: Path, attempt: int) -> int | None:
         """The supervisor's pid if it is alive (checked by its command line, so a reused pid is not ours)."""
@@ -298,16 +309,87 @@ class LocalBackend:
                 return candidate
         return None
 
-    def _signal(self, pid: int, sig: signal.Signals) -> None:
-        """Signal the job's process group: only one the supervisor leads, never the controller's own."""
+    @staticmethod
+    def _pgid(job_dir: Path, attempt: int) -> int | None:
+        """The attempt's process group as recorded at launch (`pgid-<n>`; older job dirs: the supervisor's pid)."""
+        for name in (f"pgid-{attempt}", f"pid-{attempt}"):
+            try:
+                return int((job_dir / name).read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+        return None
+
+    def _group_members(self, job_dir: Path, attempt: int) -> list[int]:
+        """Live (not zombie) processes of the attempt's group that are the job's own, the supervisor aside.
+
+        A group id can be reused once every member has gone, so a member must carry the job's identity
+        in its environment (FOXHUNT_JOB_ID and FOXHUNT_ATTEMPT, which every step gets and its children
+        inherit): a stranger's group of the same number is never signalled."""
+        pgid = self._pgid(job_dir, attempt)
+        if pgid is None or pgid == os.getpgid(0):
+            return []
+        try:
+            os.killpg(pgid, 0)  # cheap: no such group, nothing to scan
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        identity = {f"FOXHUNT_JOB_ID={job_dir.name}".encode(), f"FOXHUNT_ATTEMPT={attempt}".encode()}
+        members: list[int] = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) != pgid or fields[0] == "Z":
+                    continue
+                environ = set(Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"))
+            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+                continue
+            if identity <= environ:
+                members.append(int(entry))
+        return members
+
+    def _signal_group(self, job_dir: Path, attempt: int, sig: signal.Signals) -> bool:
+        """Signal the attempt's whole process group if its supervisor or one of the job's processes in it
+        lives (never the controller's own group); whether it did."""
+        pgid = self._pgid(job_dir, attempt)
+        if pgid is None or pgid == os.getpgid(0):
+            return False
+        if self._live_pid(job_dir, attempt) != pgid and not self._group_members(job_dir, attempt):
+            return False
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(pid) == pid != os.getpgid(0):
-                os.killpg(pid, sig)
+            os.killpg(pgid, sig)
+        return True
 
     def _kill_if_alive(self, job_dir: Path, attempt: int) -> None:
-        pid = self._live_pid(job_dir, attempt)
-        if pid is not None:
-            self._signal(pid, signal.SIGKILL)
+        with self._locked():
+            self._signal_group(job_dir, attempt, signal.SIGKILL)
+
+    def _earlier_attempts_alive(self, job_dir: Path, attempt: int) -> bool:
+        """Whether a process of an earlier attempt still runs; if so it is killed (a new attempt must never
+        run beside it: same run folder, same checkpoints)."""
+        alive = False
+        for earlier in range(attempt):
+            if self._signal_group(job_dir, earlier, signal.SIGKILL):
+                alive = True
+        return alive
+
+    def _stop_orphans(self, job_dir: Path, attempt: int) -> bool:
+        """The supervisor is gone without an exit code: stop what it left running in its group, SIGTERM first
+        (the trainer checkpoints), SIGKILL once the grace period has passed. Whether any is still alive."""
+        if not self._group_members(job_dir, attempt):
+            return False
+        marker = job_dir / f"lost-{attempt}"
+        try:
+            since = float(marker.read_text())
+        except (FileNotFoundError, ValueError):
+            marker.write_text(str(time.time()))
+            self._signal_group(job_dir, attempt, signal.SIGTERM)
+            return True
+        if time.time() - since > max(self.grace_seconds, 0):
+            self._signal_group(job_dir, attempt, signal.SIGKILL)
+        return True
 
     def _cached(self, job_dir: Path) -> BackendStatus | None:
         """The terminal status of the current attempt, if known: it cannot change until a resubmit."""
@@ -361,11 +443,15 @@ class LocalBackend:
         elif alive:
             current = (read_json_object(state_file(job_dir, attempt)) or {}).get("current")
             status.state, status.phase = JobState.RUNNING, f"running: {current}" if current else "running"
+        elif self._stop_orphans(job_dir, attempt):
+            status.state, status.phase = JobState.RUNNING, _LOST_PHASE
         elif cancelled:
             status.state, status.reason, status.phase = JobState.CANCELLED, "Killed", "killed"
         else:
             status.state, status.reason, status.phase = JobState.ERROR, "ProcessLost", "lost"
             status.message = "the job's process ended without recording an exit code"
+            if (job_dir / f"lost-{attempt}").exists():
+                status.message += "; the processes it left running were stopped"
         return status
 
     def _exit_state(

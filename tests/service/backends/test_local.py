@@ -224,6 +224,96 @@ def test_a_process_that_vanished_without_exit_code_is_an_error(tmp_path: Path) -
     assert (status.state, status.reason) == (JobState.ERROR, "ProcessLost")
 
 
+def job_processes(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, read from /proc independently of the backend."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def kill_supervisor(backend: LocalBackend, job_dir: Path, attempt: int = 0) -> int:
+    """kill -9 the attempt's supervisor alone, once its train step runs; the group id it led."""
+    wait_log(backend, job_dir.name, f"stand-in: train env job={job_dir.name} pool=cpu commit=HEAD attempt={attempt}")
+    pid = int((job_dir / f"pid-{attempt}").read_text())
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: pid not in job_processes(pid), 10, 0.02, what="the supervisor to die")
+    assert job_processes(pid), "the train step outlives its supervisor (the orphan this is about)"
+    return pid
+
+
+def test_a_lost_supervisors_trainer_is_stopped_before_the_job_is_an_error(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    backend = make_backend(tmp_path, "--sleep", "60")
+    backends.append(backend)
+    backend.submit(spec())
+    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert (status.state, status.reason) == (JobState.ERROR, "ProcessLost")
+    assert status.message is not None and "stopped" in status.message
+    assert job_processes(pgid) == []  # the orphan was stopped, not left training
+
+
+def test_a_lost_supervisors_trainer_that_ignores_sigterm_is_killed(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    backend = make_backend(tmp_path, "--sleep", "60", "--ignore-term", grace=0.3)
+    backends.append(backend)
+    backend.submit(spec())
+    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    assert backend.status("job-1").phase == "stopping: the supervisor is gone"
+    assert wait_state(backend, "job-1", TERMINAL).reason == "ProcessLost"
+    assert job_processes(pgid) == []
+
+
+def test_a_retry_after_a_lost_supervisor_never_runs_beside_the_orphan(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    backend = make_backend(tmp_path, "--sleep", "60")
+    backends.append(backend)
+    backend.submit(spec())
+    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    wait_state(backend, "job-1", TERMINAL)  # what lets the controller accept a retry
+    backend.submit(spec(attempt=1))
+    wait_log(backend, "job-1", "stand-in: train env job=job-1 pool=cpu commit=HEAD attempt=1")
+    assert job_processes(pgid) == []  # attempt 0's trainer is gone: one trainer in the run folder
+
+
+def test_an_earlier_attempts_survivor_is_killed_before_the_next_attempt_starts(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    """Even when the next attempt comes while the orphan still runs (a controller that marked it lost)."""
+    backend = make_backend(tmp_path, "--sleep", "60", "--ignore-term", grace=60)
+    backends.append(backend)
+    backend.submit(spec())
+    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    job = json.loads((tmp_path / "job-1" / "job.json").read_text())
+    (tmp_path / "job-1" / "job.json").write_text(json.dumps({**job, "attempt": 1}))  # as submit writes it
+    run = tmp_path / "job-1" / "run-1.json"
+    wait_until(lambda: backend.list_statuses() and run.exists(), 10, 0.05, what="attempt 1 to start")
+    assert job_processes(pgid) == []  # killed before attempt 1 was launched, not after
+    assert job_processes(pgid) == []
+
+
+def test_cancel_stops_a_lost_supervisors_trainer(tmp_path: Path, backends: list[LocalBackend]) -> None:
+    backend = make_backend(tmp_path, "--sleep", "60")
+    backends.append(backend)
+    backend.submit(spec())
+    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    backend.cancel("job-1")
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert status.state is JobState.CANCELLED
+    assert job_processes(pgid) == []
+
+
 def test_retry_runs_the_next_attempt_with_resume(tmp_path: Path) -> None:
     backend = make_backend(tmp_path, "--exit", "3")
     backend.submit(spec())
