@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine, create_engine, event, exists, func, or_, select, text
+from sqlalchemy import Connection, Engine, create_engine, event, exists, func, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -135,7 +135,10 @@ def parse_label_selector(selector: str) -> dict[str, str]:
     return out
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite's own BEGIN comes only before the first INSERT/UPDATE, so a read (the quota's GPU use)
+    # ran outside the writing transaction; we emit every BEGIN ourselves instead (`_sqlite_begin`)
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
@@ -143,6 +146,17 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL + NORMAL: a killed controller loses no committed row; only an OS crash or power cut can
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+_WRITE = "foxhunt_write"
+"""Execution option of the write engine: its transactions start with BEGIN IMMEDIATE on SQLite."""
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    """BEGIN IMMEDIATE for writes: the database's write lock is taken before the first read, so a check
+    and the write it allows (the quota) are atomic across processes too; plain BEGIN (a snapshot) for reads."""
+    immediate = connection.get_execution_options().get(_WRITE, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
 class Store:
@@ -158,8 +172,10 @@ class Store:
             kwargs.update(pool_size=10, max_overflow=40)
         self.engine: Engine = create_engine(database_url, **kwargs)
         if sqlite:
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", _sqlite_connect)
+            event.listen(self.engine, "begin", _sqlite_begin)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self.engine.execution_options(**{_WRITE: True}), expire_on_commit=False)
         self._sqlite = sqlite
         self._write_lock = threading.Lock()
 
@@ -183,11 +199,12 @@ class Store:
 
     @contextmanager
     def _tx(self, *, write: bool = False) -> Iterator[Session]:
-        """One transaction. SQLite writes queue on an in-process lock rather than in SQLite's
-        sleeping busy handler, which gives long tail latencies under many concurrent writers."""
+        """One transaction. A SQLite write transaction starts with BEGIN IMMEDIATE (the database's write
+        lock, held across processes until it ends); within one process writers queue on an in-process
+        lock first, rather than in SQLite's sleeping busy handler, which gives long tail latencies."""
         with (
             self._write_lock if write and self._sqlite else contextlib.nullcontext(),
-            self._sessions.begin() as session,
+            (self._write_sessions if write else self._sessions).begin() as session,
         ):
             yield session
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from multiprocessing.synchronize import Barrier
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -269,6 +272,40 @@ def test_concurrent_admissions_never_overrun_the_quota(store: Store) -> None:
         thread.join()
     assert sorted(outcomes) == ["admitted"] * 3 + ["refused"] * 5
     assert store.gpu_use(tenant="team-a", pool="cpu") == 3
+
+
+def _admit_from_another_process(database_url: str, first: int, barrier: Barrier) -> None:
+    """A second controller: its own Store (engine, pool, in-process lock) submitting from 4 threads."""
+    store = Store(database_url)
+
+    def submit(i: int) -> None:
+        with contextlib.suppress(QuotaExceeded):
+            store.insert_job(new_job(f"job-{i}"), admit=_quota(3))
+
+    barrier.wait()
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(first, first + 4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    store.dispose()
+
+
+def test_admissions_from_two_controller_processes_never_overrun_the_quota(store: Store, database_url: str) -> None:
+    """The quota holds across replicas: the lock is the database's (BEGIN IMMEDIATE on SQLite, an
+    advisory lock on PostgreSQL), not one process's."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    processes = [
+        context.Process(target=_admit_from_another_process, args=(database_url, first, barrier)) for first in (0, 4)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    assert store.gpu_use(tenant="team-a", pool="cpu") == 3
+    assert len(store.list_jobs(tenant="team-a")[0]) == 3
 
 
 def test_a_replay_at_the_quota_returns_the_stored_job(store: Store) -> None:
