@@ -10,7 +10,7 @@ printed (the plans run the step as CUDA graphs, so launch time does not count). 
 as broadcast products and sums it took 263 µs against SDPA's 195.
 
 The third is spectral norm's power iteration over the pinned `core` model's 9 weight matrices (up to 765 × 256):
-Inductor's batched form against the one-program-per-matrix Triton kernel (`trainer.kernels.spectral`, with
+Inductor's batched form against the one-program-per-matrix Triton kernel (`trainer.execution.kernels.spectral`, with
 the autotuner's time for each of its tile configurations), each checked against the per-matrix loop.
 
     python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral]
@@ -27,13 +27,13 @@ import torch
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
-from trainer.bench import BenchOptions, bench_spec, preset_config
-from trainer.budgets import spectral_project_batched, spectral_project_fused, spectral_project_per_matrix
-from trainer.kernels import spectral
-from trainer.kernels.window_attention import window_attention_fused
-from trainer.losses.c51 import categorical_projection
-from trainer.model import ModelDims, self_attention
-from trainer.state import TrainState
+from trainer.algo.budgets import spectral_project_batched, spectral_project_fused, spectral_project_per_matrix
+from trainer.algo.losses.c51 import categorical_projection
+from trainer.algo.model import ModelDims, self_attention
+from trainer.algo.state import TrainState
+from trainer.execution.kernels import spectral
+from trainer.execution.kernels.window_attention import window_attention_fused
+from trainer.tools.bench import BenchOptions, bench_spec, preset_config
 
 
 def bmm_projection(next_pmf: Tensor, weight: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script sent to the H200: GPU tests, then the benchmark; logs, JSON and PNG under $OUT.
 # Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of
-#   train,tests,curves,bench,profile or all (train: real CartPole training with every plan, tests/trainer/test_train.py)
+#   train,tests,curves,bench,profile or all (train: real CartPole training with every plan, tests/trainer/runtime/test_train.py)
 #   round2 = bench-core,profile-bf16,bf16,bench-full (issue 14 in one call, ~550 s on one H200), in this order:
 #     bench-core: every method on `core` (eager, compile, compile-bf16, graph, dual, fused, zerocopy,
 #       zerocopy-bf16), 3 windows, no timer-overhead runs      -> $OUT/core/bench.{json,md,png}
@@ -24,7 +24,7 @@
 #   round4 = ab4,tests4,bench4,profile4 (issue 14 round 4, compiled sampling; DEADLINE 560 s, its default here):
 #     ab4: compile-bf16 on `core` from the folders .ab/A and .ab/B (`git archive` exports of two commits,
 #       carried), one child process each, alternating for AB_ROUNDS (1) rounds -> $OUT/ab/bench.{json,md}
-#     tests4: the compiled replay ops against eager on the GPU (tests/trainer/plans/test_replay_ops.py) and
+#     tests4: the compiled replay ops against eager on the GPU (tests/trainer/execution/plans/test_replay_ops.py) and
 #       the core 50-step bf16 equivalence test                      -> $OUT/gpu_tests_round4.log
 #     bench4: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
 #     profile4: kernels per step of zerocopy-bf16+combo on `core` -> $OUT/profile_round4_core.txt
@@ -48,7 +48,7 @@
 #   round7 = small7,tests7,bench7,profile7 (issue 14 round 7: the Triton window attention; DEADLINE 560 s):
 #     small7: the attention's and C51 projection's ways of running, timed alone (scripts/bench_small_ops.py)
 #                                                               -> $OUT/small_ops.txt
-#     tests7: the window-attention kernels against SDPA (tests/trainer/kernels, bf16 too) and the core bf16
+#     tests7: the window-attention kernels against SDPA (tests/trainer/execution/kernels, bf16 too) and the core bf16
 #       equivalence test                                        -> $OUT/gpu_tests_round7.log
 #     bench7: core: compile-bf16, zerocopy-bf16, zerocopy-bf16+combo, 3 windows -> $OUT/core/bench.{json,md,png}
 #     profile7: every kernel of zerocopy-bf16+combo on `core`, with its timeline
@@ -96,7 +96,7 @@
 #   round13f = small13,prof13d: round13d without the bench (DEADLINE 300 s)
 #   round13g = bench13g: `core` with compile, compile-bf16 and zerocopy-bf16+combo (DEADLINE 220 s) -> $OUT/core/
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
-#     tests/trainer/test_collect.py) and the GPU market training test, then the market's train rows
+#     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
 #                                                               -> $OUT/collect/{tests.log,graph-false,graph-true}
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
@@ -152,14 +152,14 @@ quick="--repeats 3 --no-timer-overhead"
 if has train; then
   # every plan trains CartPole from an empty replay; graph = eager bit for bit over 2000 real updates
   timeout "$(left "${TRAIN_TIMEOUT:-300}")" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout 280 \
-    tests/trainer/test_train.py 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_train_tests.log" \
+    tests/trainer/runtime/test_train.py 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_train_tests.log" \
     | grep -E "passed|failed|PASS|FAIL|updates/s|drift|Error|assert" | tail -40
 fi
 if has tests; then
   # curves too: the slow 2000-step TF32 loss-curve test, in the same process (shares compiled kernels)
   marks="gpu and not slow"; has curves && marks="gpu"
   FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m "$marks" \
-    -p no:cacheprovider -q -s -rA --timeout 300 tests/trainer/plans/test_equivalence.py 2>&1 \
+    -p no:cacheprovider -q -s -rA --timeout 300 tests/trainer/execution/plans/test_equivalence.py 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -40
   [ -f "$OUT/loss_curves.json" ] && python3 scripts/plot_loss_curves.py "$OUT/loss_curves.json" "$OUT/loss_curves.png"
 fi
@@ -176,8 +176,8 @@ fi
 if has collect; then
   mkdir -p "$OUT/collect"
   budget=$(left 150)
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" tests/trainer/test_collect.py \
-    "tests/trainer/test_train.py::test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync" 2>&1 \
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" tests/trainer/execution/test_collect.py \
+    "tests/trainer/runtime/test_train.py::test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/collect/tests.log" | grep -E "passed|failed|PASS|FAIL|Error" | tail -8
   for flag in false true; do
     timeout "$(left 120)" python3 -m trainer bench --configs "" --train market --train-plans zerocopy --train-updates 2000 \
@@ -204,13 +204,13 @@ gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   timeout "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
 }
-bf16_test="tests/trainer/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
+bf16_test="tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
 
 # round 2
 has bench-core && bench_preset core eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16 210 $quick
 has profile-bf16 && profile_core profile_zerocopy_bf16_core.txt 80 zerocopy-bf16
 if has bf16; then
-  tests=("$bf16_test[fused-core]" tests/trainer/plans/test_equivalence.py::test_bf16_loss_curves_agree_over_2000_steps)
+  tests=("$bf16_test[fused-core]" tests/trainer/execution/plans/test_equivalence.py::test_bf16_loss_curves_agree_over_2000_steps)
   [ -n "${BF16_FULL:-}" ] && tests+=("$bf16_test[fused-full]")
   FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" gpu_tests gpu_tests_bf16.log 120 "${tests[@]}"
   [ -f "$OUT/loss_curves-bf16.json" ] \
@@ -239,14 +239,14 @@ if has ab4; then
     --configs core --methods compile-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" \
     | grep -i -E "skipping cudagraph|ms/step|ratio|^\|" | tail -16
 fi
-has tests4 && gpu_tests gpu_tests_round4.log 130 tests/trainer/plans/test_replay_ops.py "$bf16_test[fused-core]"
+has tests4 && gpu_tests gpu_tests_round4.log 130 tests/trainer/execution/plans/test_replay_ops.py "$bf16_test[fused-core]"
 has bench4 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 180 $quick
 has profile4 && profile_core profile_round4_core.txt 90 zerocopy-bf16+combo
 
 # round 5 (round5 and round5b: two calls)
 has bench5 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
 has profile5 && TOP=400 profile_core profile_round5_core.txt 250 zerocopy-bf16+combo zerocopy-bf16+combo+nosplitk
-has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/plans/test_replay_ops.py tests/trainer/plans/test_capture.py \
+has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/execution/plans/test_replay_ops.py tests/trainer/execution/plans/test_capture.py \
   "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
 has full5 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
 # round 6
@@ -262,7 +262,7 @@ fi
 # round 7 (round7 and round7b: two calls)
 has small7 && timeout "$(left 90)" python3 scripts/bench_small_ops.py 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops.txt" | tail -8
-has tests7 && MARK="gpu or not gpu" gpu_tests gpu_tests_round7.log 150 tests/trainer/kernels "$bf16_test[fused-core]"
+has tests7 && MARK="gpu or not gpu" gpu_tests gpu_tests_round7.log 150 tests/trainer/execution/kernels "$bf16_test[fused-core]"
 has bench7 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 300 $quick
 has profile7 && TOP=400 TRACE="$OUT/trace" profile_core profile_round7_core.txt 120 zerocopy-bf16+combo
 has full7 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
@@ -275,12 +275,12 @@ if has code9; then
   unset TORCHINDUCTOR_CACHE_DIR
 fi
 # round 10
-has tests10 && gpu_tests gpu_tests_round10.log 170 tests/trainer/replay/test_buffer_gpu.py \
-  tests/trainer/plans/test_replay_ops.py tests/trainer/plans/test_capture.py \
-  "tests/trainer/plans/test_equivalence.py::test_fed_plan_matches_eager_after_50_steps[dual-core]" \
-  "tests/trainer/plans/test_equivalence.py::test_zerocopy_matches_eager_sampling_in_graph[core]" \
-  "tests/trainer/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]" \
-  "tests/trainer/test_train.py::test_cartpole_trains_3000_updates_with_each_plan_from_an_empty_replay[zerocopy-k10]"
+has tests10 && gpu_tests gpu_tests_round10.log 170 tests/trainer/algo/replay/test_buffer_gpu.py \
+  tests/trainer/execution/plans/test_replay_ops.py tests/trainer/execution/plans/test_capture.py \
+  "tests/trainer/execution/plans/test_equivalence.py::test_fed_plan_matches_eager_after_50_steps[dual-core]" \
+  "tests/trainer/execution/plans/test_equivalence.py::test_zerocopy_matches_eager_sampling_in_graph[core]" \
+  "tests/trainer/execution/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]" \
+  "tests/trainer/runtime/test_train.py::test_cartpole_trains_3000_updates_with_each_plan_from_an_empty_replay[zerocopy-k10]"
 has bench10 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 250 $quick
 has profile10 && TOP=400 TRACE="$OUT/trace" profile_core profile_round10_core.txt 120 zerocopy-bf16+combo
 has tests10b && gpu_tests gpu_tests_round10b.log 120 "$bf16_test[fused-combo-core]"
@@ -294,7 +294,7 @@ fi
 has bench11 && bench_preset core compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 280 $quick
 has full11 && bench_preset full compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 500 $quick
 # round 12
-has tests12 && gpu_tests gpu_tests_round12.log 60 tests/trainer/plans/test_replay_ops.py::test_combined_replay_ops_match_eager_on_gpu
+has tests12 && gpu_tests gpu_tests_round12.log 60 tests/trainer/execution/plans/test_replay_ops.py::test_combined_replay_ops_match_eager_on_gpu
 has prof12 && TOP=80 TRACE="$OUT/trace" profile_core profile_round12_core.txt 250 \
   zerocopy-bf16+combo zerocopy-bf16+combo+allcombo
 has bench12 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 260 $quick
@@ -307,14 +307,14 @@ if has prof13; then
   (cd "$TORCHINDUCTOR_CACHE_DIR" && find . -name "*.py" -size +1k | tar -czf "$OUT/inductor_code.tgz" -T -)
   unset TORCHINDUCTOR_CACHE_DIR
 fi
-has tests13 && MARK="gpu or not gpu" gpu_tests gpu_tests_round13.log 220 tests/trainer/kernels/test_spectral.py \
+has tests13 && MARK="gpu or not gpu" gpu_tests gpu_tests_round13.log 220 tests/trainer/execution/kernels/test_spectral.py \
   "$bf16_test[fused-combo-core]" \
-  "tests/trainer/plans/test_equivalence.py::test_fed_plan_matches_eager_after_50_steps[dual-core]" \
-  "tests/trainer/plans/test_equivalence.py::test_zerocopy_matches_eager_sampling_in_graph[core]" \
-  "tests/trainer/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]"
+  "tests/trainer/execution/plans/test_equivalence.py::test_fed_plan_matches_eager_after_50_steps[dual-core]" \
+  "tests/trainer/execution/plans/test_equivalence.py::test_zerocopy_matches_eager_sampling_in_graph[core]" \
+  "tests/trainer/execution/plans/test_equivalence.py::test_guard_skips_poisoned_step_inside_graph[dual]"
 has prof13b && TOP=60 TRACE="$OUT/trace" profile_core profile_round13b_core.txt 330 \
   zerocopy-bf16+combo zerocopy-bf16+combo+nosplitred
-has tests13d && MARK="gpu or not gpu" gpu_tests gpu_tests_round13d.log 150 tests/trainer/kernels/test_spectral.py \
+has tests13d && MARK="gpu or not gpu" gpu_tests gpu_tests_round13d.log 150 tests/trainer/execution/kernels/test_spectral.py \
   "$bf16_test[fused-combo-core]"
 has prof13d && TOP=400 TRACE="$OUT/trace" profile_core profile_round13d_core.txt 120 zerocopy-bf16+combo
 has bench13 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3

@@ -11,7 +11,7 @@ the profiler's kernels per step: use them to compare two versions of the step, b
 device time.
 
 `--as-plan` compiles the step as the fused plan does: the stream router's sections (attention, IQL, the
-guard's join) as calls Dynamo breaks around (`trainer.plans.fused._EagerSections`, over a router
+guard's join) as calls Dynamo breaks around (`trainer.execution.plans.fused._EagerSections`, over a router
 with no streams), so the step is several graphs; it also counts the ATen ops the step runs outside
 every compiled graph (each an eager kernel on a GPU), from the profiler.
 """
@@ -30,13 +30,13 @@ import torch
 from torch._inductor.utils import run_and_get_code
 from torch.profiler import ProfilerActivity, profile
 
-from trainer.bench import BenchOptions, bench_spec, fill_with_random_transitions, preset_config
-from trainer.model import ModelDims
-from trainer.plans._capture import StreamRouter, precision_scope
-from trainer.plans.fused import _EagerSections, compile_step
-from trainer.replay.buffer import ReplayBuffer
-from trainer.state import TrainState
-from trainer.step import NO_TIMER, Draws, Hyper, SectionTimer, StepFlags, train_step
+from trainer.algo.model import ModelDims
+from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.state import TrainState
+from trainer.algo.step import NO_TIMER, Draws, Hyper, SectionTimer, StepFlags, train_step
+from trainer.execution.plans._capture import StreamRouter, precision_scope
+from trainer.execution.plans.fused import _EagerSections, compile_step
+from trainer.tools.bench import BenchOptions, bench_spec, fill_with_random_transitions, preset_config
 
 GENERATED = re.compile(r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+)(?:\.run)?\(", re.M)
 EXTERN = re.compile(r"(extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?|aten\.\w+(?:\.\w+)?)\(")

@@ -4,7 +4,7 @@ Usage: python scripts/profile_step.py [--preset core] [--variant NAME ...] [--st
 A variant is a bench method (a plan name or "compile", with an optional precision suffix as in the
 bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") with optional flags:
 "+tree" (sum-tree sampling instead of the bench's cumulative-sum search), e.g. "zerocopy-bf16+tree";
-"+nosplitk" (bf16 products without split-K, through cuBLASLt: `trainer.plans._capture.bf16_split_k`),
+"+nosplitk" (bf16 products without split-K, through cuBLASLt: `trainer.execution.plans._capture.bf16_split_k`),
 e.g. "zerocopy-bf16+combo+nosplitk"; "+combo16" (up to 16 kernels in one of Inductor's combined kernels
 instead of its default 8), e.g. "zerocopy-bf16+combo+combo16"; "+allcombo" (every combined kernel kept,
 not only those Inductor's benchmark finds faster); "+nosplitred" (no reduction split into two kernels,
@@ -34,7 +34,14 @@ import torch
 from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
-from trainer.bench import (
+from trainer.algo.model import ModelDims
+from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.state import TrainState
+from trainer.execution.plans._capture import bf16_split_k
+from trainer.execution.plans.base import Plan
+from trainer.execution.plans.fused import HORIZONTAL_OPTIONS, compile_replay_ops, compile_step
+from trainer.runtime.timing import StepTimer
+from trainer.tools.bench import (
     HORIZONTAL,
     BenchOptions,
     bench_spec,
@@ -43,13 +50,6 @@ from trainer.bench import (
     preset_config,
     run_steps,
 )
-from trainer.model import ModelDims
-from trainer.plans._capture import bf16_split_k
-from trainer.plans.base import Plan
-from trainer.plans.fused import HORIZONTAL_OPTIONS, compile_replay_ops, compile_step
-from trainer.replay.buffer import ReplayBuffer
-from trainer.state import TrainState
-from trainer.timing import StepTimer
 
 KINDS = ("matmul", "triton", "other")
 MATMUL_MARKS = ("gemm", "cutlass", "xmma", "splitKreduce", "cublas", "fmha", "flash", "nvjet")

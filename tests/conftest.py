@@ -20,7 +20,7 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 import torch  # after the settings above, which torch reads when it is imported
 
 if not torch.cuda.is_available():
-    # The trainer's Triton kernels (trainer/kernels/) run on the CPU through Triton's interpreter. Read
+    # The trainer's Triton kernels (trainer/execution/kernels/) run on the CPU through Triton's interpreter. Read
     # when a kernel is decorated, so here, before any test module (of any folder) imports the trainer.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

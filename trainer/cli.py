@@ -72,10 +72,10 @@ def train(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train one agent and write config.json, progress.json, summary.json and checkpoints to the run dir."""
-    from trainer.checkpoint import CheckpointError
-    from trainer.data.offline import DatasetError
-    from trainer.progress import ProgressReporter
-    from trainer.train import default_run_dir, run_training
+    from trainer.execution.data.offline import DatasetError
+    from trainer.runtime.checkpoint import CheckpointError
+    from trainer.runtime.progress import ProgressReporter
+    from trainer.runtime.train import default_run_dir, run_training
 
     reporter = ProgressReporter.from_env()  # in a pod: reports also go to the controller
     try:
@@ -143,8 +143,8 @@ def bench(
 
     import torch
 
-    from trainer.bench import BenchOptions, check_options, run_bench
-    from trainer.bench_report import format_table, write_outputs
+    from trainer.tools.bench import BenchOptions, check_options, run_bench
+    from trainer.tools.bench_report import format_table, write_outputs
 
     options = BenchOptions(
         configs=[c for c in configs.split(",") if c],
@@ -172,7 +172,7 @@ def bench(
     try:
         check_options(options)
         for preset in options.configs:
-            from trainer.bench import preset_config
+            from trainer.tools.bench import preset_config
 
             preset_config(preset, options)
     except (ValueError, ConfigError) as error:
@@ -184,7 +184,7 @@ def bench(
         raise fail("--train rows run in the bench's own process: not with --isolate or --ab")
     log = lambda line: typer.echo(line, err=True)  # noqa: E731
     if isolate or sources:
-        from trainer.bench_isolated import run_isolated
+        from trainer.tools.bench_isolated import run_isolated
 
         try:
             document = run_isolated(options, target.type, log, sources or None, rounds if sources else 1)
@@ -196,7 +196,7 @@ def bench(
     typer.echo(format_table(document))
     pushgateway = os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
     if pushgateway:
-        from trainer.metrics import push_bench
+        from trainer.runtime.metrics import push_bench
 
         push_bench(document, pushgateway, os.environ.get("FOXHUNT_JOB_ID") or "bench")
 
@@ -245,9 +245,9 @@ def check(
     falls back, so a job whose plan cannot run here stops in minutes instead of hours into train."""
     import warnings
 
-    from trainer.data.offline import DatasetError
-    from trainer.plans import PlanFallbackWarning
-    from trainer.train import run_check
+    from trainer.execution.data.offline import DatasetError
+    from trainer.execution.plans import PlanFallbackWarning
+    from trainer.runtime.train import run_check
 
     try:
         cfg = load_config(config, override or [])
@@ -282,7 +282,7 @@ def report(
     run_dir: Annotated[Path, typer.Option(help="A finished run's folder (summary.json).")],
 ) -> None:
     """Print a finished run's step breakdown, then its summary as one JSON line (the pipeline's result)."""
-    from trainer.timing import format_breakdown
+    from trainer.runtime.timing import format_breakdown
 
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -334,7 +334,14 @@ def sweep(
 
     Exit code: 0 when every seed finished (and reached --threshold if given), 1 when a seed's process
     failed, 3 when every seed finished but one is below the threshold, 2 on bad input."""
-    from trainer.sweep import SweepOptions, exit_code, format_markdown, install_stop_signals, parse_seeds, run_sweep
+    from trainer.tools.sweep import (
+        SweepOptions,
+        exit_code,
+        format_markdown,
+        install_stop_signals,
+        parse_seeds,
+        run_sweep,
+    )
 
     try:
         if config is None:
@@ -365,7 +372,7 @@ SpaceOption = Annotated[
 
 def _hyperopt_call(body: Callable[[], None]) -> None:
     """Bad input exits 2; a crashed trial (recorded FAIL) or a study with no completed trial exits 1."""
-    from trainer.hyperopt import HyperoptError, TrialFailed
+    from trainer.tools.hyperopt import HyperoptError, TrialFailed
 
     try:
         body()
@@ -391,7 +398,7 @@ def hyperopt_run(
     ] = None,
 ) -> None:
     """The whole search locally: trials one after another, then the best config trained in full."""
-    from trainer.hyperopt import load_space, search
+    from trainer.tools.hyperopt import load_space, search
 
     def body() -> None:
         base = load_config(config)
@@ -412,7 +419,7 @@ def hyperopt_suggest(
     space: SpaceOption = None,
 ) -> None:
     """Create the study if needed, ask the missing trials, print the unfinished trial numbers as JSON."""
-    from trainer.hyperopt import check_space, load_space, open_study, suggest
+    from trainer.tools.hyperopt import check_space, load_space, open_study, suggest
 
     def body() -> None:
         base = load_config(config)
@@ -435,7 +442,7 @@ def hyperopt_trial(
     trial_steps: Annotated[int | None, typer.Option(min=1, help="run.steps of the trial (default: config's).")] = None,
 ) -> None:
     """Train one trial with its stored parameters and tell the study its objective (or FAIL)."""
-    from trainer.hyperopt import open_study, run_trial
+    from trainer.tools.hyperopt import open_study, run_trial
 
     def body() -> None:
         base = load_config(config)
@@ -454,7 +461,7 @@ def hyperopt_best(
     config: ConfigOption = None,
 ) -> None:
     """Write base config + the best completed trial's parameters, for the full training run."""
-    from trainer.hyperopt import open_study, write_best_config
+    from trainer.tools.hyperopt import open_study, write_best_config
 
     def body() -> None:
         base = load_config(config)

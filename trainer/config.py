@@ -253,7 +253,8 @@ class RunConfig(_Section):
             "CUDA graph, timed as the one component collect_graph; the same numbers as uncaptured collection. Applies "
             "while those steps fit in one market episode; off, or elsewhere, collection runs an operation at a time, "
             "timed as act, env and store. On an H200 it equals uncaptured collection bit for bit "
-            "(tests/trainer/test_collect.py) and cuts the market's collection from 0.91 to 0.28 ms per update."
+            "(tests/trainer/execution/test_collect.py) and "
+            "cuts the market's collection from 0.91 to 0.28 ms per update."
         ),
     )
 
@@ -287,7 +288,7 @@ class TrainConfig(_Section):
 
 # ---- what a job asks beyond its config: the model, and its length in epochs ---------------------
 MODELS: tuple[str, ...] = ("dqn",)
-"""The models this trainer trains (a job's `model`): the distributional DQN of trainer/model.py."""
+"""The models this trainer trains (a job's `model`): the distributional DQN of trainer/algo/model.py."""
 
 
 def check_model(model: str) -> None:

@@ -11,7 +11,7 @@ missing and started on free ports with temporary storage. Everything they hold c
 - one short job of pool `push-pool` that trains exactly one epoch and pushes its final snapshot
   (FOXHUNT_PUSHGATEWAY_URL), as short jobs do;
 - one `python -m trainer bench` run whose per-plan step times go to the Pushgateway through
-  `trainer.metrics.export_bench` (only `eager` runs on a CPU: other plans would fall back to it).
+  `trainer.runtime.metrics.export_bench` (only `eager` runs on a CPU: other plans would fall back to it).
 
 Trainers run with one intra-op thread: at these widths, two threads on a shared 2-core machine make
 each step 5x slower. Every wait polls an event with a deadline; nothing sleeps blindly.
@@ -37,7 +37,7 @@ import yaml
 from tests.polling import wait_until
 from tests.ports import free_port
 from tests.system_packages import ensure_debian_packages
-from trainer.metrics import push_bench
+from trainer.runtime.metrics import push_bench
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -253,7 +253,7 @@ def running_stack(binaries: dict[str, str], workdir: Path) -> Iterator[PromStack
     can each run a stack of their own.
     """
     from trainer.config import STEPS_PER_EPOCH
-    from trainer.train import EXIT_TERMINATED  # what a trainer exits with after SIGTERM (it checkpoints first)
+    from trainer.runtime.train import EXIT_TERMINATED  # what a trainer exits with after SIGTERM (it checkpoints first)
 
     processes: list[Process] = []
     stack: PromStack | None = None

@@ -8,7 +8,7 @@ import pytest
 from torch._inductor import config as inductor_config
 
 from scripts.profile_step import _combo_grouping, flags_scope, split_variant
-from trainer.plans.fused import HORIZONTAL_OPTIONS
+from trainer.execution.plans.fused import HORIZONTAL_OPTIONS
 
 
 def test_a_variant_splits_into_the_bench_method_and_its_flags() -> None:

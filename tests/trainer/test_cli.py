@@ -237,7 +237,7 @@ def test_train_without_a_config_warns_before_a_gpu_sized_run_on_the_cpu(
     if torch.cuda.is_available():
         pytest.skip("the warning is for machines without a GPU")
     started: list[int] = []
-    monkeypatch.setattr("trainer.train.run_training", lambda config, *a, **k: started.append(config.run.steps))
+    monkeypatch.setattr("trainer.runtime.train.run_training", lambda config, *a, **k: started.append(config.run.steps))
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     result = invoke("train", *args, "--run-dir", str(tmp_path / "run"), "--no-progress")
     assert result.exit_code == 0, result.output

@@ -15,13 +15,13 @@ SCRIPT = forbid("matplotlib", "matplotlib on the training path") + textwrap.dede
     import importlib, sys, tempfile
     from pathlib import Path
 
-    root = Path(sys.argv[1])  # every file, namespace folders (trainer/kernels) too
+    root = Path(sys.argv[1])  # every file, namespace folders (trainer/execution/kernels) too
     names = [".".join(p.relative_to(root.parent).with_suffix("").parts) for p in sorted(root.rglob("*.py"))]
     for name in names:
         if not name.endswith("__main__"):  # runs the CLI when imported
             importlib.import_module(name.removesuffix(".__init__"))
     from trainer.config import load_config
-    from trainer.train import run_training
+    from trainer.runtime.train import run_training
     tiny = ["data.source=gym", "data.env_id=CartPole-v1", "run.steps=2", "run.batch_size=16",
             "replay.capacity=512", "data.learning_starts=64", "model.hidden=32", "model.head_hidden=32",
             "run.cpu_threads=1", "run.eval_episodes=1"]

@@ -1,1 +1,0 @@
-"""Triton kernels, each replacing one named function of the maths (`trainer.model`, `trainer.losses`)."""
