@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     auth_disabled: bool = Field(False, description="Dev mode: no tokens, every caller is tenant 'default'.")
     default_tenant: str = Field("default", description="The tenant of every caller when auth is disabled.")
     cancel_grace_seconds: float = Field(30.0, ge=0.0, description="Graceful stop time before a forced one.")
+    image_pull_grace_seconds: float = Field(
+        120.0, ge=0.0, description="How long a step's pod may wait for an image it cannot pull before the job fails."
+    )
     reconcile_interval_seconds: float = Field(5.0, gt=0.0, description="Period of the full list reconcile.")
     run_reconciler: bool = Field(True, description="Start the reconciler threads with the app.")
     migrate_on_start: bool = Field(True, description="Run `alembic upgrade head` when the app is created.")
@@ -66,6 +69,18 @@ class Settings(BaseSettings):
     )
     leader_election_retry_seconds: float = Field(
         2.0, gt=0.0, description="Period of the renewals, and of the other replicas' tries (< renew deadline)."
+    )
+    max_body_bytes: int = Field(
+        1 << 20,
+        ge=1,
+        le=1 << 30,
+        description="Longest request body the API reads; a longer one is refused (413) before it is read.",
+    )
+    body_timeout_seconds: float = Field(
+        15.0,
+        gt=0.0,
+        le=3600.0,
+        description="Time a request's whole body may take to arrive; a stalled body is refused (408), its connection closed.",
     )
     host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")

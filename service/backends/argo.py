@@ -26,6 +26,12 @@ Failed/Error + spec.shutdown      CANCELLED  Stopped (shutdown: Stop) or Termina
 anything else         PENDING     UnknownPhase
 ====================  ==========  ==============================================================
 
+A step whose image cannot be pulled leaves its pod Pending for ever (Argo names the kubelet's reason
+in the pod node's message: "ImagePullBackOff: Back-off pulling image …"). Once a pod has waited so for
+`image_pull_grace_seconds`, the backend records its verdict on the Workflow (the annotation
+`foxhunt.io/failure`) and terminates it in the same patch; a Workflow carrying that annotation is
+FAILED with reason ImagePullFailed and the step and image in its message, whatever its phase.
+
 Transient API failures (connection errors, 5xx, 429) are retried with bounded exponential backoff,
 counted in `retries` by cause, and end in BackendUnavailable: never in a job state.
 """
@@ -40,7 +46,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Generator, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +71,8 @@ LABEL_JOB = "foxhunt.io/job-id"
 LABEL_TENANT = "foxhunt.io/tenant"
 LABEL_POOL = "foxhunt.io/pool"
 LABEL_ATTEMPT = "foxhunt.io/attempt"
+FAILURE_ANNOTATION = "foxhunt.io/failure"  # the controller's verdict on a Workflow it terminated
+IMAGE_PULL_FAILURES = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
 MANAGED_BY = ("app.kubernetes.io/managed-by", "foxhunt")
 SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 POD_WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
@@ -181,8 +189,23 @@ def _failed_step(status: dict[str, Any]) -> str | None:
     return f"step {step} failed: {last.get('message') or last.get('phase')}"
 
 
+def stuck_image_pull(status: dict[str, Any], now: datetime, grace_seconds: float) -> str | None:
+    """ "step train cannot start: ImagePullBackOff: Back-off pulling image …" when a step's pod has waited
+    for its image longer than the grace (a registry's hiccup is retried by the kubelet meanwhile)."""
+    for node in (status.get("nodes") or {}).values():
+        message = node.get("message") or ""
+        if node.get("type") != "Pod" or node.get("phase") != "Pending" or not message.startswith(IMAGE_PULL_FAILURES):
+            continue
+        started = _time(node.get("startedAt"))
+        if started is None or (now - started).total_seconds() >= grace_seconds:
+            return f"step {node.get('templateName') or node.get('displayName') or '?'} cannot start: {message}"
+    return None
+
+
 def status_from_workflow(obj: dict[str, Any]) -> BackendStatus:
     """Map one Workflow object (as the API returns it) to our status; see the module docstring."""
+    metadata = obj.get("metadata") or {}
+    verdict = (metadata.get("annotations") or {}).get(FAILURE_ANNOTATION)
     status = obj.get("status") or {}
     phase = status.get("phase") or ""
     message = status.get("message") or ""
@@ -192,11 +215,13 @@ def status_from_workflow(obj: dict[str, Any]) -> BackendStatus:
         state = JobState.CANCELLED
     if state in (JobState.FAILED, JobState.ERROR):
         message = _failed_step(status) or message
-    metadata = obj.get("metadata") or {}
+    reason = _reason(state, phase, message, shutdown)
+    if verdict:
+        state, reason, message = JobState.FAILED, "ImagePullFailed", verdict
     return BackendStatus(
         job_id=(metadata.get("labels") or {}).get(LABEL_JOB, metadata.get("name", "")),
         state=state,
-        reason=_reason(state, phase, message, shutdown),
+        reason=reason,
         phase=phase,
         message=message or None,
         started_at=_time(status.get("startedAt")),
@@ -238,7 +263,9 @@ class ArgoBackend:
         request_timeout: float = 30.0,
         poll_seconds: float = 2.0,
         page_size: int = 500,
+        image_pull_grace_seconds: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.namespace = namespace
         self.progress_secret = progress_secret
@@ -249,7 +276,9 @@ class ArgoBackend:
         self.request_timeout = request_timeout
         self.poll_seconds = poll_seconds
         self.page_size = page_size
+        self.image_pull_grace_seconds = image_pull_grace_seconds
         self._sleep = sleep
+        self._clock = clock
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
         self.retries: collections.Counter[str] = collections.Counter()  # connection / server_error / throttled
@@ -271,6 +300,7 @@ class ArgoBackend:
             client.ApiClient(configuration),
             progress_secret=settings.progress_secret.get_secret_value(),
             template=settings.argo_workflow_template,
+            image_pull_grace_seconds=settings.image_pull_grace_seconds,
         )
 
     # ---- the Backend interface ----------------------------------------------------------------
@@ -296,11 +326,11 @@ class ArgoBackend:
         return status_from_workflow(obj)
 
     def status(self, job_id: str) -> BackendStatus:
-        return status_from_workflow(self._latest(job_id))
+        return status_from_workflow(self._judged(self._latest(job_id)))
 
     def list_statuses(self) -> list[BackendStatus]:
         items, _ = self._list_all()
-        return [status_from_workflow(obj) for _, obj in sorted(_latest_per_job(items).items())]
+        return [status_from_workflow(self._judged(obj)) for _, obj in sorted(_latest_per_job(items).items())]
 
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         """JSON merge patch of spec.shutdown; a no-op on an ended job or one already being terminated."""
@@ -411,6 +441,29 @@ class ArgoBackend:
             raise BackendUnavailable(f"Kubernetes API not usable: {_describe(error)}") from error
 
     # ---- helpers ------------------------------------------------------------------------------
+    def _judged(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The Workflow, failed and terminated first if a step's image cannot be pulled (see the module
+        docstring): one merge patch records the verdict and stops the pods that wait."""
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        phase = (obj.get("status") or {}).get("phase") or ""
+        if FAILURE_ANNOTATION in annotations or phase not in ("", "Pending", "Running"):
+            return obj
+        verdict = stuck_image_pull(obj.get("status") or {}, self._clock(), self.image_pull_grace_seconds)
+        if verdict is None:
+            return obj
+        name = obj["metadata"]["name"]
+        patch = {"metadata": {"annotations": {FAILURE_ANNOTATION: verdict}}, "spec": {"shutdown": "Terminate"}}
+        return self._call(
+            f"fail Workflow {name}",
+            self._custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            name,
+            patch,
+        )
+
     def _read_workflow(self, name: str) -> dict[str, Any]:
         return self._call(
             f"read Workflow {name}",
@@ -469,7 +522,7 @@ class ArgoBackend:
         self, obj: dict[str, Any], seen: dict[str, BackendStatus], attempts: dict[str, int]
     ) -> Iterator[BackendStatus]:
         """Yield the object's status if it is the job's newest attempt and differs from the last one."""
-        status = status_from_workflow(obj)
+        status = status_from_workflow(self._judged(obj))
         if _attempt(obj) < attempts.get(status.job_id, 0) or seen.get(status.job_id) == status:
             return
         attempts[status.job_id] = _attempt(obj)

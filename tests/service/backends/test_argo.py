@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.app import create_app
 from service.auth import create_token
 from service.backends.argo import (
+    FAILURE_ANNOTATION,
     ArgoBackend,
     _shut_down,
     pod_spec_patch,
@@ -321,6 +323,37 @@ def test_status_of_a_shut_down_workflow(
     fake_kube.update_workflow("job-1", lambda w: w["spec"].update(shutdown=shutdown))
     fake_kube.set_phase("job-1", phase, f"Stopped with strategy '{shutdown}'")
     assert (argo.status("job-1").state, argo.status("job-1").reason) == (state, reason)
+
+
+PULL_BACKOFF = 'ImagePullBackOff: Back-off pulling image "foxhunt-trainer:deadbeef00"'
+
+
+def _at(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_step_waiting_for_an_image_within_the_grace_is_running(fake_kube: FakeKube) -> None:
+    argo = argo_backend(fake_kube, image_pull_grace_seconds=60.0)
+    argo.submit(job_spec())
+    fake_kube.wait_for_image("job-1", "resolve", PULL_BACKOFF, started=_at(time.time() - 30))
+    assert argo.status("job-1").state is JobState.RUNNING
+    assert "shutdown" not in fake_kube.workflow("job-1")["spec"]
+
+
+def test_a_step_whose_image_cannot_be_pulled_fails_the_job_and_terminates_its_workflow(fake_kube: FakeKube) -> None:
+    argo = argo_backend(fake_kube, image_pull_grace_seconds=60.0)
+    argo.submit(job_spec())
+    fake_kube.wait_for_image("job-1", "resolve", PULL_BACKOFF, started=_at(time.time() - 61))
+
+    [status] = argo.list_statuses()  # the reconciler's pass
+    assert (status.state, status.reason) == (JobState.FAILED, "ImagePullFailed")
+    assert status.message == f"step resolve cannot start: {PULL_BACKOFF}"  # names the step and the image
+    obj = fake_kube.workflow("job-1")
+    assert obj["spec"]["shutdown"] == "Terminate"  # its pods stop waiting
+    assert obj["metadata"]["annotations"][FAILURE_ANNOTATION] == status.message
+    # Argo then ends the terminated Workflow as it ends a cancelled one; the verdict stands.
+    fake_kube.set_phase("job-1", "Failed", "Stopped with strategy 'Terminate'")
+    assert argo.status("job-1").state is JobState.FAILED and argo.status("job-1").reason == "ImagePullFailed"
 
 
 def test_unknown_phase_is_pending_not_a_failure() -> None:

@@ -161,6 +161,22 @@ class FakeKube:
 
         return self.update_workflow(name, change)
 
+    def wait_for_image(self, name: str, template: str, message: str, started: str) -> Obj:
+        """A step's pod node Pending on its image, as a real Argo shows one whose image cannot be pulled
+        (seen on the test cluster's real node, tests/cluster): the kubelet's reason, then its message."""
+
+        def change(obj: Obj) -> None:
+            status = obj.setdefault("status", {})
+            status["phase"] = "Running"
+            status.setdefault("startedAt", started)
+            node_id = f"{name}-{abs(hash(template)) % 10**10}"
+            status.setdefault("nodes", {})[node_id] = {
+                "id": node_id, "name": f"{name}[0].{template}", "displayName": template, "type": "Pod",
+                "templateName": template, "phase": "Pending", "message": message, "startedAt": started,
+            }  # fmt: skip
+
+        return self.update_workflow(name, change)
+
     def delete_workflow(self, name: str) -> None:
         """Delete as Argo's TTL / GC would."""
         self.state.delete("workflows", self.namespace, name)
