@@ -8,6 +8,12 @@ resourceVersion it read: of two replicas that take an expired Lease at once, the
 through and answers 409 Conflict to the other. A holder that cannot renew for `renew_deadline_seconds`
 (shorter than the lease) stops leading before another replica may take over. A graceful stop
 releases the Lease, so that another replica takes over at its next try instead of after expiry.
+
+`leading` is checked by the clock, not only by what the election thread last decided: it is true
+only while less than the renew deadline has passed since the start of the last successful renew
+(as client-go's leader election does). A process that was stopped (SIGSTOP, a long GC pause, a
+starved thread) wakes up with its flag still set but its deadline gone, and does not act before its
+election thread has renewed again.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class LeaderElector:
         renew_deadline_seconds: float,
         retry_seconds: float,
         on_change: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not retry_seconds < renew_deadline_seconds < lease_seconds:
             raise ValueError(
@@ -60,6 +67,7 @@ class LeaderElector:
         self.renew_deadline = renew_deadline_seconds
         self.retry = retry_seconds
         self.on_change = on_change
+        self.clock = clock
         self._leading = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,7 +95,9 @@ class LeaderElector:
 
     @property
     def leading(self) -> bool:
-        return self._leading.is_set()
+        """Whether this replica holds the Lease now: taken or renewed less than the renew deadline ago, by the
+        clock (a flag alone may be stale after a stall), so it stops acting before another replica may take over."""
+        return self._leading.is_set() and self.clock() - self._renewed_at < self.renew_deadline
 
     def start(self) -> None:
         self._stop.clear()
@@ -111,7 +121,7 @@ class LeaderElector:
 
     def attempt(self) -> bool:
         """One try to take or renew the Lease; True while this replica leads."""
-        now = time.monotonic()
+        now = self.clock()  # before the request: the Lease is valid from when it was asked for, not answered
         try:
             held: bool | None = self._take_or_renew()
         except (ApiException, HTTPError, OSError) as error:
@@ -125,7 +135,7 @@ class LeaderElector:
         return self.leading
 
     def _set_leading(self, leading: bool) -> None:
-        if leading == self.leading:
+        if leading == self._leading.is_set():
             return
         if leading:
             self._leading.set()
@@ -146,7 +156,7 @@ class LeaderElector:
         spec = lease.spec or client.V1LeaseSpec()
         holder = spec.holder_identity or None
         version = lease.metadata.resource_version if lease.metadata else None
-        now = time.monotonic()
+        now = self.clock()
         if (holder, version) != self._observed:
             self._observed, self._observed_at = (holder, version), now
         duration = spec.lease_duration_seconds or self.lease_seconds
@@ -179,7 +189,7 @@ class LeaderElector:
                 return False
             raise
         written_version = written.metadata.resource_version if written.metadata else None
-        self._observed, self._observed_at = (self.identity, written_version), time.monotonic()
+        self._observed, self._observed_at = (self.identity, written_version), self.clock()
         return True
 
     def _release(self) -> None:

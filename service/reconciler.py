@@ -11,6 +11,10 @@ A per-job call that fails otherwise (a cancel the backend refuses) is logged, co
 foxhunt_backend_errors_total and retried next pass, while the other jobs are handled. Only an
 unreachable backend or store fails a whole pass; `failing` turns true after FAILING_PASSES failed
 passes in a row, and /readyz then answers 503.
+
+With leader election, leadership is checked by the clock (service/leader.py) before each pass and
+again before each backend call within it: a replica that stalled mid-pass (SIGSTOP, a long pause)
+and lost the Lease meanwhile ends the pass at its next call instead of acting beside the new leader.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ log = logging.getLogger(__name__)
 
 FAILING_PASSES = 3
 """Failed passes in a row after which the reconciler counts as failing (and /readyz says 503)."""
+
+
+class NotLeading(Exception):
+    """The Lease was lost (or its renew deadline passed) during a pass: the rest of the pass is skipped."""
 
 
 class Leadership(Protocol):
@@ -131,12 +139,16 @@ class Reconciler:
         with self._pass_lock:
             started = time.monotonic()
             try:
+                self._check_leading()
                 self._expire_deadlines()  # the store alone: deadlines pass while the backend is down too
                 self._submit_queued()
                 self._sync()
             except BackendUnavailable as error:
                 log.warning("backend unavailable during reconcile: %s", error)
                 self._pass_failed(error)
+                return False
+            except NotLeading:
+                log.info("reconcile pass stopped: this replica no longer holds the Lease")
                 return False
             except Exception as error:
                 self._pass_failed(error)
@@ -145,6 +157,11 @@ class Reconciler:
             self.last_success = time.monotonic()
             self.metrics.reconcile_seconds.observe(self.last_success - started)
             return True
+
+    def _check_leading(self) -> None:
+        """Before each pass and each backend call: a replica whose Lease may have passed to another acts no more."""
+        if not self.leading:
+            raise NotLeading
 
     def _pass_failed(self, error: Exception) -> None:
         self.failed_passes += 1
@@ -185,6 +202,7 @@ class Reconciler:
             except UnknownPool as error:  # the pool left the pools file while the job waited
                 self._bad_job(job, "UnknownPool", str(error))
                 continue
+            self._check_leading()
             try:
                 status = self.backend.submit(spec)
             except BackendUnavailable as error:
@@ -208,6 +226,7 @@ class Reconciler:
                 self._send_cancel(after, force=False)
 
     def _sync(self) -> None:
+        self._check_leading()
         try:
             statuses = self.backend.list_statuses()
         except BackendUnavailable as error:
@@ -245,6 +264,7 @@ class Reconciler:
             return
         if not force and key in self._cancel_sent:
             return
+        self._check_leading()
         try:
             self.backend.cancel(job.id, force=force)
         except BackendNotFound as error:

@@ -12,14 +12,23 @@ from typing import Any
 import pytest
 import sqlalchemy
 import yaml
+from kubernetes import client
+from prometheus_client import CollectorRegistry
 
 from service.app import create_app
+from service.backends.local import LocalBackend
+from service.domain import BackendStatus, JobSpec
 from service.leader import LeaderElector
+from service.metrics import ControllerMetrics
+from service.pools import Pools
+from service.reconciler import Reconciler
+from service.store import Store
 from tests.polling import wait_until
-from tests.service.backends.conftest import argo_backend
+from tests.service.backends.conftest import argo_backend, kube_client
 from tests.service.conftest import Controller
-from tests.service.factories import make_settings
+from tests.service.factories import make_settings, stand_in_command
 from tests.service.fake_kube import FakeKube
+from tests.service.test_store import new_job
 
 LEASE = "foxhunt-controller"
 LEASE_SECONDS = 1
@@ -149,3 +158,116 @@ def test_lease_timings_must_nest() -> None:
             renew_deadline_seconds=2.0,
             retry_seconds=0.1,
         )
+
+
+class Clock:
+    """A monotonic clock the test moves: a stall of any length, without waiting for it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stallable_elector(fake: FakeKube, clock: Clock) -> LeaderElector:
+    """An elector whose renew thread is not started: the test decides when it renews (here: never again)."""
+    return LeaderElector(
+        client.CoordinationV1Api(kube_client(fake)),
+        namespace=fake.namespace,
+        name=LEASE,
+        identity="stalled",
+        lease_seconds=15,
+        renew_deadline_seconds=10,
+        retry_seconds=2,
+        clock=clock,
+    )
+
+
+def test_a_holder_that_has_not_renewed_for_the_renew_deadline_no_longer_leads(fake: FakeKube) -> None:
+    clock = Clock()
+    elector = _stallable_elector(fake, clock)
+    assert elector.attempt() and elector.leading
+    clock.now += 9.9
+    assert elector.leading  # within the renew deadline
+    clock.now += 0.2  # stalled past it: the election thread never ran to clear its flag
+    assert not elector.leading
+    assert elector.attempt() and elector.leading  # the Lease is still ours: renewed, leading again
+
+
+class StallingBackend:
+    """A real LocalBackend whose calls are recorded; the first submit stalls the process past the renew
+    deadline (the clock jumps, as after a SIGSTOP), as if the replica froze in the middle of a pass."""
+
+    def __init__(self, inner: LocalBackend, clock: Clock, stall: float) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.clock = clock
+        self.stall = stall
+        self.calls: list[str] = []
+
+    def submit(self, spec: JobSpec) -> BackendStatus:
+        self.calls.append(f"submit {spec.job_id}")
+        status = self.inner.submit(spec)
+        self.clock.now += self.stall
+        return status
+
+    def status(self, job_id: str) -> BackendStatus:
+        self.calls.append(f"status {job_id}")
+        return self.inner.status(job_id)
+
+    def list_statuses(self) -> list[BackendStatus]:
+        self.calls.append("list")
+        return self.inner.list_statuses()
+
+    def cancel(self, job_id: str, *, force: bool = False) -> None:
+        self.calls.append(f"cancel {job_id}")
+        self.inner.cancel(job_id, force=force)
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+        return self.inner.logs(job_id, follow=follow)
+
+    def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:
+        self.calls.append("watch")
+        return self.inner.watch(timeout_seconds=timeout_seconds)
+
+    def ping(self) -> None:
+        self.inner.ping()
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    store = Store(database_url)
+    store.migrate()
+    yield store
+    store.dispose()
+
+
+def test_a_leader_stalled_past_its_renew_deadline_makes_no_further_backend_call(
+    tmp_path: Path, fake: FakeKube, store: Store
+) -> None:
+    """A replica frozen mid-pass wakes with its `leading` flag still set: it must not go on acting."""
+    clock = Clock()
+    elector = _stallable_elector(fake, clock)
+    inner = LocalBackend(tmp_path / "jobs", command=stand_in_command(), gpus=0, poll_seconds=0.05)
+    backend = StallingBackend(inner, clock, stall=10.5)
+    for job_id in ("job-a", "job-b"):
+        store.insert_job(new_job(job_id, pool="local"))
+    reconciler = Reconciler(
+        store,
+        backend,
+        Pools.local(0),
+        ControllerMetrics(CollectorRegistry()),
+        interval_seconds=5,
+        grace_seconds=30,
+        leader=elector,
+    )
+    assert elector.attempt()
+    assert reconciler.reconcile_once() is False, backend.calls  # the pass ended at the first call after the stall
+    assert backend.calls == ["submit job-a"]  # neither job-b's submit nor the list went out
+    assert reconciler.failing is None and reconciler.failed_passes == 0  # not a failure: another replica's turn
+    backend.calls.clear()
+    assert reconciler.reconcile_once() is False  # a pass that starts after the deadline does nothing at all
+    assert backend.calls == []
+    assert [job.id for job in store.jobs_to_submit()] == ["job-b"]
+    inner.cancel("job-a", force=True)
