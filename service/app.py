@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
+from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.api.routes import health, jobs, pools
 from service.backends.base import Backend
@@ -150,5 +151,6 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(_RequestMetrics, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_seconds=settings.body_timeout_seconds)
+    app.add_middleware(_RequestMetrics, metrics=metrics)  # outermost: refused bodies are counted too
     return app

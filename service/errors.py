@@ -47,5 +47,13 @@ class Forbidden(DomainError):
     """Authenticated, but the role does not allow this."""
 
 
+class BodyTooLarge(DomainError):
+    """The request body is longer than the controller reads (FOXHUNT_MAX_BODY_BYTES)."""
+
+
+class BodyTimeout(DomainError):
+    """The request body did not arrive in time (FOXHUNT_BODY_TIMEOUT_SECONDS): a stalled client."""
+
+
 class ServiceUnavailable(DomainError):
     """A dependency of the controller (the database) does not answer."""

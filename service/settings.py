@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         15.0,
         gt=0.0,
         le=3600.0,
-        description="Time a request's whole body may take to arrive; a stalled body is refused (408), its connection closed.",
+        description="Time the whole body may take to arrive; a stalled one is refused (408), its connection closed.",
     )
     host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")

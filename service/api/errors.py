@@ -10,9 +10,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api.schemas import JobCreate, Problem
+from service.api.schemas import JobCreate, Problem, ProgressReport
 from service.backends.base import BackendUnavailable
 from service.errors import (
+    BodyTimeout,
+    BodyTooLarge,
     DomainError,
     Forbidden,
     IdempotencyConflict,
@@ -35,10 +37,19 @@ _STATUS: dict[type[Exception], tuple[int, str, str]] = {
     InvalidRequest: (400, "invalid-request", "Invalid request"),
     Unauthorized: (401, "unauthorized", "Authentication required"),
     Forbidden: (403, "forbidden", "Forbidden"),
+    BodyTimeout: (408, "body-timeout", "Request body timeout"),
+    BodyTooLarge: (413, "body-too-large", "Request body too large"),
     ServiceUnavailable: (503, "unavailable", "Service unavailable"),
     BackendUnavailable: (503, "backend-unavailable", "Backend unavailable"),
 }
-_TITLES = {400: "Bad request", 404: "Not found", 405: "Method not allowed", 422: "Invalid request body"}
+_TITLES = {
+    400: "Bad request",
+    404: "Not found",
+    405: "Method not allowed",
+    408: "Request body timeout",
+    413: "Request body too large",
+    422: "Invalid request body",
+}
 
 
 class ProblemResponse(JSONResponse):
@@ -66,7 +77,8 @@ def problem(
     return ProblemResponse(body.model_dump(mode="json", exclude_none=True), status_code=status, headers=headers)
 
 
-def _domain(request: Request, error: Exception) -> ProblemResponse:
+def domain_problem(request: Request, error: Exception) -> ProblemResponse:
+    """The problem+json answer of a domain error (`_STATUS`); anything else is an internal 500."""
     for kind, (status, slug, title) in _STATUS.items():
         if isinstance(error, kind):
             return problem(status, slug, title, str(error), request)
@@ -114,8 +126,8 @@ def _unexpected(request: Request, error: Exception) -> ProblemResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
-    app.add_exception_handler(DomainError, _domain)
-    app.add_exception_handler(BackendUnavailable, _domain)
+    app.add_exception_handler(DomainError, domain_problem)
+    app.add_exception_handler(BackendUnavailable, domain_problem)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
 
@@ -137,6 +149,10 @@ def problem_openapi(schema: dict[str, Any], pools: list[str]) -> dict[str, Any]:
     body = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
     components.update(body.pop("$defs", {}))
     components["JobCreate"] = job_create = body
+    # bodies read by dependencies (after authentication) that FastAPI therefore does not list itself
+    progress = ProgressReport.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(progress.pop("$defs", {}))
+    components["ProgressReport"] = progress
     if pools:
         job_create["properties"]["pool"] = {
             "anyOf": [{"type": "string", "enum": pools}, {"type": "null"}],

@@ -50,10 +50,22 @@ def _detail(job: JobRecord) -> JobDetail:
 
 
 async def _strict_body(request: Request) -> JobCreate:
-    """Strict JSON: `"5"` is not an integer and `0` is not a date, exactly as the schema says."""
+    """Strict JSON: `"5"` is not an integer and `0` is not a date, exactly as the schema says.
+
+    A dependency declared after the caller's authentication (FastAPI reads a declared body parameter
+    before every dependency): an unauthenticated request is refused with its body unread."""
     raw = await request.body()
     try:
         return JobCreate.model_validate_json(raw, strict=True)
+    except ValidationError as error:
+        raise RequestValidationError(error.errors(include_url=False, include_context=False), body=raw) from None
+
+
+async def _progress_body(request: Request) -> ProgressReport:
+    """The progress report, read once the job's progress token is checked (as `_strict_body`)."""
+    raw = await request.body()
+    try:
+        return ProgressReport.model_validate_json(raw)
     except ValidationError as error:
         raise RequestValidationError(error.errors(include_url=False, include_context=False), body=raw) from None
 
@@ -67,11 +79,14 @@ async def _strict_body(request: Request) -> JobCreate:
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobCreate"}}},
         }
     },
-    responses={200: {"model": JobDetail, "description": "The job this key already created"}, **problems(400, 409, 429)},
+    responses={
+        200: {"model": JobDetail, "description": "The job this key already created"},
+        **problems(400, 408, 409, 413, 429),
+    },
 )
 def submit_job(
-    body: Annotated[JobCreate, Depends(_strict_body)],
     principal: TenantDep,
+    body: Annotated[JobCreate, Depends(_strict_body)],
     jobs: JobsDep,
     response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
@@ -132,9 +147,17 @@ def retry_job(job_id: JobId, principal: TenantDep, jobs: JobsDep) -> JobDetail:
 @router.put(
     "/{job_id}/progress",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses=problems(400, 403, 404, 409),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ProgressReport"}}},
+        }
+    },
+    responses=problems(400, 403, 404, 408, 409, 413),
 )
-def report_progress(job: ProgressJobDep, body: ProgressReport, store: StoreDep) -> Response:
+def report_progress(
+    job: ProgressJobDep, body: Annotated[ProgressReport, Depends(_progress_body)], store: StoreDep
+) -> Response:
     """The trainer's progress (step, breakdown, epoch time) while the job runs, sent from its pod.
 
     The bearer token is the job's progress token (the Workflow's `progress-token` parameter), not a
