@@ -43,7 +43,7 @@ test: setup lint
 dashboards: setup
 	$(PY) scripts/dashboards.py
 
-# argo/*.yaml from the job pipeline (trainer/pipeline.py) by argo/render.py with Hera
+# argo/*.yaml from the job pipeline (contracts/pipeline.py) by argo/render.py with Hera
 # (tests/argo/test_render.py fails when the committed YAML differs from what the code renders).
 argo: setup
 	$(PY) -m argo.render

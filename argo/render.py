@@ -1,6 +1,6 @@
 """Renders the Argo objects under argo/ from the job pipeline with Hera: `python -m argo.render` (`make argo`).
 
-What a job runs is `trainer.pipeline.PIPELINE`; this module only says how each step runs on Argo:
+What a job runs is `contracts.pipeline.PIPELINE`; this module only says how each step runs on Argo:
 its placeholders bound to Argo expressions and paths on the shared volume, its pod (image, env,
 resources, security, labels), its retry policy, and the steps' order. The YAML it writes is
 committed for operators who `kubectl apply -k argo/`, and tests/argo/test_render.py fails when the
@@ -44,8 +44,8 @@ from hera.workflows import Step as ArgoStep
 from hera.workflows import models as m
 from hera.workflows.protocol import Templatable
 
+from contracts.pipeline import BEST_CONFIG, PIPELINE, RESOLVED_CONFIG, Pipeline, Resources, Retry, Step, trainer_args
 from service.backends.argo_parameters import PARAMETERS, pool_convention
-from trainer.pipeline import BEST_CONFIG, PIPELINE, RESOLVED_CONFIG, Pipeline, Resources, Retry, Step, trainer_args
 
 ARGO_DIR = Path(__file__).resolve().parent
 
@@ -74,7 +74,7 @@ POOLS_CONFIG_MAP, POOLS_KEY = "foxhunt-pools", "pools.yaml"
 TRIAL_INPUT = "trial"
 PARALLELISM = m.ConfigMapKeySelector(name="foxhunt-workflow-limits", key="hyperopt-parallelism")
 
-# The pipeline's placeholders (trainer/pipeline.py) as Argo binds them.
+# The pipeline's placeholders (contracts/pipeline.py) as Argo binds them.
 BINDINGS: dict[str, str] = {
     "config": CONFIG_FILE,
     "model": param("model"),
@@ -501,10 +501,10 @@ def nightly_document() -> dict[str, Any]:
     return doc
 
 
-HEADER = "# Generated from trainer/pipeline.py by argo/render.py (`make argo`): do not edit by hand.\n"
+HEADER = "# Generated from contracts/pipeline.py by argo/render.py (`make argo`): do not edit by hand.\n"
 
 COMPILE_AND_TRAIN_NOTES = """\
-# One training job, the pipeline of trainer/pipeline.py: resolve (what the job asks, on a CPU), compile
+# One training job, the pipeline of contracts/pipeline.py: resolve (what the job asks, on a CPU), compile
 # (the job's plan on this GPU type, warming the kernel caches), an optional Optuna search fanned out as
 # parallel pods (suggest, trials, best), the full training run, a report; the exit handler records the outcome.
 # The controller submits Workflows with `workflowTemplateRef: {name: compile-and-train}` and passes

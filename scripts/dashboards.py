@@ -24,7 +24,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as models
 
-from trainer.config import STEPS_PER_EPOCH
+from contracts.config import STEPS_PER_EPOCH
 
 OUT = Path(__file__).resolve().parents[1] / "k8s" / "components" / "monitoring" / "dashboards"
 

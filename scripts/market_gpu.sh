@@ -52,7 +52,7 @@ calibrate() {
   left=$(( BUDGET_SECONDS - $(elapsed) - MARGIN_SECONDS ))
   read -r steps seconds < <(python3 - "$WORK/calibration" "$CONFIG" "$left" "$ROUND" 2>>"$OUT/market.log" <<'EOF'
 import json, sys
-from trainer.config import load_config
+from contracts.config import load_config
 folder, config, left, step = sys.argv[1], load_config(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 try:
     rows = [row for row in json.load(open(f"{folder}/sweep.json"))["rows"] if row["status"] == "ok"]

@@ -8,13 +8,13 @@ import math
 import uuid
 from collections.abc import Callable
 
+from contracts.config import STEPS_PER_EPOCH
 from service.api.schemas import JobCreate
 from service.auth import Principal
 from service.errors import IdempotencyConflict
 from service.metrics import ControllerMetrics
 from service.pools import Pools
 from service.store import JobRecord, NewJob, Store
-from trainer.config import STEPS_PER_EPOCH
 
 
 def job_id_for(tenant: str, key: str) -> str:
@@ -51,7 +51,7 @@ class JobService:
         if body.plan is not None:
             config.run.plan = body.plan
         # With epochs the stored config leaves run.steps out: the pipeline's resolve step sets it to
-        # epochs x STEPS_PER_EPOCH (trainer.config.apply_epochs), the one place epochs become steps.
+        # epochs x STEPS_PER_EPOCH (contracts.config.apply_epochs), the one place epochs become steps.
         steps = {"run": {"steps"}} if body.epochs is not None else None
         job, created = self.store.insert_job(
             NewJob(

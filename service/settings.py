@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     local_command: list[str] = Field(
         default_factory=lambda: list(DEFAULT_LOCAL_COMMAND),
         description=(
-            "The trainer program the local backend runs; each step of the job pipeline (trainer/pipeline.py) "
+            "The trainer program the local backend runs; each step of the job pipeline (contracts/pipeline.py) "
             "appends its own subcommand and options, as on Argo."
         ),
     )

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
+from contracts.config import TrainConfig, build_config
 from trainer.algo.batch import Batch
 from trainer.algo.model import ModelDims, ParamLayout, ParamSpec
 from trainer.algo.state import TrainState
-from trainer.config import TrainConfig, build_config
 
 TINY_MODEL = {
     "hidden": 32,

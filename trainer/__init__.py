@@ -1,1 +1,1 @@
-"""foxhunt's DQN trainer. Importing the package imports no torch: `trainer.config` is shared with the service."""
+"""foxhunt's DQN trainer. Importing the package imports no torch: `contracts.config` is shared with the service."""

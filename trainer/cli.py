@@ -1,6 +1,6 @@
 """`python -m trainer …` (`foxhunt-trainer`): train, resolve, check, report, finish, bench, sweep, hyperopt.
 
-The job pipeline (trainer/pipeline.py) runs these commands; its arguments are built from the options here.
+The job pipeline (contracts/pipeline.py) runs these commands; its arguments are built from the options here.
 
 Bad input (config, dataset, missing file) prints one line `error: …` and exits 2.
 """
@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from trainer.config import (
+from contracts.config import (
     MODELS,
     STEPS_PER_EPOCH,
     ConfigError,
@@ -301,7 +301,7 @@ def finish(
     failures: Annotated[str, typer.Option(help="The failed steps, as JSON (Argo's workflow.failures).")] = "null",
 ) -> None:
     """The exit handler: records the outcome beside the run, so it outlives the job's pods and objects."""
-    from trainer.jsonfile import write_json_atomic
+    from contracts.jsonfile import write_json_atomic
 
     try:
         failed: object = json.loads(failures or "null")

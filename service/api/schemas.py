@@ -7,8 +7,16 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from contracts.config import (
+    INT32_MAX,
+    MODELS,
+    STEPS_PER_EPOCH,
+    PlanName,
+    TrainConfig,
+    check_model,
+    check_steps_or_epochs,
+)
 from service.domain import JobFields, JobState
-from trainer.config import INT32_MAX, MODELS, STEPS_PER_EPOCH, PlanName, TrainConfig, check_model, check_steps_or_epochs
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$")]
 LabelValue = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]

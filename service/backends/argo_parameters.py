@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
+from contracts.config import MODELS, STEPS_PER_EPOCH
 from service.domain import JobSpec
-from trainer.config import MODELS, STEPS_PER_EPOCH
 
 # By convention a pool's nodes carry the label POOL_LABEL=<pool> and the taints `nvidia.com/gpu:NoSchedule`
 # and `POOL_LABEL=<pool>:NoSchedule` (k8s/overlays/*/pools.yaml, docs/deploy.md section 2).

@@ -19,7 +19,7 @@ ERROR/ProcessLost, and the job stays RUNNING until the last of them has gone, so
 second trainer beside an orphan. A new attempt is not launched either while a process of an earlier one
 is alive.
 
-A job runs the job pipeline (trainer/pipeline.py) through local_pipeline.py: the same steps and
+A job runs the job pipeline (contracts/pipeline.py) through local_pipeline.py: the same steps and
 commands as on Argo, with `command` as the trainer program.
 """
 
@@ -39,11 +39,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contracts.jsonfile import read_json_object, write_json_atomic
 from service.backends.base import BackendNotFound, BackendUnavailable
 from service.backends.local_pipeline import POOLS_FILE, state_file, train_progress
 from service.domain import BackendStatus, JobSpec, JobState
 from service.pools import Pools
-from trainer.jsonfile import read_json_object, write_json_atomic
 
 if TYPE_CHECKING:
     from service.settings import Settings

@@ -1,4 +1,4 @@
-"""The local backend's executor of the job pipeline (trainer/pipeline.py): its steps as local processes.
+"""The local backend's executor of the job pipeline (contracts/pipeline.py): its steps as local processes.
 
 The same steps, commands and arguments as on Argo; only the Kubernetes parts differ. The placeholders
 are bound to the job directory:
@@ -29,7 +29,7 @@ Each step's output goes to the job's log (this process's stdout), framed by
 `--- foxhunt: step NAME starting: COMMAND` and `--- foxhunt: step NAME finished: exit N (S s)`.
 `pipeline-<attempt>.json` records the step running now (`current`) and those done, for the status.
 
-Runs inside `local_supervisor.py`; imports no torch (trainer/pipeline.py is torch-free).
+Runs inside `local_supervisor.py`; imports no torch (contracts/pipeline.py is torch-free).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainer.jsonfile import write_json_atomic
-from trainer.pipeline import PIPELINE, TRIAL, Pipeline, Step
+from contracts.jsonfile import write_json_atomic
+from contracts.pipeline import PIPELINE, TRIAL, Pipeline, Step
 
 RUN = "run"
 POOLS_FILE = "pools.yaml"

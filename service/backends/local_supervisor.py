@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from trainer.jsonfile import write_json_atomic
+from contracts.jsonfile import write_json_atomic
 
 
 def supervise(argv: list[str]) -> int:

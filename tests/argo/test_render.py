@@ -16,6 +16,8 @@ import typer.main
 from typer.exceptions import TyperException
 
 from argo import render
+from contracts.config import load_config
+from contracts.pipeline import PIPELINE, Step
 from service.backends.argo import pod_spec_patch
 from service.backends.argo_parameters import PARAMETER_NAMES, workflow_parameters
 from service.domain import JobSpec, Placement
@@ -23,8 +25,6 @@ from service.pools import Pools
 from service.progress import progress_token
 from tests.deploy.conftest import ARGO_DIR, K8S_DIR, ROOT, Doc
 from trainer.cli import app
-from trainer.config import load_config
-from trainer.pipeline import PIPELINE, Step
 
 JOB = "j-7f3a9c"
 POOL = "h100"
@@ -46,7 +46,7 @@ WORKFLOW_VARIABLES = {
     "workflow.failures": '[{"displayName":"train","message":"OOMKilled","templateName":"train","phase":"Failed"}]',
 }
 STEP_OUTPUTS = {"{{steps.suggest.outputs.result}}": json.dumps(list(range(TRIALS)))}
-# The pipeline's placeholders as they read inside a pod of job JOB (trainer/pipeline.py, issue 10).
+# The pipeline's placeholders as they read inside a pod of job JOB (contracts/pipeline.py, issue 10).
 POD_VALUES = {
     "config": "/inputs/config.json",
     "model": "dqn",

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from contracts.config import STEPS_PER_EPOCH
 from tests.cluster.conftest import NAMESPACE, Cluster, workflow
 from tests.cluster.pods import PodRunner
 from tests.polling import wait_until
 from tests.service.factories import tiny_train_config
-from trainer.config import STEPS_PER_EPOCH
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 

@@ -4,7 +4,7 @@ A Docker engine of our own (Debian's docker.io, data under a temporary folder, n
 builds both targets with scripts/images.sh, on local stand-ins for the two base images. Then:
 - the service image serves /healthz and takes a job from `foxhunt submit` on the local backend, as
   k8s/base's Deployment runs it: user 10001, read-only root filesystem, no capabilities, /tmp a volume;
-- the trainer image runs every step of the job pipeline (trainer/pipeline.py) on a tiny CPU config as
+- the trainer image runs every step of the job pipeline (contracts/pipeline.py) on a tiny CPU config as
   the Argo templates run it: their command, the pipeline's arguments, the template's environment,
   user 10001, read-only root, /data and /tmp as volumes, the config at /inputs/config.json, and for
   resolve k8s/base's pools file where the template mounts the foxhunt-pools ConfigMap;
@@ -29,11 +29,11 @@ import httpx
 import pytest
 import yaml
 
+from contracts.pipeline import PIPELINE, Step
 from tests.deploy.conftest import ARGO_DIR, K8S_DIR, ROOT, load_docs
 from tests.polling import wait_until
 from tests.ports import free_port
 from tests.system_packages import ensure_debian_packages
-from trainer.pipeline import PIPELINE, Step
 
 # The first test builds both images in its setup (3 to 6 minutes on 2 cores, more on a loaded machine: the
 # PyTorch stand-in downloads PyPI's CUDA build of torch, 2.6 GB with its nvidia-* wheels).

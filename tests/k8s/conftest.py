@@ -40,7 +40,7 @@ from tests.system_packages import ensure_debian_packages
 from trainer.runtime.metrics import push_bench
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+    from contracts.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "k8s" / "components" / "monitoring"
@@ -145,7 +145,7 @@ def start_trainer(
     job_id: str, config: TrainConfig, workdir: Path, env: dict[str, str], overrides: tuple[str, ...] = ()
 ) -> Process:
     """`python -m trainer train` on `config` (written to a file, as a workflow passes it)."""
-    from trainer.config import dump_config
+    from contracts.config import dump_config
 
     path = workdir / f"{job_id}.json"
     dump_config(config, path)
@@ -252,7 +252,7 @@ def running_stack(binaries: dict[str, str], workdir: Path) -> Iterator[PromStack
     Every port comes from tests/ports.py and every file lives in `workdir`, so pytest-xdist workers
     can each run a stack of their own.
     """
-    from trainer.config import STEPS_PER_EPOCH
+    from contracts.config import STEPS_PER_EPOCH
     from trainer.runtime.train import EXIT_TERMINATED  # what a trainer exits with after SIGTERM (it checkpoints first)
 
     processes: list[Process] = []

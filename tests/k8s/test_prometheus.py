@@ -130,7 +130,7 @@ def test_every_dashboard_query_returns_data_from_scraped_trainers(prom_stack: Pr
 
 def test_every_dashboard_query_returns_data_from_pushed_snapshots(prom_stack: PromStack) -> None:
     """The short job trains one epoch, pushes its final snapshot and exits 0; the dashboards show it."""
-    from trainer.config import STEPS_PER_EPOCH
+    from contracts.config import STEPS_PER_EPOCH
 
     pushed = prom_stack.trainers[PUSHED_JOB]
     assert pushed.wait_exit(EPOCH_TIMEOUT) == 0, pushed.tail()

@@ -1,7 +1,7 @@
 """A real, tiny program with the trainer CLI's commands, options and exit codes, for backend tests.
 
 `python stand_in_trainer.py [KNOBS] COMMAND [OPTIONS]`, where COMMAND and OPTIONS are those the job
-pipeline (trainer/pipeline.py) gives the real trainer: `resolve`, `check`, `train`, `report`, `finish`,
+pipeline (contracts/pipeline.py) gives the real trainer: `resolve`, `check`, `train`, `report`, `finish`,
 `hyperopt suggest|trial|best`. Every command prints `stand-in: <command> env …` (the FOXHUNT_* and
 CUDA_VISIBLE_DEVICES it got), then does the least the pipeline needs: resolve copies the config to
 --out as it is (the real `trainer resolve` applies the model, pool and epochs checks, which

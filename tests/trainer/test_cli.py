@@ -12,9 +12,9 @@ import torch
 import yaml
 from typer.testing import CliRunner, Result
 
+from contracts.config import STEPS_PER_EPOCH, load_config
 from tests.import_guard import forbid
 from trainer.cli import app
-from trainer.config import STEPS_PER_EPOCH, load_config
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

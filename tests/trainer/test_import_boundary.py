@@ -20,7 +20,7 @@ SCRIPT = forbid("matplotlib", "matplotlib on the training path") + textwrap.dede
     for name in names:
         if not name.endswith("__main__"):  # runs the CLI when imported
             importlib.import_module(name.removesuffix(".__init__"))
-    from trainer.config import load_config
+    from contracts.config import load_config
     from trainer.runtime.train import run_training
     tiny = ["data.source=gym", "data.env_id=CartPole-v1", "run.steps=2", "run.batch_size=16",
             "replay.capacity=512", "data.learning_starts=64", "model.hidden=32", "model.head_hidden=32",

@@ -6,9 +6,9 @@ import string
 
 import pytest
 
-from trainer.pipeline import PIPELINE, RESOLVED_CONFIG, PipelineError, Step, parse_trainer_args, trainer_args
+from contracts.pipeline import PIPELINE, RESOLVED_CONFIG, PipelineError, Step, parse_trainer_args, trainer_args
 
-# One value per placeholder of trainer/pipeline.py, as a backend would bind them.
+# One value per placeholder of contracts/pipeline.py, as a backend would bind them.
 BOUND = {
     "config": "/jobs/j/submitted.json",
     "model": "dqn",

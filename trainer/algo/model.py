@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as fn
 from torch import Tensor
 
+from contracts.config import ModelConfig
 from trainer.algo.losses.c51 import dueling_logits, expected_q
 from trainer.algo.losses.iqn import cosine_features
-from trainer.config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from contracts.config import TrainConfig
 from trainer.algo.budgets import AdamMoments, pruning_mask, spectral_v_init
 from trainer.algo.model import ModelDims, ParamLayout, attn_layout, iql_layout, main_layout, support
-from trainer.config import TrainConfig
 from trainer.runtime.checkpoint import CheckpointError
 
 

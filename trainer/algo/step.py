@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from contracts.config import TrainConfig
 from trainer.algo.batch import Batch
 from trainer.algo.budgets import BUDGET_NAMES, AdamMoments, adam_update, combine_budgeted, ema, spectral_project
 from trainer.algo.losses._select import take
@@ -41,7 +42,6 @@ from trainer.algo.model import (
     trunk,
 )
 from trainer.algo.state import TrainState
-from trainer.config import TrainConfig
 
 
 class SectionTimer(Protocol):

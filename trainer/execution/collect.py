@@ -35,9 +35,9 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from contracts.config import DataConfig
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.replay.writer import DeviceRingWriter
-from trainer.config import DataConfig
 from trainer.execution.data.gym_source import GreedyFn
 from trainer.execution.data.market_torch import TorchMarketSource
 from trainer.execution.plans._capture import capture

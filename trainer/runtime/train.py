@@ -30,16 +30,16 @@ from prometheus_client import CollectorRegistry
 from torch import Tensor
 from tqdm import tqdm
 
+from contracts.config import STEPS_PER_EPOCH, TrainConfig, dump_config
+from contracts.jsonfile import write_json_atomic
 from trainer.algo.model import ModelDims, greedy_action
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
-from trainer.config import STEPS_PER_EPOCH, TrainConfig, dump_config
 from trainer.execution.collect import MarketCollector, collect_graph_applies, graph_capture
 from trainer.execution.data import OnlineSource, Source, make_source
 from trainer.execution.data.gym_source import linear_epsilon
 from trainer.execution.plans import make_plan, resolve_plan
 from trainer.execution.plans.base import Plan
-from trainer.jsonfile import write_json_atomic
 from trainer.runtime.checkpoint import Checkpoint, Checkpointer, decode_generator, encode_generator
 from trainer.runtime.metrics import Exporter, TrainerMetrics, build_info, push, resolve_metrics_port, serve
 from trainer.runtime.timing import Interleaved, StepTimer, format_breakdown

@@ -45,11 +45,11 @@ from typing import Any
 
 import torch
 
+from contracts.config import PLANS, STEPS_PER_EPOCH, TrainConfig, build_config, load_config
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import SectionTimer, StepFlags, StepOutput, train_step
-from trainer.config import PLANS, STEPS_PER_EPOCH, TrainConfig, build_config, load_config
 from trainer.execution.data.spec import EnvSpec, Transitions, goal_columns
 from trainer.execution.plans import make_plan, unavailable_reason
 from trainer.execution.plans.base import Plan

@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainer.config import ConfigError, TrainConfig, build_config, dump_config, format_validation_error
+from contracts.config import ConfigError, TrainConfig, build_config, dump_config, format_validation_error
 
 Log = Callable[[str], None]
 Choice = None | bool | int | float | str

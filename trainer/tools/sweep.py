@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from trainer.config import ConfigError, load_config
+from contracts.config import ConfigError, load_config
 
 Log = Callable[[str], None]
 

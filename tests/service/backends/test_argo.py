@@ -688,7 +688,7 @@ class Pod:
     """`trainer train` as the compile-and-train template's train step runs it, with a pod's environment."""
 
     def __init__(self, workflow: dict[str, object], url: str, root: Path) -> None:
-        from trainer.pipeline import train_step
+        from contracts.pipeline import train_step
 
         params = parameters(workflow)
         name = workflow["metadata"]["name"]  # type: ignore[index]

@@ -3,6 +3,7 @@ from dataclasses import fields, replace
 
 import torch
 
+from contracts.config import TrainConfig, build_config
 from trainer.algo.model import (
     ALIGN,
     DATA_DIMS,
@@ -15,7 +16,6 @@ from trainer.algo.model import (
     output_layer,
     self_attention,
 )
-from trainer.config import TrainConfig, build_config
 
 
 def test_dims_are_the_data_sources_sizes_and_the_model_configs_same_named_fields() -> None:

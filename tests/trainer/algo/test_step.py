@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from contracts.config import build_config
 from tests.factories import random_batch, tiny_config, tiny_state
 from trainer.algo.losses.c51 import categorical_projection, double_dqn_action, expected_q
 from trainer.algo.losses.iqn import iqn_target
@@ -22,7 +23,6 @@ from trainer.algo.step import (
     per_loss_gradients,
     train_step,
 )
-from trainer.config import build_config
 from trainer.execution.plans.fused import BF16_RTOL
 
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from contracts.config import TrainConfig
 from tests.factories import tiny_config
 from tests.trainer.runtime.test_train import KStepPlan
 from tests.trainer.runtime.test_train_equivalence import advance, differing
 from trainer.algo.replay.writer import DeviceRingWriter, RingWriter
-from trainer.config import TrainConfig
 from trainer.execution.collect import MarketCollector, Phase, Replayable, Saved, collect_graph_applies, device_epsilon
 from trainer.execution.data.gym_source import epsilon_greedy, linear_epsilon
 from trainer.execution.data.market_torch import TorchMarketSource
@@ -267,7 +267,7 @@ def test_a_captured_market_run_matches_the_uncaptured_one_bit_for_bit_at_every_c
     """examples/market-gpu.yaml shortened to 600 updates (zerocopy, K = 10, 32 envs; 3 episode ends, the
     ring of 20,000 rows wrapping): collection as two CUDA graphs (no end, an end at the block's last
     step) holds the uncaptured loop (host writer) exactly, every stateful tensor after every call."""
-    from trainer.config import load_config
+    from contracts.config import load_config
     from trainer.execution.collect import CudaCapture
 
     overrides = [

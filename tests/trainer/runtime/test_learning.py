@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.config import load_config
+from contracts.config import load_config
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.data.offline import collect_dataset, write_dataset
 from trainer.runtime.train import run_training

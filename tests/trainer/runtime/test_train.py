@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
+from contracts.config import PLANS, ConfigError, TrainConfig
 from tests.factories import tiny_config
 from trainer.algo.step import StepOutput
-from trainer.config import PLANS, ConfigError, TrainConfig
 from trainer.execution.plans import PlanFallbackWarning
 from trainer.execution.plans.eager import EagerPlan
 from trainer.runtime import train
@@ -639,7 +639,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 
 def cartpole_on_gpu(plan: str, steps: int, *extra: str) -> TrainConfig:
-    from trainer.config import load_config
+    from contracts.config import load_config
 
     return load_config(
         CARTPOLE,
@@ -699,7 +699,7 @@ def test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_s
     across an episode end, whether collection replays as one graph per plan call (run.collect_graph, its
     graphs captured when the plan is) or runs an operation at a time; then a short real run trains,
     times collection and scores the baselines."""
-    from trainer.config import load_config
+    from contracts.config import load_config
     from trainer.execution.data.market_torch import TorchMarketSource
 
     overrides = ["run.steps=600", "run.log_every=200", "run.checkpoint_every=600", "run.eval_every=0"]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from contracts.config import TrainConfig, load_config
 from tests.factories import tiny_config
-from trainer.config import TrainConfig, load_config
 from trainer.runtime.train import Run, build_run, collect, fill_replay, start_plan
 
 CARTPOLE = Path(__file__).resolve().parents[3] / "examples" / "cartpole.yaml"

@@ -14,8 +14,8 @@ import yaml
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from contracts.config import ConfigError, TrainConfig, build_config, load_config
 from trainer.cli import app
-from trainer.config import ConfigError, TrainConfig, build_config, load_config
 from trainer.tools.hyperopt import (
     DEFAULT_SPACE,
     HyperoptError,

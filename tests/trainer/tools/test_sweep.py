@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError
+from contracts.config import ConfigError
 from trainer.tools.sweep import (
     EXIT_BELOW_THRESHOLD,
     EXIT_SEED_FAILED,

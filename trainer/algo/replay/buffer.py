@@ -13,12 +13,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from contracts.config import TrainConfig
 from trainer.algo.batch import Batch
 from trainer.algo.replay.her import HindsightRelabeler
 from trainer.algo.replay.sampler import PrioritizedSampler
 from trainer.algo.replay.storage import TensorStorage
 from trainer.algo.replay.writer import DeviceRingWriter, RingWriter
-from trainer.config import TrainConfig
 from trainer.execution.data.spec import EnvSpec, Transitions
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from trainer.config import ConfigError, TrainConfig
+from contracts.config import ConfigError, TrainConfig
 from trainer.execution.data.spec import DatasetError, EnvSpec, GoalSpec, Transitions
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from torch import Tensor
 
-from trainer.config import ConfigError
+from contracts.config import ConfigError
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions, goal_columns
 
 GreedyFn = Callable[[Tensor], Tensor]

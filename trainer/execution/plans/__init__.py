@@ -11,10 +11,10 @@ import warnings
 
 import torch
 
+from contracts.config import PLANS, TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import SectionTimer
-from trainer.config import PLANS, TrainConfig
 from trainer.execution.plans.base import Plan
 
 # plan name -> (module, class); a plan is available once its module exists.

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 
+from contracts.config import TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import StepFlags
-from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE  # what torch.cuda.graph_pool_handle() returns

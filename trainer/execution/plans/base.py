@@ -10,10 +10,10 @@ from trainer.execution.plans._capture import uses_tf32
 if TYPE_CHECKING:
     import torch
 
+    from contracts.config import TrainConfig
     from trainer.algo.replay.buffer import ReplayBuffer
     from trainer.algo.state import TrainState
     from trainer.algo.step import SectionTimer
-    from trainer.config import TrainConfig
 
 
 class Plan(Protocol):

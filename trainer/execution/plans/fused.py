@@ -42,9 +42,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from contracts.config import TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.step import Hyper, SectionTimer, StepFlags, StepOutput, train_step
-from trainer.config import TrainConfig
 from trainer.execution.plans._capture import StreamRouter
 from trainer.execution.plans.dual import DualStreamPlan
 

@@ -31,11 +31,11 @@ from typing import NamedTuple
 
 import torch
 
+from contracts.config import TrainConfig
 from trainer.algo.batch import Batch
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import NO_TIMER, Draws, SectionTimer, StepFlags, StepOutput, train_step
-from trainer.config import TrainConfig
 from trainer.execution.plans._capture import (
     Pattern,
     Snapshot,

@@ -71,7 +71,7 @@ def test_a_name_is_an_idempotency_key_and_keys_are_per_tenant(controller: Contro
 
 
 def test_epochs_leave_run_steps_to_the_resolve_step_and_plan_overrides_the_config(controller: Controller) -> None:
-    """The resolve step turns epochs into run.steps (trainer.config.apply_epochs), nowhere else: the stored
+    """The resolve step turns epochs into run.steps (contracts.config.apply_epochs), nowhere else: the stored
     config leaves run.steps out, so it and the epochs never both carry the steps."""
     body = _submit(controller, config={"run": {"seed": 4}}, epochs=2, plan="graph").json()
     assert "steps" not in body["config"]["run"] and body["config"]["run"]["seed"] == 4

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.config import TrainConfig, build_config
+from contracts.config import TrainConfig, build_config
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions
 
 F = 4  # obs = [desired goal, episode id, episode step, stream]

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from contracts.config import TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.config import TrainConfig
 from trainer.execution.data.spec import EnvSpec
 
 from .conftest import episode_rows

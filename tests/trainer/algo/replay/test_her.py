@@ -7,9 +7,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from contracts.config import TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.replay.her import HindsightRelabeler
-from trainer.config import TrainConfig
 from trainer.execution.data.spec import EnvSpec
 
 from .conftest import episode_rows, l1_goal_reward, stack_rows

@@ -9,8 +9,8 @@ import pytest
 import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
+from contracts.config import ConfigError
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.config import ConfigError
 from trainer.execution.data.gym_source import GymSource, VectorKind, env_spec, epsilon_greedy, linear_epsilon
 
 from .conftest import GOAL_ID, MULTI_ID
@@ -160,7 +160,7 @@ def test_goal_dict_env_spec_collection_and_her() -> None:
     assert rows.achieved_goal is not None and rows.base_reward is not None
     assert rows.achieved_goal[:, 0].tolist() == [1.0, 1.0]
     assert torch.equal(rows.base_reward, torch.zeros(2))  # all reward is goal reward here
-    from trainer.config import build_config
+    from contracts.config import build_config
 
     config = build_config(
         {"replay": {"capacity": 64, "her_ratio": 1.0}, "data": {"num_envs": 2}, "run": {"batch_size": 8}}

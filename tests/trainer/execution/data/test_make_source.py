@@ -8,7 +8,7 @@ import pytest
 import torch
 from gymnasium.vector import AsyncVectorEnv
 
-from trainer.config import build_config
+from contracts.config import build_config
 from trainer.execution.data import make_source
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.data.market import GOAL

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from contracts.config import build_config
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.config import build_config
 from trainer.execution.data import make_source
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.data.market import GOAL, LEVELS, POSITIONS, MarketEnv

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from contracts.config import build_config
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.config import build_config
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.data.offline import DatasetError, OfflineSource, collect_dataset, load_dataset, write_dataset
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.config import build_config
 from tests.trainer.execution.plans.test_fallback import SMALL, small_setup
 from trainer.algo.batch import Batch
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
-from trainer.config import build_config
 from trainer.execution.plans._capture import Snapshot, bf16_split_k, flag_variants, matmul_precision, unique_generators
 
 

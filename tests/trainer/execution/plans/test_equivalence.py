@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from contracts.config import TrainConfig
 from trainer.algo.batch import Batch
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import NO_TIMER, Draws, Hyper, StepFlags, train_step
-from trainer.config import TrainConfig
 from trainer.execution.plans._capture import matmul_precision
 from trainer.execution.plans.dual import DualStreamPlan
 from trainer.execution.plans.eager import EagerPlan

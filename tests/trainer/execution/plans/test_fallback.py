@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.config import TrainConfig, build_config
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import NO_TIMER
-from trainer.config import TrainConfig, build_config
 from trainer.execution.data.spec import EnvSpec
 from trainer.execution.plans import PlanFallbackWarning, make_plan, unavailable_reason
 from trainer.execution.plans.eager import EagerPlan

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from contracts.config import build_config
 from tests.trainer.execution.plans.test_fallback import SMALL
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.config import build_config
 from trainer.execution.data.market import market_goal_spec
 from trainer.execution.data.spec import EnvSpec
 from trainer.execution.plans.graph import GraphPlan

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.config import TrainConfig
+from contracts.config import TrainConfig
 from trainer.execution.plans.fused import HORIZONTAL_OPTIONS, FusedPlan, compile_replay_ops, compile_step
 from trainer.tools.bench import BenchOptions, is_horizontal, method_config, preset_config, split_method
 

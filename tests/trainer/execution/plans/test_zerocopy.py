@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from contracts.config import build_config
 from tests.trainer.execution.plans.test_fallback import SMALL
 from trainer.algo.step import StepFlags
-from trainer.config import build_config
 from trainer.execution.plans._capture import flag_patterns
 
 PLAIN, VACCINE, BOTH = StepFlags(), StepFlags(vaccine=True), StepFlags(vaccine=True, causal=True)

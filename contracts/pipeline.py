@@ -14,7 +14,7 @@ command back with the CLI. Placeholders are `str.format` fields:
 placeholder    meaning
 =============  ===============================================================================
 {config}       the job's TrainConfig (JSON file) as submitted: read by the resolve step alone
-{model}        the job's model (`trainer.config.MODELS`); resolve refuses any other
+{model}        the job's model (`contracts.config.MODELS`); resolve refuses any other
 {train_epochs} the job's length in epochs, which resolve turns into run.steps; 0: the config's run.steps
 {pool}         the job's GPU pool, which resolve checks against {pools}
 {pools}        the controller's pools file (YAML, `pools: [{name: …}]`)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import (
+from contracts.config import (
     INT32_MAX,
     STEPS_PER_EPOCH,
     ConfigError,
