@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain import TERMINAL_STATES, BackendStatus, JobFields, JobState
-from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
+from service.errors import Forbidden, IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
 from service.models import JobEventRow, JobLabelRow, JobRow, TokenRow
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -350,15 +350,24 @@ class Store:
             return True
 
     def record_progress(
-        self, job_id: str, *, step: int, breakdown_ms: dict[str, float] | None, epoch_seconds: float | None
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        step: int,
+        breakdown_ms: dict[str, float] | None,
+        epoch_seconds: float | None,
     ) -> None:
         """A running job's own report (step, breakdown, epoch time); the state is left to the backend.
 
-        Figures missing from the report keep their last value; a terminal job takes no more reports."""
+        Only the job's current attempt reports (checked under the row lock, so a retry in between wins);
+        figures missing from the report keep their last value; a terminal job takes no more reports."""
         with self._tx(write=True) as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is None:
                 raise JobNotFound(job_id)
+            if row.attempt != attempt:
+                raise Forbidden(f"a progress token of attempt {attempt}; job {job_id} runs attempt {row.attempt}")
             if JobState(row.state).terminal:
                 raise InvalidTransition(f"job {job_id} is already {row.state}; it takes no more progress reports")
             row.step = step

@@ -14,7 +14,7 @@ from service.errors import Forbidden, Unauthorized
 from service.jobs import JobService
 from service.metrics import ControllerMetrics
 from service.pools import Pools
-from service.progress import token_matches
+from service.progress import token_attempt
 from service.reconciler import Reconciler
 from service.settings import Settings
 from service.store import Store
@@ -67,18 +67,28 @@ def _principal(
     return authenticate(services.store, header)
 
 
+@dataclass(frozen=True)
+class ProgressGrant:
+    """What a valid progress token grants: reports about this attempt of this job (the store checks that the
+    attempt is still the job's current one)."""
+
+    job_id: str
+    attempt: int
+
+
 def _progress_job(
     job_id: str, request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> str:
-    """The job a progress report is about, once its bearer token proves to be that job's progress token."""
+) -> ProgressGrant:
+    """The job and attempt a progress report is about, once its bearer token proves to be their progress token."""
     if credentials is None:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <the job's progress token>'")
     secret = _services(request).settings.progress_secret
     if secret is None:
         raise Forbidden("this controller takes no progress reports: FOXHUNT_PROGRESS_SECRET is not set")
-    if not token_matches(secret.get_secret_value(), job_id, credentials.credentials):
+    attempt = token_attempt(secret.get_secret_value(), job_id, credentials.credentials)
+    if attempt is None:
         raise Forbidden(f"not the progress token of job {job_id}")
-    return job_id
+    return ProgressGrant(job_id, attempt)
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
@@ -87,4 +97,4 @@ BackendDep = Annotated[Backend, Depends(_backend)]
 PoolsDep = Annotated[Pools, Depends(_pools)]
 JobsDep = Annotated[JobService, Depends(_jobs)]
 TenantDep = Annotated[Principal, Depends(_principal)]
-ProgressJobDep = Annotated[str, Depends(_progress_job)]
+ProgressJobDep = Annotated[ProgressGrant, Depends(_progress_job)]

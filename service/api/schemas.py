@@ -126,9 +126,11 @@ class JobDetail(JobPublic):
 
 
 class ProgressReport(BaseModel):
-    """A trainer's progress report (its progress.json); fields the controller does not keep are ignored."""
+    """A trainer's progress report (its progress.json); fields the controller does not keep are ignored.
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    Strict types: `"5"`, `true` and `5.0` are not a step, `"1"` is not a breakdown figure (422)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     step: int = Field(ge=0, le=INT32_MAX, description="Training steps done.")
     steps: int | None = Field(None, ge=0, le=INT32_MAX, description="Training steps of the whole run.")

@@ -8,8 +8,9 @@ the GPU resource of the container named `main`, merged by name) that every GPU s
 applies through `podSpecPatch` over its placement by the pool convention (`pod_spec_patch` says how
 the pool's config wins). Its name is the job id (attempt 0) or `<job id>-retry-<n>`, so a
 repeated submission meets 409 and reads the existing object back instead of starting a second run.
-The trainer reports progress to the controller (`PUT /v1/jobs/{id}/progress`) with the job's
-`progress-token` parameter, so nothing here reads progress from the Workflow.
+The trainer reports progress to the controller (`PUT /v1/jobs/{id}/progress`) with the Workflow's
+`progress-token` parameter (one per attempt: a retry's Workflow gets a new one, and the previous
+attempt's is refused), so nothing here reads progress from the Workflow.
 
 Phase mapping (Workflow `status.phase` -> JobState):
 
@@ -142,7 +143,7 @@ def workflow_manifest(spec: JobSpec, *, progress_secret: str, template: str = "c
                 "parameters": workflow_parameters(
                     spec,
                     pod_spec_patch=pod_spec_patch(spec.placement),
-                    progress_token=progress_token(progress_secret, spec.job_id),
+                    progress_token=progress_token(progress_secret, spec.job_id, spec.attempt),
                 )
             },
         },

@@ -161,8 +161,14 @@ def report_progress(
     """The trainer's progress (step, breakdown, epoch time) while the job runs, sent from its pod.
 
     The bearer token is the job's progress token (the Workflow's `progress-token` parameter), not a
-    user's token: it is good for this one job's reports and nothing else."""
-    store.record_progress(job, step=body.step, breakdown_ms=body.breakdown_ms, epoch_seconds=body.epoch_seconds)
+    user's token: it is good for the reports of this job's current attempt and nothing else."""
+    store.record_progress(
+        job.job_id,
+        attempt=job.attempt,
+        step=body.step,
+        breakdown_ms=body.breakdown_ms,
+        epoch_seconds=body.epoch_seconds,
+    )
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

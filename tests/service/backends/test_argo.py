@@ -144,13 +144,14 @@ def test_pod_spec_patch_makes_the_pools_own_placement_win_over_the_templates() -
     assert patch["tolerations"] == tainted and patch["nodeSelector"] == {"foxhunt.io/pool": "h100"}
 
 
-def test_manifest_carries_the_placement_and_the_jobs_progress_token() -> None:
+def test_manifest_carries_the_placement_and_the_attempts_progress_token() -> None:
     values = parameters(manifest(job_spec("job-7")))
     assert values["pod-spec-patch"] == pod_spec_patch(job_spec().placement)
     assert (
         values["progress-token"] == progress_token(PROGRESS_SECRET, "job-7") != progress_token(PROGRESS_SECRET, "job-8")
     )
-    assert parameters(manifest(job_spec("job-7", attempt=3)))["progress-token"] == values["progress-token"]
+    retried = parameters(manifest(job_spec("job-7", attempt=3)))["progress-token"]
+    assert retried == progress_token(PROGRESS_SECRET, "job-7", 3) != values["progress-token"]  # a retry: a new token
 
 
 def test_manifest_references_the_template_and_passes_parameters_only() -> None:
@@ -778,7 +779,9 @@ def test_end_to_end_placement_progress_cancel_and_retry(fake_kube: FakeKube, tmp
 
             assert api.post(f"/v1/jobs/{job_id}/retry").status_code == 202
             second = workflow(f"{job_id}-retry-1")
-            assert parameters(second) == params  # same job id: the same checkpoint location and token
+            retried = parameters(second)
+            assert {**retried, "progress-token": ""} == {**params, "progress-token": ""}  # same checkpoint location
+            assert retried["progress-token"] != params["progress-token"]  # the new attempt's own token
             fake_kube.set_phase(f"{job_id}-retry-1", "Running")
             pods.append(Pod(second, url, tmp_path))
             eventually(lambda: f"resumed from checkpoint at step {stopped_at}" in pods[1].text(), "the resume")
@@ -786,12 +789,11 @@ def test_end_to_end_placement_progress_cancel_and_retry(fake_kube: FakeKube, tmp
             pods[1].stop()
             fake_kube.set_phase(f"{job_id}-retry-1", "Succeeded")
             assert eventually(lambda: (j := job())["state"] == "SUCCEEDED" and j, "SUCCEEDED")["attempt"] == 1  # type: ignore[index]
-            late = httpx.put(
-                f"{url}/v1/jobs/{job_id}/progress",
-                json={"step": 1},
-                headers={"Authorization": f"Bearer {params['progress-token']}"},
-            )
-            assert late.status_code == 409
+            for token, code in ((params["progress-token"], 403), (retried["progress-token"], 409)):
+                late = httpx.put(  # the first attempt's token is refused; the ended attempt's takes no more
+                    f"{url}/v1/jobs/{job_id}/progress", json={"step": 1}, headers={"Authorization": f"Bearer {token}"}
+                )
+                assert late.status_code == code
     finally:
         for pod in pods:
             if pod.process.poll() is None:

@@ -414,6 +414,57 @@ def test_progress_reports_need_the_jobs_own_token_and_a_live_job(
     assert c.request("GET", f"/v1/jobs/{job_id}").json()["step"] is None
 
 
+def test_progress_reports_take_strict_types(
+    tmp_path: Path, database_url: str, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """A string, a boolean or a float is not a step, a string is not a figure: 422, nothing stored."""
+    settings = make_settings(tmp_path, database_url=database_url, run_reconciler=False, progress_secret=PROGRESS_SECRET)
+    c = controller_factory(settings)
+    job_id = _submit(c).json()["id"]
+    coerced: list[dict[str, object]] = [
+        {"step": "5"},
+        {"step": True},
+        {"step": 5.0},
+        {"step": 1, "steps": "9"},
+        {"step": 1, "breakdown_ms": {"sample": "1"}},
+        {"step": 1, "breakdown_ms": {"sample": True}},
+        {"step": 1, "epoch_seconds": "3.0"},
+        {"step": 1, "step_ms": False},
+        {"step": 1, "losses": {"c51": "0.5"}},
+        {"step": 1, "plan": 7},
+    ]
+    for body in coerced:
+        response = _progress(c, job_id, body)
+        assert (response.status_code, response.headers["content-type"]) == (422, PROBLEM), body
+    assert c.request("GET", f"/v1/jobs/{job_id}").json()["step"] is None
+    assert _progress(c, job_id, {"step": 7, "epoch_seconds": 3, "breakdown_ms": {"sample": 1}}).status_code == 204
+    job = c.request("GET", f"/v1/jobs/{job_id}").json()  # a JSON integer is a number: 3 is 3.0
+    assert (job["step"], job["epoch_seconds"], job["breakdown_ms"]) == (7, 3.0, {"sample": 1.0})
+
+
+def test_a_retry_gets_a_new_progress_token_and_the_previous_attempts_is_refused(
+    tmp_path: Path, database_url: str, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    settings = make_settings(tmp_path, database_url=database_url, run_reconciler=False, progress_secret=PROGRESS_SECRET)
+    c = controller_factory(settings)
+    job_id = _submit(c).json()["id"]
+    first = progress_token(PROGRESS_SECRET, job_id, 0)
+    assert _progress(c, job_id, {"step": 5}, first).status_code == 204
+    assert _progress(c, job_id, {"step": 5}, progress_token(PROGRESS_SECRET, job_id, 1)).status_code == 403  # not yet
+    assert c.request("DELETE", f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED"
+    assert c.request("POST", f"/v1/jobs/{job_id}/retry").json()["attempt"] == 1
+    second = progress_token(PROGRESS_SECRET, job_id, 1)
+    assert second != first
+    stale = _progress(c, job_id, {"step": 99}, first)  # the first attempt's trainer, still stopping
+    assert (stale.status_code, stale.headers["content-type"]) == (403, PROBLEM)
+    assert "attempt 0" in stale.json()["detail"] and "attempt 1" in stale.json()["detail"]
+    assert c.request("GET", f"/v1/jobs/{job_id}").json()["step"] == 5  # its figures did not land
+    assert _progress(c, job_id, {"step": 1}, second).status_code == 204
+    assert c.request("GET", f"/v1/jobs/{job_id}").json()["step"] == 1
+    forged = f"1.{first.partition('.')[2]}"  # attempt 0's digest relabelled as attempt 1
+    assert _progress(c, job_id, {"step": 2}, forged).status_code == 403
+
+
 def test_without_a_progress_secret_no_report_is_taken(controller: Controller) -> None:
     job_id = _submit(controller).json()["id"]
     response = _progress(controller, job_id, {"step": 1})
