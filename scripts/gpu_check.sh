@@ -99,6 +99,10 @@
 #     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
 #                                                               -> $OUT/collect/{tests.log,graph-false,graph-true}
+#   pack (issue 31): the packs' GPU tests (tests/trainer/execution/test_pack.py: a packed graph against its solo
+#     graph plans over 2,000 updates, kernels per pack step), then `core` packs of K = 1, 4, 16, 64 as graph
+#     (float32) and graph-bf16 beside those solo plans and zerocopy-bf16+combo (DEADLINE 560 s, its default here)
+#                                                               -> $OUT/pack_tests.log, $OUT/pack/bench.{json,md,png}
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
 #   script's start, so the call ends in time and keeps what the earlier stages wrote.
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
@@ -130,6 +134,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13e ] && { stage=full13; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round13f ] && { stage=small13,prof13d; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round13g ] && { stage=bench13g; DEADLINE="${DEADLINE:-220}"; }
+[ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -170,6 +175,16 @@ if has profile; then
   # kernels per step and the costliest kernels of the fastest plan (scripts/profile_step.py)
   timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy-bf16 --top 25 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
+fi
+
+# ---- issue 31: packs of runs (stage pack) ----
+if has pack; then
+  budget=$(left 200)
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
+    tests/trainer/execution/test_pack.py 2>&1 | tee "$OUT/pack_tests.log" | grep -E "passed|failed|PASS|FAIL|kernels|warning|  state|  replay|Error" | tail -40
+  timeout "$(left 360)" python3 -m trainer bench --configs core --methods graph,graph-bf16,zerocopy-bf16+combo \
+    --pack "${PACK_SIZES:-1,4,16,64}" --pack-methods graph,graph-bf16 --repeats 3 --no-timer-overhead --out "$OUT/pack" \
+    "${extra[@]}" 2>&1 | tee "$OUT/bench_pack.log" | grep -v "Warn\|check(" | tail -24
 fi
 
 # ---- issue 15: the market's collection graph (stage collect) ----

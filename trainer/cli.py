@@ -75,7 +75,7 @@ def train(
     from trainer.execution.data.offline import DatasetError
     from trainer.runtime.checkpoint import CheckpointError
     from trainer.runtime.progress import ProgressReporter
-    from trainer.runtime.train import default_run_dir, run_training
+    from trainer.runtime.train import RunDirBusy, default_run_dir, run_training
 
     reporter = ProgressReporter.from_env()  # in a pod: reports also go to the controller
     try:
@@ -84,13 +84,21 @@ def train(
             warn_default_config_on_cpu(cfg)
         on_report = reporter.update if reporter is not None else None
         run_training(cfg, run_dir or default_run_dir(), resume=resume, show_progress=progress, on_report=on_report)
-    except (ConfigError, DatasetError, CheckpointError) as error:
+    except (ConfigError, DatasetError, CheckpointError, RunDirBusy) as error:
         raise fail(str(error)) from None
     except FileNotFoundError as error:
         raise fail(f"file not found: {error.filename or error}") from None
     finally:
         if reporter is not None:
             reporter.close()
+
+
+def _pack_sizes(text: str) -> list[int]:
+    """`--pack 1,4,16`: the sizes, or a one-line error."""
+    try:
+        return [int(k) for k in text.split(",") if k]
+    except ValueError:
+        raise fail(f"--pack takes comma-separated whole numbers, got {text!r}") from None
 
 
 @app.command()
@@ -137,6 +145,12 @@ def bench(
         ),
     ] = "",
     rounds: Annotated[int, typer.Option(min=1, help="A/B rounds (each runs A then B).")] = 2,
+    pack: Annotated[
+        str, typer.Option(help="Pack sizes K for `pack` rows, e.g. 1,4,16,64: K runs of each preset as one pack.")
+    ] = "",
+    pack_methods: Annotated[
+        str, typer.Option(help="Comma-separated: how the packs run, eager or graph with a precision suffix.")
+    ] = "graph",
 ) -> None:
     """Time every plan beside eager and torch.compile on the pinned model; print the table, write JSON/PNG/MD."""
     import shlex
@@ -163,6 +177,8 @@ def bench(
         train_plans=[p for p in train_plans.split(",") if p],
         train_updates=train_updates,
         train_overrides=train_override or [],
+        pack=_pack_sizes(pack),
+        pack_methods=[m for m in pack_methods.split(",") if m],
     )
     if device not in ("auto", "cpu", "cuda"):
         raise fail(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -182,6 +198,8 @@ def bench(
         raise fail(f"--ab takes two sources, A,B; got {ab!r}")
     if (isolate or sources) and options.train:
         raise fail("--train rows run in the bench's own process: not with --isolate or --ab")
+    if (isolate or sources) and options.pack:
+        raise fail("--pack rows run in the bench's own process: not with --isolate or --ab")
     log = lambda line: typer.echo(line, err=True)  # noqa: E731
     if isolate or sources:
         from trainer.tools.bench_isolated import run_isolated

@@ -83,6 +83,10 @@ TRAIN_RECIPES: dict[str, Path] = {"cartpole": EXAMPLES / "cartpole.yaml", "marke
 """Recipes the `train` rows can run (the market's: its torch environment on the training device)."""
 TRAIN_PLANS: tuple[str, ...] = ("eager", "zerocopy")
 """The baseline and the fastest plan of the update-only rows."""
+PACK_BASES: tuple[str, ...] = ("eager", "graph")
+"""The plans a pack can run as (`trainer.pack.PackPlan`: vmapped eager kernels, uncaptured or in CUDA graphs)."""
+PACK_METHODS: tuple[str, ...] = ("graph",)
+"""The default `pack` rows' method."""
 
 
 @dataclass
@@ -109,6 +113,10 @@ class BenchOptions:
     train_updates: int = 4000
     train_overrides: list[str] = field(default_factory=list)
     """Overrides for the recipes (the update-only rows' `overrides` do not apply to them)."""
+    pack: list[int] = field(default_factory=list)
+    """Pack sizes K for the `pack` rows (`--pack 1,4,16,64`): K runs of each preset as one pack; none by default."""
+    pack_methods: list[str] = field(default_factory=lambda: list(PACK_METHODS))
+    """How each pack runs (`PACK_BASES`, with a precision suffix), each beside the solo method of that name."""
 
 
 @dataclass
@@ -126,6 +134,33 @@ class Result:
     peak_mem_gib: float | None = None
     setup_s: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class PackResult:
+    """A `pack` row: K runs of `config` as one pack, run as `method`, beside the solo row of that method."""
+
+    config: str
+    method: str
+    pack: int
+    """K: the runs in the pack."""
+    ms_median: float | None = None
+    """Per pack step (one update of every run): the median over the windows."""
+    ms_min: float | None = None
+    ms_max: float | None = None
+    windows_ms: list[float] = field(default_factory=list)
+    updates_per_s: float | None = None
+    """Every run's updates together: K × 1000 / ms_median."""
+    solo_ms: float | None = None
+    """The solo row's ms/step (same method, same bench run)."""
+    aggregate_speedup: float | None = None
+    """updates_per_s over the solo row's updates/s."""
+    peak_mem_gib: float | None = None
+    """The pack's peak GPU memory (the bench's own filled replay, which the pack copies, not counted)."""
+    peak_mem_per_run_gib: float | None = None
+    solo_peak_mem_gib: float | None = None
+    setup_s: float | None = None
     error: str | None = None
 
 
@@ -290,6 +325,13 @@ def check_options(options: BenchOptions) -> None:
             f"unknown train names {', '.join(unknown_train)} (recipes: {', '.join(TRAIN_RECIPES)}; "
             f"plans: {', '.join(PLANS)})"
         )
+    if options.pack:
+        from trainer.execution.pack import MAX_PACK
+
+        if not all(1 <= k <= MAX_PACK for k in options.pack):
+            raise ValueError(f"pack sizes must be 1 to {MAX_PACK}, got {options.pack}")
+        for method in options.pack_methods:
+            pack_base(method)
     if options.train and options.train_updates % options.steps_per_replay:
         raise ValueError(
             f"train updates ({options.train_updates}) must be a multiple of "
@@ -405,6 +447,119 @@ def time_method(
     return result
 
 
+def pack_base(method: str) -> str:
+    """The plan a pack method runs as ("graph-bf16" -> "graph"); `ValueError` for one a pack cannot run."""
+    base, _ = split_method(method)
+    if base not in PACK_BASES or is_horizontal(method):
+        raise ValueError(f"a pack runs as {' or '.join(PACK_BASES)} (with a precision suffix), not {method!r}")
+    return base
+
+
+def time_pack(
+    preset: str,
+    method: str,
+    size: int,
+    config: TrainConfig,
+    replay: ReplayBuffer,
+    priorities: dict[str, torch.Tensor],
+    options: BenchOptions,
+) -> PackResult:
+    """K = `size` runs as one pack (`trainer.pack`): run i is the solo method's run with seed `options.seed` + i,
+    its own copy of the filled replay and its own generators (run 0's are the solo row's); warm-up, then
+    `repeats` windows of `steps` pack steps, as `time_method` times a solo run."""
+    from trainer.execution.pack import Pack, PackPlan, PackRun
+
+    result = PackResult(config=preset, method=method, pack=size)
+    device = replay.device
+    config = method_config(config, method)
+    dims = ModelDims.build(config.model, replay.spec.obs_dim, replay.spec.branches, replay.spec.actions)
+    own_replay_gib = sum(t.numel() * t.element_size() for t in replay.state_dict().values()) / 2**30
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    began = time.perf_counter()
+    pack = plan = None
+    try:
+        configs = [
+            config.model_copy(update={"run": config.run.model_copy(update={"seed": options.seed + i})})
+            for i in range(size)
+        ]
+
+        def make(i: int, run_config: TrainConfig) -> PackRun:
+            run_replay = ReplayBuffer(
+                run_config, replay.spec, device, torch.Generator(device).manual_seed(options.seed + 1 + 1000 * i)
+            )
+            run_replay.load_state_dict(replay.state_dict())
+            for key, tensor in run_replay.sampler.state_dict().items():
+                tensor.copy_(priorities[key])
+            generator = torch.Generator(device).manual_seed(options.seed + 2 + 1000 * i)
+            return PackRun(TrainState.create(run_config, dims, device), run_replay, generator)
+
+        pack = Pack(configs, make)
+        plan = PackPlan(pack, graph=pack_base(method) == "graph")
+        step = 0
+        while step < options.warmup:
+            plan.run(step)
+            step += plan.steps_per_call
+        _sync(device)
+        result.setup_s = time.perf_counter() - began
+        windows: list[float] = []
+        for _ in range(options.repeats):
+            with _window(device, windows):
+                end = step + options.steps
+                while step < end:
+                    plan.run(step)
+                    step += plan.steps_per_call
+        per_step = options.steps // plan.steps_per_call * plan.steps_per_call
+        result.windows_ms = [ms / per_step for ms in windows]
+        result.ms_median = statistics.median(result.windows_ms)
+        result.ms_min, result.ms_max = min(result.windows_ms), max(result.windows_ms)
+        result.updates_per_s = size * 1e3 / result.ms_median
+        if device.type == "cuda":
+            result.peak_mem_gib = torch.cuda.max_memory_allocated(device) / 2**30 - own_replay_gib
+            result.peak_mem_per_run_gib = result.peak_mem_gib / size
+    except Exception as error:  # a pack that cannot run is reported, not hidden
+        result.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    finally:
+        del plan, pack
+    return result
+
+
+def run_pack_rows(
+    preset: str,
+    config: TrainConfig,
+    replay: ReplayBuffer,
+    priorities: dict[str, torch.Tensor],
+    results: list[Result],
+    options: BenchOptions,
+    log: Callable[[str], None],
+) -> list[PackResult]:
+    """The `pack` rows of one preset: each pack method at each K, beside the solo row of that method (timed
+    here if `options.methods` did not include it)."""
+    rows = []
+    for method in options.pack_methods:
+        solo = next((r for r in results if r.config == preset and r.method == method), None)
+        if solo is None:
+            solo = time_method(preset, method, config, replay, priorities, options)
+            results.append(solo)
+            log(f"[{preset}] {method} (solo, for the packs): {solo.error or f'{solo.ms_median:.3f} ms/step'}")
+        for size in options.pack:
+            row = time_pack(preset, method, size, config, replay, priorities, options)
+            if solo.ms_median and row.updates_per_s:
+                row.solo_ms, row.solo_peak_mem_gib = solo.ms_median, solo.peak_mem_gib
+                row.aggregate_speedup = row.updates_per_s / (1e3 / solo.ms_median)
+            rows.append(row)
+            timing = (
+                f"{row.ms_median:.3f} ms per pack step, {row.updates_per_s:.0f} updates/s, "
+                f"{row.aggregate_speedup or float('nan'):.2f}x solo (setup {row.setup_s:.1f}s)"
+                if row.ms_median
+                else ""
+            )
+            log(f"[{preset}] pack {method} K={size}: {row.error or timing}")
+    return rows
+
+
 def train_config(recipe: str, plan: str, options: BenchOptions, device: torch.device) -> TrainConfig:
     """The recipe as `trainer train` runs it, for `train_updates` updates, with no evaluation or report in between."""
     k = 1 if plan == "eager" else options.steps_per_replay
@@ -494,6 +649,7 @@ def environment(device: torch.device) -> dict[str, Any]:
 def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every method in every preset; returns the JSON document (environment, options, results)."""
     results: list[Result] = []
+    packs: list[PackResult] = []
     overhead: list[dict[str, Any]] = []
     # Each method and variant is its own compiled entry; Dynamo's default limit would fall back to eager.
     torch._dynamo.config.cache_size_limit = 256
@@ -539,6 +695,8 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
                             "overhead_pct": 100 * (on.ms_median - off.ms_median) / off.ms_median,
                         }
                     )
+        if options.pack:
+            packs += run_pack_rows(preset, config, replay, priorities, results, options, log)
         del replay
     train = run_train_rows(options, device, log)
     return {
@@ -547,4 +705,5 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
         "results": [asdict(result) for result in results],
         "timer_overhead": overhead,
         "train": [asdict(result) for result in train],
+        "pack": [asdict(row) for row in packs],
     }

@@ -44,6 +44,7 @@ def format_table(document: dict[str, Any]) -> str:
             f"{row['ms_timer_off']:.3f} ms off ({row['overhead_pct']:+.2f}%)"
         )
     lines.extend(format_train_rows(document.get("train", [])))
+    lines.extend(format_pack_rows(document.get("pack", [])))
     if document.get("ab"):
         from trainer.tools.bench_isolated import format_ab_table
 
@@ -71,6 +72,31 @@ def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"{head} {r['updates_per_s']:>10.1f} {r['ms_per_update']:>10.3f} {collect:>10.3f} {update:>10.3f} "
             f"{ratio:>8.2f}"
+        )
+    return lines
+
+
+def format_pack_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The `pack` rows: K runs as one pack, its step, updates/s of all runs and the speed-up over one solo run."""
+    if not rows:
+        return []
+    lines = [
+        f"{'pack':<6} {'method':<14} {'K':>3} {'ms/step':>9} {'spread (min-max)':>18} {'updates/s':>10} "
+        f"{'solo ms':>8} {'aggregate':>9} {'GiB/run':>8} {'solo GiB':>8}"
+    ]
+    for r in rows:
+        head = f"{r['config']:<6} {r['method']:<14} {r['pack']:>3}"
+        if r["error"]:
+            lines.append(f"{head} failed: {r['error']}")
+            continue
+        speed = f"{r['aggregate_speedup']:.2f}x" if r["aggregate_speedup"] else "-"
+        solo = f"{r['solo_ms']:.3f}" if r["solo_ms"] else "-"
+        per_run = f"{r['peak_mem_per_run_gib']:.3f}" if r["peak_mem_per_run_gib"] is not None else "-"
+        solo_mem = f"{r['solo_peak_mem_gib']:.3f}" if r["solo_peak_mem_gib"] is not None else "-"
+        spread = f"{r['ms_min']:.3f}-{r['ms_max']:.3f}"
+        lines.append(
+            f"{head} {r['ms_median']:>9.3f} {spread:>18} {r['updates_per_s']:>10.0f} {solo:>8} {speed:>9} "
+            f"{per_run:>8} {solo_mem:>8}"
         )
     return lines
 

@@ -65,6 +65,8 @@ def test_pinned_defaults_are_the_issue_model() -> None:
         ({"methods": ["zerocopy-fp16"]}, "unknown bench names zerocopy-fp16"),
         ({"steps": 0}, "must be positive"),
         ({"steps": 5, "steps_per_replay": 2}, "multiple of steps_per_replay"),
+        ({"pack": [0]}, "pack sizes must be 1 to 64"),
+        ({"pack": [2], "pack_methods": ["zerocopy"]}, "a pack runs as eager or graph"),
     ],
 )
 def test_bad_options_are_one_line_errors(changes: dict[str, object], message: str) -> None:
@@ -107,6 +109,22 @@ def test_run_bench_times_a_bf16_variant_beside_its_method() -> None:
     assert rows["eager-bf16"]["error"] is None and rows["eager-bf16"]["ms_median"] > 0
     assert rows["eager-bf16"]["losses"] != rows["eager"]["losses"]  # other arithmetic, same batches
     assert "eager-bf16" in format_table(document)
+
+
+def test_pack_rows_time_k_runs_as_one_beside_the_solo_method() -> None:
+    """`--pack 1,2`: each row carries K and its aggregate speed-up over the solo row, timed in the same run (here
+    timed for the packs, as --methods did not name it)."""
+    options = tiny_options(configs=["core"], methods=["eager"], timer_overhead=False, pack=[1, 2])
+    options.pack_methods = ["eager-bf16"]
+    document = run_bench(options, torch.device("cpu"), log=lambda line: None)
+    solo = next(r for r in document["results"] if r["method"] == "eager-bf16")
+    rows = document["pack"]
+    assert [(r["method"], r["pack"], r["error"]) for r in rows] == [("eager-bf16", 1, None), ("eager-bf16", 2, None)]
+    for row in rows:
+        assert row["solo_ms"] == solo["ms_median"]
+        assert row["updates_per_s"] == pytest.approx(row["pack"] * 1e3 / row["ms_median"])
+        assert row["aggregate_speedup"] == pytest.approx(row["updates_per_s"] * solo["ms_median"] / 1e3)
+    assert "aggregate" in format_table(document)
 
 
 def test_fill_with_random_transitions_writes_distinct_whole_episodes() -> None:

@@ -1,0 +1,281 @@
+"""Packs (`trainer.pack`): run i of a pack is the solo run with run i's config, and one run's failure stays its own.
+
+Solo runs here are the eager plan's loop (`EagerPlan.run`: sample, draw, `train_step`, write back), which the
+graph plan reproduces bit for bit in float32 (`tests/trainer/runtime/test_train_equivalence.py`). What a pack changes
+is rounding where vmap's batched kernels sum in another order than one run's: `EXACT` names the tensors that
+stay bit-identical on the CPU, `RTOL` bounds the rest (relative norm per tensor).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from contracts.config import TrainConfig
+from tests.factories import tiny_config
+from trainer.algo.model import ModelDims
+from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.state import TrainState
+from trainer.algo.step import Draws, Hyper, StepFlags, train_step
+from trainer.execution.pack import MAX_PACK, Pack, PackError, PackPlan, PackRun, check_packable
+from trainer.tools.bench import bench_spec, fill_with_random_transitions
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+RTOL = {
+    "state.attn": 2e-5,  # the attention model: batched products over [K, B, W, ·]
+    "state.adam_attn.m": 2e-5,
+    "state.adam_attn.v": 2e-5,
+    "state.spectral_v": 2e-5,  # the power iteration's matrix-vector products, batched
+    "replay.sampler.tree": 1e-12,  # p^α with α a per-run float64 tensor, not a Python float: pow's other path
+}
+"""Relative error ‖pack − solo‖ / ‖solo‖ allowed per tensor after the CPU test's updates; every other tensor
+must be bit-identical (the main network, its target and Adam moments, IQL, the guard's counters, replay storage)."""
+
+LRS, GAMMAS, ALPHAS = (1e-3, 3e-4, 1e-4), (0.99, 0.95, 0.9), (0.6, 0.5, 0.7)
+
+
+def run_config(i: int, full: bool, device: str = "cpu") -> TrainConfig:
+    """Run i of the test's pack: its own seed, learning rate, γ and PER α."""
+    parts = (
+        ["loss.vaccine_every=2", "loss.causal_every=3"]
+        if full
+        else ["loss.vaccine=false", "loss.causal=false", "model.ensemble_heads=0", "replay.her=false"]
+    )
+    return tiny_config(
+        [
+            f"run.seed={i}",
+            f"run.device={device}",
+            f"optim.lr={LRS[i]}",
+            f"loss.gamma={GAMMAS[i]}",
+            f"replay.alpha={ALPHAS[i]}",
+            "replay.capacity=512",
+            "replay.search=cdf",
+            *parts,
+        ]
+    )
+
+
+def solo_run(i: int, config: TrainConfig) -> PackRun:
+    """Run i as a solo run builds it: state, a replay of random transitions, the draws' generator."""
+    device = torch.device(config.run.device)
+    spec = bench_spec(config)
+    dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+    replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(config.run.seed))
+    fill_with_random_transitions(replay, 400, seed=7 + i, chunk=200)
+    return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(100 + i))
+
+
+class Solo:
+    """A solo run stepped as the eager plan steps it (without its read-back)."""
+
+    def __init__(self, i: int, config: TrainConfig) -> None:
+        self.config, self.run = config, solo_run(i, config)
+        self.hp = Hyper.from_config(config)
+        size = config.run.batch_size
+        self.batch = self.run.replay.empty_batch(size)
+        self.draws = Draws.empty(self.run.state.dims, size, self.run.state.atoms.device, permute=config.loss.causal)
+
+    def step(self, step: int) -> None:
+        self.run.replay.sample_into(self.batch, step)
+        self.draws.fill_(self.run.generator)
+        out = train_step(self.run.state, self.batch, self.draws, self.hp, StepFlags.for_step(step, self.config))
+        self.run.replay.update_priorities(self.batch.index, out.priority)
+
+
+def run_tensors(state: TrainState, replay: ReplayBuffer) -> dict[str, torch.Tensor]:
+    named = {f"state.{n}": t for n, t in state.tensors().items()}
+    return named | {f"replay.{n}": t for n, t in replay.state_dict().items()}
+
+
+def relative_errors(pack: Pack, solos: list[Solo]) -> Iterator[tuple[int, str, float]]:
+    """(run, tensor, ‖pack − solo‖ / ‖solo‖) for every tensor of every run that is not bit-identical."""
+    for i, solo in enumerate(solos):
+        mine = run_tensors(pack.states[i], pack.replays[i])
+        for name, want in run_tensors(solo.run.state, solo.run.replay).items():
+            got = mine[name]
+            if not torch.equal(got, want):
+                diff = (got.double() - want.double()).norm() / want.double().norm().clamp(min=1e-30)
+                yield i, name, float(diff)
+
+
+def quiet_vmap() -> warnings.catch_warnings[None]:
+    """vmap warns where an op has no batching rule (CPU attention) and loops over the runs: slower, same maths."""
+    context = warnings.catch_warnings()
+    context.__enter__()
+    warnings.filterwarnings("ignore", message=".*batching rule.*")
+    return context
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["core", "full"])
+def test_each_run_of_a_pack_is_its_solo_run(full: bool) -> None:
+    """Two runs differing in seed, lr, γ and α (with vaccine, causal, ensemble and HER in `full`), 3 updates."""
+    configs = [run_config(i, full) for i in range(2)]
+    solos = [Solo(i, config) for i, config in enumerate(configs)]
+    pack = Pack(configs, solo_run)
+    assert pack.differing == ["loss.gamma", "optim.lr", "replay.alpha", "run.seed"]
+    assert set(pack.hyper) == {"gamma", "lr"} and set(pack.sampler_scalars) == {"alpha"}
+    assert (pack.replays[0].her is not None) == full
+    plan = PackPlan(pack)
+    context = quiet_vmap()
+    try:
+        for step in range(3):
+            for solo in solos:
+                solo.step(step)
+            output = plan.run(step)
+    finally:
+        context.__exit__(None, None, None)
+    assert output.ok.tolist() == [True, True]
+    assert [float(s.updates) for s in pack.states] == [3.0, 3.0]
+    errors = list(relative_errors(pack, solos))
+    over = [(i, name, err) for i, name, err in errors if err > RTOL.get(name, 0.0)]
+    assert not over, f"pack parts from its solo runs: {over}"
+    # each run's objects are views of its row of the stacked tensors: what collection writes, the pack step reads
+    assert pack.states[1].online.data_ptr() == pack.state["online"][1].data_ptr()
+    assert pack.replays[1].storage.obs.data_ptr() == pack.storage["obs"][1].data_ptr()
+
+
+def test_a_run_that_diverges_is_skipped_alone() -> None:
+    """A run whose replay holds a NaN reward: its guard skips every update, the other runs are their solo runs."""
+    configs = [run_config(i, full=False) for i in range(3)]
+    solos = [Solo(i, config) for i, config in enumerate(configs)]
+    pack = Pack(configs, solo_run)
+    pack.replays[1].storage.reward.fill_(float("nan"))
+    online = pack.states[1].online.clone()
+    plan = PackPlan(pack)
+    context = quiet_vmap()
+    try:
+        for step in range(2):
+            for i in (0, 2):
+                solos[i].step(step)
+            output = plan.run(step)
+    finally:
+        context.__exit__(None, None, None)
+    assert output.ok.tolist() == [True, False, True]
+    assert [int(s.guard_skips) for s in pack.states] == [0, 2, 0]
+    assert torch.equal(pack.states[1].online, online)
+    errors = [(i, n, e) for i, n, e in relative_errors(pack, solos) if i != 1 and e > RTOL.get(n, 0.0)]
+    assert not errors
+
+
+def test_only_the_seed_and_numeric_hyper_parameters_may_differ() -> None:
+    base = tiny_config()
+    assert check_packable([base, tiny_config(["run.seed=3", "optim.lr=0.01", "data.epsilon_end=0.1"])]) == [
+        "data.epsilon_end",
+        "optim.lr",
+        "run.seed",
+    ]
+    with pytest.raises(PackError, match="model.hidden"):
+        check_packable([base, tiny_config(["model.hidden=64"])])
+    with pytest.raises(PackError, match="loss.iqn_kappa"):  # checked on the host by the loss: not a per-run tensor
+        check_packable([base, tiny_config(["loss.iqn_kappa=2.0"])])
+    with pytest.raises(PackError, match=f"1 to {MAX_PACK}"):
+        check_packable([base] * (MAX_PACK + 1))
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_a_packed_graph_follows_its_solo_runs_over_2000_updates() -> None:
+    """The `core` model at B = 256 (replay 20,000), K = 4 runs differing in seed, lr and γ, captured as the graph
+    plan captures (K = 10 updates per replay, float32) against each run's solo graph plan (= eager, bit for bit),
+    2,000 updates; prints each tensor's largest relative error."""
+    from trainer.execution.plans import make_plan
+    from trainer.runtime.timing import StepTimer
+    from trainer.tools.bench import BenchOptions, preset_config
+
+    options = BenchOptions(batch_size=256, capacity=20_000)
+    base = preset_config("core", options).model_copy()
+    configs = [
+        base.model_copy(
+            update={
+                "run": base.run.model_copy(update={"seed": i, "device": "cuda"}),
+                "optim": base.optim.model_copy(update={"lr": (1e-4, 3e-4, 1e-3, 5e-5)[i]}),
+                "loss": base.loss.model_copy(update={"gamma": (0.99, 0.97, 0.95, 0.9)[i]}),
+            }
+        )
+        for i in range(4)
+    ]
+    device = torch.device("cuda")
+
+    def make(i: int, config: TrainConfig) -> PackRun:
+        spec = bench_spec(config)
+        dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+        replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
+        fill_with_random_transitions(replay, options.capacity, seed=i)
+        return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
+
+    solos = []
+    for i, config in enumerate(configs):
+        run = make(i, config)
+        plan = make_plan("graph", run.state, run.replay, config, StepTimer(device, enabled=False), run.generator)
+        solos.append((run, plan))
+    pack = Pack(configs, make)
+    packed = PackPlan(pack, graph=True)
+    updates = 2000
+    for step in range(0, updates, packed.steps_per_call):
+        packed.run(step)
+        for _, plan in solos:
+            plan.run(step)
+    torch.cuda.synchronize()
+    worst: dict[str, float] = {}
+    for i, (run, _) in enumerate(solos):
+        mine = run_tensors(pack.states[i], pack.replays[i])
+        for name, want in run_tensors(run.state, run.replay).items():
+            diff = (mine[name].double() - want.double()).norm() / want.double().norm().clamp(min=1e-30)
+            worst[name] = max(worst.get(name, 0.0), float(diff))
+    print("\npacked graph (K=4, fp32) against solo graph plans after 2000 updates, largest relative error per tensor:")
+    for name, err in sorted(worst.items()):
+        print(f"  {name:<28} {err:.3e}")
+    assert all(float(s.updates) == updates for s in pack.states)
+    assert worst["state.online"] < 1e-3, worst
+    assert all(err < 5e-2 for err in worst.values()), worst
+
+
+def cuda_kernels(call: Callable[[], object]) -> int:
+    """CUDA kernels (and memory operations) one call of `call` launches, by the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_a_pack_step_launches_one_runs_kernels_and_its_draws() -> None:
+    """vmap batches every product over the runs' stacked weights: K runs launch one run's kernels, plus the two
+    draws each run makes from its own generators (PER's points and the step's uniforms)."""
+    from trainer.tools.bench import BenchOptions, preset_config
+
+    options = BenchOptions(batch_size=256, capacity=20_000)
+    base = preset_config("core", options)
+    device = torch.device("cuda")
+    counts = {}
+    for size in (1, 8):
+        configs = [
+            base.model_copy(update={"run": base.run.model_copy(update={"seed": i, "device": "cuda"})})
+            for i in range(size)
+        ]
+
+        def make(i: int, config: TrainConfig) -> PackRun:
+            spec = bench_spec(config)
+            dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+            replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
+            fill_with_random_transitions(replay, 2_000, seed=i)
+            return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
+
+        plan = PackPlan(Pack(configs, make))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            counts[size] = cuda_kernels(functools.partial(plan.run, 0))
+    print(f"\nkernels per eager pack step: K=1 {counts[1]}, K=8 {counts[8]}")
+    for message in sorted({str(w.message).splitlines()[0] for w in caught}):
+        print(f"  warning: {message}")  # vmap's fallbacks (an op without a batching rule loops over the runs)
+    assert counts[8] <= counts[1] + 2 * 7 + 4, counts

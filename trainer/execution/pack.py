@@ -1,0 +1,422 @@
+"""Packs: K runs of one configuration in one process and one step (issue 31).
+
+The model is small and its step latency-bound, so one run leaves most of a GPU idle. A pack runs K runs
+that share a configuration but differ in seed and in numeric hyper-parameters (`PACKABLE`) as one: every
+stateful tensor (parameters, Adam moments, replay storage and priorities) gains a leading run dimension
+[K, ...], and one update of the pack is `train_step` (and the replay's sampling and write-back) batched
+over the runs with `torch.func.vmap`. Under vmap each of the step's products over stacked weights is one
+batched product for all K runs, so a pack step launches about as many kernels as one run's step.
+
+Like the plans, this is how the step runs, not what it computes: run i of a pack is the solo run with the
+same config (seed, hyper-parameters). What differs is rounding where a batched kernel sums in another order
+(`tests/trainer/execution/test_pack.py` states which tensors and by how much).
+
+- Each run keeps its own objects (`Pack.states`, `Pack.replays`), whose tensors are views of row i of the
+  stacked ones: what the solo code does with a run (collect into its replay, act, evaluate, checkpoint)
+  it does through them, and the pack's step sees it.
+- Each run keeps its own generators (the replay's and the draws'), so it draws exactly the numbers its
+  solo run draws: K draw kernels per step, the only per-run launches of the pack step.
+- A hyper-parameter that differs between runs reaches the step as a float64 0-d tensor per run (vmap hands
+  each run its own), one that is the same in every run stays a Python float, as in a solo run.
+- `PackPlan` runs a pack step eagerly or, like the graph plan, captured in one CUDA graph per pattern of
+  periodic flags, K = `run.steps_per_replay` updates per replay. The fused plans' Triton kernels have no
+  vmap rule, so a pack runs eager's kernels, in the precision `run.precision` gives (bf16 autocast too).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from contracts.config import TrainConfig
+from trainer.algo.batch import Batch
+from trainer.algo.budgets import AdamMoments
+from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.state import TrainState
+from trainer.algo.step import Draws, Hyper, StepFlags, train_step
+from trainer.execution.plans._capture import capture, flag_patterns, matmul_precision, require_cuda, uses_tf32
+
+MAX_PACK = 64
+"""The most runs one pack holds (the metrics' `run` label stays bounded)."""
+
+PACKABLE: frozenset[str] = frozenset(
+    {
+        "run.seed",
+        "loss.gamma",
+        "loss.reward_scale",
+        "loss.cql_alpha",
+        "loss.ensemble_diversity",
+        "loss.vaccine_epsilon",
+        "loss.vaccine_weight",
+        "optim.lr",
+        "optim.aux_lr",
+        "optim.beta1",
+        "optim.beta2",
+        "optim.eps",
+        "optim.max_grad_norm",
+        "optim.budget_c51",
+        "optim.budget_cql",
+        "optim.budget_iqn",
+        "optim.budget_ensemble",
+        "optim.target_tau",
+        "optim.sigma_max",
+        "replay.alpha",
+        "replay.beta_start",
+        "replay.beta_end",
+        "data.epsilon_start",
+        "data.epsilon_end",
+    }
+)
+"""Config fields (dotted) that may differ between the runs of a pack: the seed and the numbers the step,
+the replay's sampler and exploration read as values. Everything else (shapes, switches, schedules, the
+checked IQN κ and IQL expectile) must be equal: it changes what the step is."""
+
+SAMPLER_FIELDS = ("alpha", "beta_start", "beta_end")
+"""`PrioritizedSampler` attributes that `PACKABLE`'s replay fields set (same names as the config's)."""
+
+
+class PackError(ValueError):
+    """These configs cannot run as one pack (the message names the first field that differs)."""
+
+
+def dotted(config: TrainConfig) -> dict[str, Any]:
+    """Every field of `config` by its dotted name ("optim.lr")."""
+    return {
+        f"{section}.{name}": value for section, fields in config.model_dump().items() for name, value in fields.items()
+    }
+
+
+def check_packable(configs: Sequence[TrainConfig]) -> list[str]:
+    """The dotted fields that differ between `configs`, all in `PACKABLE`; else `PackError`."""
+    if not 1 <= len(configs) <= MAX_PACK:
+        raise PackError(f"a pack holds 1 to {MAX_PACK} runs, got {len(configs)}")
+    first = dotted(configs[0])
+    differing: list[str] = []
+    for config in configs[1:]:
+        for name, value in dotted(config).items():
+            if value != first[name] and name not in differing:
+                if name not in PACKABLE:
+                    raise PackError(
+                        f"runs of one pack must share {name} ({first[name]!r} and {value!r}): only the seed and "
+                        f"numeric hyper-parameters may differ ({', '.join(sorted(PACKABLE))})"
+                    )
+                differing.append(name)
+    return sorted(differing)
+
+
+# ---- one run's objects over given tensors ----------------------------------------------------------------
+
+
+def state_tensors(state: TrainState) -> dict[str, Tensor]:
+    """The state's tensors a pack stacks: `TrainState.tensors()` (the support `atoms` is shared)."""
+    return state.tensors()
+
+
+def state_over(template: TrainState, tensors: dict[str, Tensor]) -> TrainState:
+    """`template` with its tensors replaced by `tensors` (by `TrainState.tensors()` name)."""
+    return dataclasses.replace(
+        template,
+        online=tensors["online"],
+        target=tensors["target"],
+        adam_main=AdamMoments(tensors["adam_main.m"], tensors["adam_main.v"]),
+        iql_params=tensors["iql"],
+        adam_iql=AdamMoments(tensors["adam_iql.m"], tensors["adam_iql.v"]),
+        attn_params=tensors["attn"],
+        adam_attn=AdamMoments(tensors["adam_attn.m"], tensors["adam_attn.v"]),
+        prune_mask=tensors["prune_mask"],
+        spectral_v=tensors["spectral_v"],
+        updates=tensors["updates"],
+        guard_skips=tensors["guard_skips"],
+        causal_effects=tensors["causal_effects"],
+    )
+
+
+def _set(obj: object, values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        setattr(obj, name, value)
+
+
+def replay_over(
+    template: ReplayBuffer, storage: dict[str, Tensor], sampler: dict[str, Tensor], scalars: dict[str, Any]
+) -> ReplayBuffer:
+    """A shallow copy of `template` whose storage and sampler read `storage` and `sampler` (by their
+    `state_dict` names), with the sampler's `scalars` (alpha, beta) replaced: what sampling and the
+    priority write-back of one run see inside the pack's vmap."""
+    replay = copy.copy(template)
+    replay.storage = copy.copy(template.storage)
+    replay.sampler = copy.copy(template.sampler)
+    _set(replay.storage, storage)
+    _set(replay.sampler, {**sampler, **scalars})
+    return replay
+
+
+def hyper_over(template: Hyper, values: dict[str, Tensor]) -> Hyper:
+    """`template` with the hyper-parameters that differ between runs (`Pack.hyper`) taken from `values`."""
+    # Tensors where Hyper declares floats: the step's arithmetic takes either, and under vmap each run sees its
+    # own. float64, as Python's floats are: lr and γ so give the solo run's updates bit for bit (the tests).
+    budgets = {name[len("budgets.") :]: value for name, value in values.items() if name.startswith("budgets.")}
+    plain: dict[str, Any] = {name: value for name, value in values.items() if not name.startswith("budgets.")}
+    if budgets:
+        plain["budgets"] = {**template.budgets, **budgets}
+    return dataclasses.replace(template, **plain)
+
+
+def hyper_values(hypers: Sequence[Hyper]) -> dict[str, list[float]]:
+    """The numeric Hyper fields (a budget as "budgets.NAME") whose values differ between `hypers`."""
+    rows: list[dict[str, Any]] = []
+    for hp in hypers:
+        row = {f.name: getattr(hp, f.name) for f in dataclasses.fields(hp) if f.name != "budgets"}
+        row |= {f"budgets.{name}": value for name, value in hp.budgets.items()}
+        rows.append(row)
+    differing = [name for name in rows[0] if any(row[name] != rows[0][name] for row in rows[1:])]
+    for name in differing:
+        if not all(isinstance(row[name], float) for row in rows):
+            raise PackError(f"hyper-parameter {name} differs between the runs and is not a number")
+    return {name: [row[name] for row in rows] for name in differing}
+
+
+# ---- the pack ---------------------------------------------------------------------------------------------
+
+
+class PackRun(NamedTuple):
+    """One run's objects, made as its solo run makes them (so it starts where its solo run starts)."""
+
+    state: TrainState
+    replay: ReplayBuffer
+    generator: torch.Generator
+    """The step's draws (`Draws.fill_`'s generator; the replay has its own, or shares this one)."""
+
+
+class Pack:
+    """K runs' states, replays and generators, their tensors stacked along a leading run dimension.
+
+    `make(i, config)` builds run i's objects as its solo run would; their tensors are copied into row i of the
+    stacked ones as each run comes (so the peak is the stack and one run), and run i's objects are pointed at
+    that row: `states[i]` and `replays[i]` stay usable as a solo run's are.
+    """
+
+    def __init__(self, configs: Sequence[TrainConfig], make: Callable[[int, TrainConfig], PackRun]) -> None:
+        self.differing = check_packable(configs)
+        self.configs = list(configs)
+        self.size = len(configs)
+        self.states: list[TrainState] = []
+        self.replays: list[ReplayBuffer] = []
+        self.generators: list[torch.Generator] = []
+        self.state: dict[str, Tensor] = {}
+        self.storage: dict[str, Tensor] = {}
+        self.sampler: dict[str, Tensor] = {}
+        for i, config in enumerate(configs):
+            run = make(i, config)
+            self._add(i, self.state, state_tensors(run.state), functools.partial(self._point_state, run.state))
+            self._add(i, self.storage, run.replay.storage.state_dict(), functools.partial(_set, run.replay.storage))
+            self._add(i, self.sampler, run.replay.sampler.state_dict(), functools.partial(_set, run.replay.sampler))
+            self.states.append(run.state)
+            self.replays.append(run.replay)
+            self.generators.append(run.generator)
+        self.device = self.states[0].atoms.device
+        self.hyper = {
+            name: torch.tensor(values, dtype=torch.float64, device=self.device)
+            for name, values in hyper_values([Hyper.from_config(c) for c in configs]).items()
+        }  # name -> [K]: only the step's hyper-parameters that differ between the runs
+        self.sampler_scalars = {
+            name: torch.tensor(
+                [getattr(r.sampler, name) for r in self.replays], dtype=torch.float64, device=self.device
+            )
+            for name in SAMPLER_FIELDS
+            if any(getattr(r.sampler, name) != getattr(self.replays[0].sampler, name) for r in self.replays)
+        }  # name -> [K]
+
+    @classmethod
+    def of(cls, configs: Sequence[TrainConfig], runs: Sequence[PackRun]) -> Pack:
+        """A pack of runs already built (the peak is then every run and the stack)."""
+        if len(configs) != len(runs):
+            raise PackError(f"a pack needs one run per config, got {len(runs)} runs for {len(configs)} configs")
+        return cls(configs, lambda i, _: runs[i])
+
+    def _add(
+        self, i: int, stacked: dict[str, Tensor], tensors: dict[str, Tensor], point: Callable[[dict[str, Tensor]], None]
+    ) -> None:
+        """Copy run i's `tensors` into row i of `stacked` (allocated by run 0), then point the run at its row."""
+        for name, tensor in tensors.items():
+            if i == 0:
+                stacked[name] = torch.empty((self.size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+            if tensor.shape != stacked[name].shape[1:]:
+                raise PackError(
+                    f"run {i}'s {name} has shape {tuple(tensor.shape)}, run 0's {tuple(stacked[name].shape[1:])}"
+                )
+            stacked[name][i].copy_(tensor)
+        point({name: stacked[name][i] for name in tensors})
+
+    @staticmethod
+    def _point_state(state: TrainState, tensors: dict[str, Tensor]) -> None:
+        moved = state_over(state, tensors)
+        for field in dataclasses.fields(state):
+            setattr(state, field.name, getattr(moved, field.name))
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every stacked tensor by a stable name ([K, ...]): snapshots, equivalence checks."""
+        named = {f"state.{n}": t for n, t in self.state.items()}
+        named |= {f"replay.storage.{n}": t for n, t in self.storage.items()}
+        return named | {f"replay.sampler.{n}": t for n, t in self.sampler.items()}
+
+
+class PackOutput(NamedTuple):
+    losses: dict[str, Tensor]  # name -> [K]
+    priority: Tensor  # [K, B]
+    ok: Tensor  # [K] bool: each run's guard
+
+
+class PackPlan:
+    """A pack's updates: per update, each run's draws (its own generators), then sampling, `train_step` and
+    the priority write-back of all K runs in one vmapped call. `graph=True` captures K = `run.steps_per_replay`
+    updates per CUDA graph replay (one graph per pattern of periodic flags), as the graph plan does."""
+
+    def __init__(self, pack: Pack, graph: bool = False) -> None:
+        self.pack, self.config = pack, pack.configs[0]
+        self.device = pack.device
+        self.graph = graph
+        self.tf32 = uses_tf32(self.config.run.precision, False)
+        self.hp = Hyper.from_config(self.config)
+        self.batch_size = self.config.run.batch_size
+        template = pack.replays[0].empty_batch(self.batch_size)
+        self.batch = {name: torch.stack([t] * pack.size) for name, t in vars(template).items()}  # name -> [K, ...]
+        draws = Draws.empty(pack.states[0].dims, self.batch_size, self.device, permute=self.config.loss.causal)
+        self.permute = draws.permute
+        self.uniform = torch.stack([draws.uniform] * pack.size)  # [K, B·T + B·T' + B]
+        self.perm = torch.stack([draws.perm] * pack.size)  # [K, B]
+        self.taus = draws.tau.numel(), draws.tau_target.numel()
+        self.last: PackOutput | None = None
+        self.steps_per_call = self.config.run.steps_per_replay if graph else 1
+        if graph:
+            require_cuda("pack", self.device)
+            if any(r.her is not None and not r.her.goal.capturable for r in pack.replays):
+                raise PackError("a packed graph samples in the graph: this env's HER goal reward calls the host")
+            self.step_base = torch.zeros((), dtype=torch.int64, device=self.device)
+            self.step_offsets = torch.arange(self.steps_per_call, dtype=torch.int64, device=self.device)
+            self.pool = torch.cuda.graph_pool_handle()
+            self.stream = torch.cuda.Stream(self.device)
+            self.graphs: dict[tuple[StepFlags, ...], tuple[torch.cuda.CUDAGraph, PackOutput]] = {}
+            self.capture_patterns(flag_patterns(self.config, self.steps_per_call))
+
+    # ---- what one update of the pack runs ------------------------------------------------------------------
+
+    def one_run(
+        self,
+        flags: StepFlags,
+        state: dict[str, Tensor],
+        storage: dict[str, Tensor],
+        sampler: dict[str, Tensor],
+        scalars: dict[str, Tensor],
+        hyper: dict[str, Tensor],
+        batch: dict[str, Tensor],
+        uniform: Tensor,
+        perm: Tensor,
+        points: Tensor,
+        her: Tensor | None,
+        step: Tensor,
+    ) -> PackOutput:
+        """One run's update, as its solo plan runs it (`GraphPlan.body`), over one run's tensors: vmap's body."""
+        pack = self.pack
+        replay = replay_over(pack.replays[0], storage, sampler, scalars)
+        run_batch = Batch(**batch)
+        replay.gather_into(run_batch, points, her, step)
+        taus, target_taus = self.taus
+        draws = Draws(
+            tau=uniform[:taus].view(self.batch_size, -1),
+            tau_target=uniform[taus : taus + target_taus].view(self.batch_size, -1),
+            perm=perm,
+            uniform=uniform,
+            permute=False,  # drawn by `draw` for all runs at once
+        )
+        output = train_step(state_over(pack.states[0], state), run_batch, draws, hyper_over(self.hp, hyper), flags)
+        replay.update_priorities(run_batch.index, output.priority)
+        return PackOutput(output.losses, output.priority, output.ok)
+
+    def draw(self) -> tuple[Tensor, Tensor | None]:
+        """Every run's random numbers from its own generators, in its solo run's order: PER's points [K, B]
+        and HER's [K, 2, B] (the replay's), then the step's uniforms (`Draws.fill_`'s)."""
+        draws = [replay.draw(self.batch_size) for replay in self.pack.replays]
+        points = torch.stack([d[0] for d in draws])
+        her = None if draws[0][1] is None else torch.stack([d[1] for d in draws if d[1] is not None])
+        for row, generator in zip(self.uniform, self.pack.generators, strict=True):
+            row.uniform_(generator=generator)
+        if self.permute:
+            self.perm.copy_(self.uniform[:, -self.batch_size :].argsort(dim=1))
+        return points, her
+
+    def update(self, flags: StepFlags, step: Tensor) -> PackOutput:
+        """One update of every run (`step`: the global step, a 0-d int64 device tensor)."""
+        pack = self.pack
+        points, her = self.draw()
+        body = functools.partial(self.one_run, flags)
+        in_dims = (0, 0, 0, 0, 0, 0, 0, 0, 0, None if her is None else 0, None)
+        with matmul_precision(self.tf32):
+            out: PackOutput = torch.func.vmap(body, in_dims=in_dims)(
+                pack.state,
+                pack.storage,
+                pack.sampler,
+                pack.sampler_scalars,
+                pack.hyper,
+                self.batch,
+                self.uniform,
+                self.perm,
+                points,
+                her,
+                step,
+            )
+        return out
+
+    def body(self, pattern: tuple[StepFlags, ...]) -> PackOutput:
+        steps = (self.step_base + self.step_offsets).unbind(0)
+        output = None
+        for flags, step in zip(pattern, steps, strict=False):
+            output = self.update(flags, step)
+        assert output is not None
+        return output
+
+    # ---- capture and replay --------------------------------------------------------------------------------
+
+    def generators(self) -> list[torch.Generator]:
+        seen: dict[int, torch.Generator] = {}
+        for generator in [*(r.generator for r in self.pack.replays), *self.pack.generators]:
+            seen.setdefault(id(generator), generator)
+        return list(seen.values())
+
+    def capture_patterns(self, patterns: list[tuple[StepFlags, ...]]) -> None:
+        """Capture a graph per pattern; the warm-up's writes (state, replay, generators) are undone."""
+        generators = self.generators()
+        with torch.no_grad():
+            saved = {name: t.clone() for name, t in self.pack.tensors().items()}
+        rng = [g.get_state() for g in generators]
+        with matmul_precision(self.tf32):
+            for pattern in patterns:
+                self.graphs[pattern] = capture(
+                    functools.partial(self.body, pattern), self.pool, self.stream, generators
+                )
+        with torch.no_grad():
+            for name, tensor in self.pack.tensors().items():
+                tensor.copy_(saved[name])
+        for generator, state in zip(generators, rng, strict=True):
+            generator.set_state(state)
+        torch.cuda.synchronize(self.device)
+
+    def run(self, step: int) -> PackOutput:
+        """`steps_per_call` updates of every run from global step `step`; the last update's output."""
+        if not self.graph:
+            flags = StepFlags.for_step(step, self.config)
+            self.last = self.update(flags, torch.full((), step, dtype=torch.int64, device=self.device))
+            return self.last
+        pattern = tuple(StepFlags.for_step(step + i, self.config) for i in range(self.steps_per_call))
+        if pattern not in self.graphs:
+            self.capture_patterns([pattern])
+        graph, output = self.graphs[pattern]
+        self.step_base.fill_(step)
+        graph.replay()
+        self.last = output
+        return output
