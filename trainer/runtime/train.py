@@ -7,17 +7,24 @@ enabled, on the Prometheus endpoint.
 With `run.eval_every` set, the loop also evaluates the greedy policy every that many steps (and at
 the last step) and keeps a copy of the best one, which the final evaluation then scores: a DQN's
 last policy is often not its best, and which one it is can turn on float rounding.
+
+A run folder has one trainer at a time: `run_training` holds an exclusive lock on `trainer.lock` in it
+for its whole life and refuses a folder another live trainer holds (`RunDirBusy`), so a retry or a
+second job started beside a trainer that is still running (an orphan whose supervisor died) cannot
+interleave its checkpoints and progress with that trainer's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import os
 import random
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +69,41 @@ BEST_ONLINE = "best.online"
 
 def default_run_dir() -> Path:
     return Path("runs") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+LOCK_FILE = "trainer.lock"
+"""In the run folder: flock'ed by the trainer that writes there, and holding its pid (for the message)."""
+
+
+class RunDirBusy(Exception):
+    """Another live trainer holds the run folder."""
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """The run folder for this trainer alone while the block runs, else RunDirBusy at once.
+
+    An flock, not a pid file: the kernel drops it when the holder dies, however it dies (SIGKILL, OOM),
+    so a stale file never blocks a resume, while a live holder (and the processes it forked) keeps it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir / LOCK_FILE, "a+")  # noqa: SIM115 (held open for the life of the block)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            by = f" (pid {holder})" if holder.isdigit() else ""
+            raise RunDirBusy(
+                f"run folder {run_dir} is in use by another live trainer{by}; two trainers must never write "
+                "one run folder: wait for it to end, stop it, or give this run another --run-dir"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -389,7 +431,7 @@ def run_training(
     on_report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Train to `config.run.steps` (or to run.max_seconds, or run.stop_at_return) and return the summary
-    (also written to run_dir/summary.json).
+    (also written to run_dir/summary.json). RunDirBusy if another live trainer holds `run_dir`.
 
     `on_report` gets each progress report as it is written to progress.json (trainer/runtime/progress.py).
 
@@ -397,6 +439,19 @@ def run_training(
     after the final checkpoint (which keeps the last update's state plus the snapshot) and before
     the final evaluation; the summary's `best_eval_step` and `best_eval_return` name it (None if off).
     """
+    with hold_run_dir(run_dir):
+        return _run_training(config, run_dir, resume, show_progress, out, on_report)
+
+
+def _run_training(
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    show_progress: bool,
+    out: Callable[[str], None],
+    on_report: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
+    """run_training's body, with the run folder held."""
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.json")
     run = build_run(config, run_dir)

@@ -264,6 +264,48 @@ def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path: Path) -> None:
     assert (run_dir / "checkpoints" / f"step-{step:09d}" / "COMPLETE").exists()
 
 
+def test_a_second_trainer_refuses_the_run_folder_a_live_trainer_holds(tmp_path: Path) -> None:
+    """Two trainers in one run folder (an orphan and its job's retry) would interleave checkpoints and progress."""
+    config, run_dir = _write_config(tmp_path, steps=100_000), tmp_path / "run"
+    first = _train(config, run_dir)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "progress.json").exists():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        second = _train(config, run_dir, "--resume")
+        output, _ = second.communicate(timeout=120)
+        assert second.returncode == 2, output
+        assert f"error: run folder {run_dir} is in use by another live trainer (pid {first.pid})" in output
+        assert first.poll() is None  # the holder trains on, untouched
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 143
+
+
+def test_the_run_folder_lock_is_held_for_the_run_and_dies_with_its_holder(tmp_path: Path) -> None:
+    with train.hold_run_dir(tmp_path), pytest.raises(train.RunDirBusy, match=f"pid {os.getpid()}"):
+        run_training(tiny_config(run={"steps": 2}), tmp_path, show_progress=False)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_SLEEP, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with pytest.raises(train.RunDirBusy, match=f"pid {holder.pid}"), train.hold_run_dir(tmp_path):
+        pass
+    holder.kill()  # SIGKILL: no clean-up runs, the kernel drops the lock
+    holder.wait(timeout=30)
+    assert run_training(tiny_config(run={"steps": 2}), tmp_path, show_progress=False)["step"] == 2
+
+
+HOLD_AND_SLEEP = """
+import sys, time
+from pathlib import Path
+from trainer.runtime.train import hold_run_dir
+with hold_run_dir(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
 @dataclass
 class Seen:
     """One call of a scripted evaluation: the step, the first seed, and the parameters the policy had."""
