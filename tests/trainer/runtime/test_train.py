@@ -268,6 +268,7 @@ def test_a_second_trainer_refuses_the_run_folder_a_live_trainer_holds(tmp_path: 
     """Two trainers in one run folder (an orphan and its job's retry) would interleave checkpoints and progress."""
     config, run_dir = _write_config(tmp_path, steps=100_000), tmp_path / "run"
     first = _train(config, run_dir)
+    second: subprocess.Popen[str] | None = None
     try:
         deadline = time.monotonic() + 240
         while not (run_dir / "progress.json").exists():
@@ -279,8 +280,10 @@ def test_a_second_trainer_refuses_the_run_folder_a_live_trainer_holds(tmp_path: 
         assert f"error: run folder {run_dir} is in use by another live trainer (pid {first.pid})" in output
         assert first.poll() is None  # the holder trains on, untouched
     finally:
-        first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=60)
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.communicate(timeout=60)
     assert first.returncode == 143
 
 
