@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts.datasets import DatasetAccess
+
 PlanName = Literal["eager", "graph", "dual", "fused", "zerocopy"]
 PLANS: tuple[str, ...] = ("eager", "graph", "dual", "fused", "zerocopy")
 STEPS_PER_EPOCH = 2000
@@ -135,6 +137,13 @@ class DataConfig(_Section):
     source: Literal["market", "gym", "offline"] = Field("market", description="Data source kind.")
     env_id: str = Field("CartPole-v1", description="Gymnasium environment id (source=gym).")
     dataset: str | None = Field(None, description="Offline dataset path or fsspec URL (.parquet or .npz).")
+    dataset_access: DatasetAccess | None = Field(
+        None,
+        description=(
+            "Where data.dataset may come from and how large it may be: set by the controller from its settings "
+            "(a job may not set it), and enforced by the trainer when it reads the file. None: anything."
+        ),
+    )
     num_envs: int = Field(1, ge=1, le=4096, description="Parallel environments for online collection.")
     vector_env: Literal["sync", "async"] = Field(
         "sync",

@@ -108,7 +108,7 @@ def create_app(
         pools=pools_config,
         metrics=metrics,
         reconciler=reconciler,
-        jobs=JobService(store, pools_config, metrics, reconciler.wake),
+        jobs=JobService(store, pools_config, metrics, reconciler.wake, datasets=settings.dataset_access),
     )
 
     @asynccontextmanager

@@ -35,6 +35,10 @@ class UnknownPool(DomainError):
     """The job names a pool that is not configured."""
 
 
+class DatasetNotAllowed(DomainError):
+    """The job names a dataset outside the controller's dataset roots and schemes, or one it may not read."""
+
+
 class InvalidRequest(DomainError):
     """A request that is well-formed but cannot be used (bad cursor, bad label selector)."""
 

@@ -8,10 +8,11 @@ import math
 import uuid
 from collections.abc import Callable
 
-from contracts.config import STEPS_PER_EPOCH
+from contracts.config import STEPS_PER_EPOCH, TrainConfig
+from contracts.datasets import DatasetAccess, DatasetRefused, check_local_file, locate
 from service.api.schemas import JobCreate
 from service.auth import Principal
-from service.errors import IdempotencyConflict
+from service.errors import DatasetNotAllowed, IdempotencyConflict
 from service.metrics import ControllerMetrics
 from service.pools import Pools
 from service.store import JobRecord, NewJob, Store
@@ -26,14 +27,45 @@ def request_hash(body: JobCreate) -> str:
     return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
+def admit_dataset(config: TrainConfig, access: DatasetAccess) -> None:
+    """Refuse a dataset outside `access` (422, naming what is allowed), and hand `access` to the trainer.
+
+    Only names and stat are looked at, never the file's bytes. A local file that is not on this machine
+    (it may be on the pods' volume) passes here; the trainer checks it again, with the same rules, when
+    it opens it."""
+    data = config.data
+    if data.dataset_access is not None:
+        raise DatasetNotAllowed("data.dataset_access is the controller's to set (its dataset settings), not a job's")
+    if data.dataset is None:
+        return
+    try:
+        location = locate(data.dataset, access)
+        if location.local:
+            check_local_file(data.dataset, location.target, access.max_bytes)
+    except FileNotFoundError:
+        pass
+    except DatasetRefused as error:
+        raise DatasetNotAllowed(str(error)) from None
+    data.dataset_access = access
+
+
 class JobService:
     """The rules; `wake` nudges the reconciler so a new job reaches the backend at once."""
 
-    def __init__(self, store: Store, pools: Pools, metrics: ControllerMetrics, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        pools: Pools,
+        metrics: ControllerMetrics,
+        wake: Callable[[], None],
+        *,
+        datasets: DatasetAccess | None = None,
+    ) -> None:
         self.store = store
         self.pools = pools
         self.metrics = metrics
         self.wake = wake
+        self.datasets = datasets if datasets is not None else DatasetAccess()  # none allowed
 
     def submit(self, principal: Principal, body: JobCreate, idempotency_key: str | None) -> tuple[JobRecord, bool]:
         """(job with history, created). The same key and body return the stored job; another body conflicts."""
@@ -50,6 +82,7 @@ class JobService:
         config = body.config.model_copy(deep=True)
         if body.plan is not None:
             config.run.plan = body.plan
+        admit_dataset(config, self.datasets)
         # With epochs the stored config leaves run.steps out: the pipeline's resolve step sets it to
         # epochs x STEPS_PER_EPOCH (contracts.config.apply_epochs), the one place epochs become steps.
         steps = {"run": {"steps"}} if body.epochs is not None else None

@@ -6,8 +6,10 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.datasets import DEFAULT_MAX_BYTES, DatasetAccess
 
 DEFAULT_LOCAL_COMMAND: tuple[str, ...] = (sys.executable, "-m", "trainer")
 
@@ -82,8 +84,34 @@ class Settings(BaseSettings):
         le=3600.0,
         description="Time the whole body may take to arrive; a stalled one is refused (408), its connection closed.",
     )
+    dataset_roots: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Where jobs' offline datasets (data.dataset) may come from: absolute local directories, or URL prefixes "
+            "(s3://bucket/datasets/). Empty, with dataset_schemes empty too: no job may name a dataset."
+        ),
+    )
+    dataset_schemes: list[str] = Field(
+        default_factory=list, description="URL schemes any URL of which a job may name as its dataset (s3, gs)."
+    )
+    dataset_max_bytes: int = Field(
+        DEFAULT_MAX_BYTES, ge=1, le=1 << 40, description="Largest dataset file a job may read (checked before reading)."
+    )
     host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")
+
+    @property
+    def dataset_access(self) -> DatasetAccess:
+        """The dataset rules every job's trainer gets (in data.dataset_access) and every submission is checked by."""
+        return DatasetAccess(
+            roots=tuple(self.dataset_roots), schemes=tuple(self.dataset_schemes), max_bytes=self.dataset_max_bytes
+        )
+
+    @model_validator(mode="after")
+    def _valid_dataset_access(self) -> Settings:
+        """A bad root or scheme stops the controller at start, not the first submission."""
+        _ = self.dataset_access
+        return self
 
     @property
     def leader_election_enabled(self) -> bool:

@@ -15,6 +15,7 @@ from service.backends.base import BackendUnavailable
 from service.errors import (
     BodyTimeout,
     BodyTooLarge,
+    DatasetNotAllowed,
     DomainError,
     Forbidden,
     IdempotencyConflict,
@@ -34,6 +35,7 @@ _STATUS: dict[type[Exception], tuple[int, str, str]] = {
     InvalidTransition: (409, "invalid-transition", "Not allowed in the job's current state"),
     QuotaExceeded: (429, "quota-exceeded", "GPU quota exceeded"),
     UnknownPool: (422, "unknown-pool", "Unknown pool"),
+    DatasetNotAllowed: (422, "dataset-not-allowed", "Dataset not allowed"),
     InvalidRequest: (400, "invalid-request", "Invalid request"),
     Unauthorized: (401, "unauthorized", "Authentication required"),
     Forbidden: (403, "forbidden", "Forbidden"),

@@ -48,7 +48,7 @@ def make_source(config: TrainConfig, device: torch.device | str = "cpu") -> Sour
 
         if not data.dataset:
             raise ConfigError("data.dataset is required when data.source is 'offline'")
-        return OfflineSource(data.dataset, device)
+        return OfflineSource(data.dataset, device, data.dataset_access)
     from trainer.execution.data.gym_source import GymSource
 
     if data.source == "market":

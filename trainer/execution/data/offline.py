@@ -1,13 +1,20 @@
 """Offline datasets of transitions in Parquet or .npz (schema: docs/datasets.md), via fsspec.
 
 Every problem with a file (unreadable, missing column, wrong shape or dtype, NaN/inf, actions out
-of range) is a `DatasetError` whose one-line message names the file and the problem.
+of range) is a `DatasetError` whose one-line message names the file and the problem, never its bytes.
+
+A job's config carries the controller's `DatasetAccess` (`data.dataset_access`): the file must then lie
+under an allowed root or URL scheme and be at most `max_bytes`, checked by stat or fsspec `info` before
+a byte is read, and the read itself stops at the cap. Without one (a user's own run) any path or URL
+is read. Either way only regular files are: a device, FIFO or directory is refused unopened.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from contracts.datasets import DatasetAccess, DatasetRefused, check_local_file, local_path, locate
 from trainer.execution.data.gym_source import GreedyFn, GymSource
 from trainer.execution.data.spec import DatasetError, EnvSpec, Transitions, goal_columns
 
@@ -82,19 +90,73 @@ def _parquet_column(path: str, table: pa.Table, name: str) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
 
 
-def _read(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _read_bytes(path: str, access: DatasetAccess | None) -> bytes:
+    """The file's bytes, if `access` allows it (None: any path or URL) and it is a regular file within the cap."""
     try:
-        with fsspec.open(path, "rb") as handle:
-            raw = handle.read()
+        if access is None:
+            local, target, cap = local_path(path), path, None
+        else:
+            location = locate(path, access)
+            local, target, cap = (location.target if location.local else None), location.target, access.max_bytes
+        if local is not None:
+            return _read_local(path, local, cap)
+        return _read_url(path, target, cap)
+    except DatasetRefused as error:
+        raise DatasetError(str(error)) from None
     except FileNotFoundError:
         raise _fail(path, "file not found") from None
+
+
+def _read_local(path: str, local: str, cap: int | None) -> bytes:
+    """Checked by stat first, then opened without following a last-moment symlink, and read up to the cap."""
+    checked = check_local_file(path, local, cap)
+    try:
+        fd = os.open(local, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        raise _fail(path, f"cannot open ({error.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        opened = os.fstat(handle.fileno())
+        if (opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino) or not stat.S_ISREG(opened.st_mode):
+            raise _fail(path, "the file changed while it was opened")
+        return _bounded(path, handle, cap)
+
+
+def _read_url(path: str, url: str, cap: int | None) -> bytes:
+    """Its size from fsspec `info` (a HEAD request over HTTP) before the read, which stops at the cap."""
+    try:
+        fs, target = fsspec.core.url_to_fs(url)
+        info = fs.info(target)
+        if info.get("type") != "file":
+            raise _fail(path, "is not a file")
+        size = info.get("size")
+        if cap is not None and size is None:
+            raise _fail(path, f"its size is unknown, and datasets here are limited to {cap} bytes")
+        if cap is not None and size > cap:
+            raise _fail(path, f"is {size} bytes, over the limit of {cap}")
+        with fs.open(target, "rb") as handle:
+            return _bounded(path, handle, cap)
+    except (FileNotFoundError, DatasetError):
+        raise
     except (OSError, ValueError, ImportError) as error:
-        raise _fail(path, f"cannot open ({type(error).__name__}: {str(error).splitlines()[0]})") from None
+        # the type only: a server's or library's message may quote what it read
+        raise _fail(path, f"cannot open ({type(error).__name__})") from None
+
+
+def _bounded(path: str, handle: Any, cap: int | None) -> bytes:
+    raw: bytes = handle.read() if cap is None else handle.read(cap + 1)
+    if cap is not None and len(raw) > cap:
+        raise _fail(path, f"is over the limit of {cap} bytes (it grew after its size was checked)")
+    return raw
+
+
+def _read(path: str, access: DatasetAccess | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    raw = _read_bytes(path, access)
+    # errors name the library's exception type only: their messages may quote the file's bytes
     if raw[:4] == b"PAR1":
         try:
             table = pq.read_table(io.BytesIO(raw))
         except (pa.ArrowException, OSError) as error:
-            raise _fail(path, f"not a readable Parquet file ({str(error).splitlines()[0]})") from None
+            raise _fail(path, f"not a readable Parquet file ({type(error).__name__})") from None
         meta = (table.schema.metadata or {}).get(METADATA_KEY.encode())
         arrays = {name: _parquet_column(path, table, name) for name in table.column_names}
         return arrays, _metadata(path, meta.decode() if meta else None)
@@ -103,10 +165,10 @@ def _read(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
         except (ValueError, OSError, zipfile.BadZipFile) as error:
-            raise _fail(path, f"not a readable .npz file ({str(error).splitlines()[0]})") from None
+            raise _fail(path, f"not a readable .npz file ({type(error).__name__})") from None
         meta_array = arrays.pop(METADATA_KEY, None)
         return arrays, _metadata(path, str(meta_array) if meta_array is not None else None)
-    raise _fail(path, f"not a Parquet or .npz file (starts with {raw[:4]!r})")
+    raise _fail(path, "not a Parquet or .npz file (neither format's signature at its start)")
 
 
 def _metadata(path: str, text: str | None) -> dict[str, Any]:
@@ -189,9 +251,9 @@ def dataset_spec(dataset: Dataset) -> EnvSpec:
     return EnvSpec(obs_dim=obs_dim, branches=branches, actions=int(meta["num_actions"]))
 
 
-def load_dataset(path: str) -> Dataset:
-    """Read and validate a dataset from a local path or any fsspec URL."""
-    arrays, meta = _read(path)
+def load_dataset(path: str, access: DatasetAccess | None = None) -> Dataset:
+    """Read and validate a dataset from a local path or an fsspec URL (one that `access` allows, if given)."""
+    arrays, meta = _read(path, access)
     if "num_actions" not in meta and not meta.get("env_id"):
         raise _fail(path, f"metadata {METADATA_KEY!r} must give num_actions or env_id (see docs/datasets.md)")
     num_actions = meta.get("num_actions")
@@ -201,7 +263,8 @@ def load_dataset(path: str) -> Dataset:
         spec = dataset_spec(dataset)
         num_actions = spec.actions
     if not isinstance(num_actions, int) or num_actions < 2:
-        raise _fail(path, f"metadata num_actions must be an integer >= 2, got {num_actions!r}")
+        shown = num_actions if isinstance(num_actions, int) else f"a {type(num_actions).__name__}"
+        raise _fail(path, f"metadata num_actions must be an integer >= 2, got {shown}")
     dataset.metadata = {**meta, "num_actions": num_actions}
     dataset.arrays = validate(path, arrays, num_actions)
     return dataset
@@ -276,8 +339,8 @@ def collect_dataset(
 class OfflineSource:
     """Transitions from a dataset file; evaluation runs in the env its metadata names, if any."""
 
-    def __init__(self, path: str, device: torch.device | str) -> None:
-        self.dataset = load_dataset(path)
+    def __init__(self, path: str, device: torch.device | str, access: DatasetAccess | None = None) -> None:
+        self.dataset = load_dataset(path, access)
         self.spec = dataset_spec(self.dataset)
         self.device = torch.device(device)
 

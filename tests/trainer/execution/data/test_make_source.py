@@ -39,3 +39,18 @@ def test_gym_and_offline_sources(tmp_path: Path) -> None:
     assert isinstance(offline, OfflineSource) and offline.spec.actions == 5
     with pytest.raises(DatasetError, match="file not found"):
         make_source(build_config({"data": {"source": "offline", "dataset": str(tmp_path / "none.npz")}}))
+
+
+def test_the_offline_source_reads_only_where_the_configs_dataset_access_allows(tmp_path: Path) -> None:
+    """The controller puts its rules in data.dataset_access; the trainer enforces them, not an environment variable."""
+    inside, outside = tmp_path / "sets", tmp_path / "elsewhere"
+    inside.mkdir()
+    outside.mkdir()
+    for folder in (inside, outside):
+        write_dataset(str(folder / "d.npz"), columns(), num_actions=5)
+    access = {"roots": [str(inside)], "max_bytes": 1 << 20}
+    allowed = build_config({"data": {"source": "offline", "dataset": str(inside / "d.npz"), "dataset_access": access}})
+    assert isinstance(make_source(allowed), OfflineSource)
+    refused = build_config({"data": {"source": "offline", "dataset": str(outside / "d.npz"), "dataset_access": access}})
+    with pytest.raises(DatasetError, match=f"outside the allowed places.*under {inside}"):
+        make_source(refused)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +15,8 @@ import pytest
 import torch
 
 from contracts.config import build_config
+from contracts.datasets import DatasetAccess
+from tests.http_files import file_server
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.data.offline import DatasetError, OfflineSource, collect_dataset, load_dataset, write_dataset
@@ -118,7 +122,7 @@ def test_malformed_files_give_one_line_errors(
 def test_unreadable_files(tmp_path: Path) -> None:
     text = tmp_path / "notes.parquet"
     text.write_text("obs,action\n1,2\n")
-    with pytest.raises(DatasetError, match=r"not a Parquet or .npz file \(starts with b'obs,'\)"):
+    with pytest.raises(DatasetError, match=r"not a Parquet or .npz file \(neither format's signature at its start\)"):
         load_dataset(str(text))
     with pytest.raises(DatasetError, match="file not found"):
         load_dataset(str(tmp_path / "missing.npz"))
@@ -178,3 +182,120 @@ def test_env_metadata_must_match_the_arrays(tmp_path: Path) -> None:
     write_dataset(path, columns(), num_actions=5, env_id=MULTI_ID)  # obs width 3, env has 2
     with pytest.raises(DatasetError, match=r"widths \(3, 2\) do not match env foxhunt-test/MultiToy-v0 \(2, 2\)"):
         OfflineSource(path, "cpu")
+
+
+# --- what a job may read: the controller's DatasetAccess (data.dataset_access), and no file's bytes in errors
+
+SECRET = b"root:$6$s3cr3t-hash:19000:0:99999:7:::\n"
+
+
+def _access(*roots: str | Path, schemes: tuple[str, ...] = (), max_bytes: int = 1 << 20) -> DatasetAccess:
+    return DatasetAccess(roots=tuple(str(r) for r in roots), schemes=schemes, max_bytes=max_bytes)
+
+
+@pytest.fixture
+def sets(tmp_path: Path) -> Path:
+    """An allowed root holding one good dataset, good.npz; tmp_path itself (outside it) is not allowed."""
+    root = tmp_path / "sets"
+    root.mkdir()
+    write_dataset(str(root / "good.npz"), columns(), num_actions=5)
+    return root
+
+
+def test_a_file_that_is_no_dataset_is_never_quoted(tmp_path: Path) -> None:
+    planted = tmp_path / "shadow.parquet"
+    planted.write_bytes(SECRET)
+    with pytest.raises(DatasetError) as error:
+        load_dataset(str(planted))
+    assert (
+        str(error.value) == f"dataset {planted}: not a Parquet or .npz file (neither format's signature at its start)"
+    )
+
+
+def test_a_broken_npz_member_is_not_quoted(tmp_path: Path) -> None:
+    """numpy's own message quotes the header it could not parse: the loader names the error type only."""
+    header = b"{'descr': 'root:s3cr3t', 'fortran_order': False, 'shape': (12,), }"
+    header += b" " * (63 - len(header) % 64) + b"\n"
+    member = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("obs.npy", member)
+    path = tmp_path / "broken.npz"
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(DatasetError, match=r"not a readable .npz file \(ValueError\)") as error:
+        load_dataset(str(path))
+    assert "s3cr3t" not in str(error.value)
+
+
+def test_paths_outside_the_roots_are_refused_naming_the_roots(tmp_path: Path, sets: Path) -> None:
+    planted = tmp_path / "planted.npz"
+    write_dataset(str(planted), columns(), num_actions=5)
+    (sets / "link.npz").symlink_to(planted)
+    escapes = ["/etc/shadow", str(planted), f"file://{planted}", f"{sets}/../planted.npz", str(sets / "link.npz")]
+    for dataset in escapes:
+        with pytest.raises(DatasetError, match="outside the allowed places") as error:
+            load_dataset(dataset, _access(sets))
+        assert f"datasets may come from under {sets}" in str(error.value), dataset
+    for dataset in ("relative/good.npz", f"simplecache::file://{sets}/good.npz"):
+        with pytest.raises(DatasetError, match="absolute path|chained URLs"):
+            load_dataset(dataset, _access(sets))
+    with pytest.raises(DatasetError, match="no dataset is allowed here"):
+        load_dataset(str(sets / "good.npz"), DatasetAccess())
+
+
+def test_files_inside_the_roots_load_as_a_path_a_file_url_and_through_a_linked_root(tmp_path: Path, sets: Path) -> None:
+    assert len(load_dataset(str(sets / "good.npz"), _access(sets))) == 12
+    assert len(load_dataset(f"file://{sets}/good.npz", _access(sets))) == 12
+    linked_root = tmp_path / "linked"
+    linked_root.symlink_to(sets)
+    assert len(load_dataset(str(linked_root / "good.npz"), _access(linked_root))) == 12
+    source = OfflineSource(str(sets / "good.npz"), "cpu", _access(sets))
+    assert source.spec.actions == 5
+
+
+def test_special_files_are_refused_unopened(sets: Path) -> None:
+    """/dev/zero would be read whole (the loader reads a dataset at once); a FIFO would block the open."""
+    fifo = sets / "fifo.npz"
+    os.mkfifo(fifo)
+    for dataset, access in (("/dev/zero", _access("/dev")), ("/dev/zero", None), (str(fifo), _access(sets))):
+        with pytest.raises(DatasetError, match="is not a regular file"):
+            load_dataset(dataset, access)
+    with pytest.raises(DatasetError, match="is not a regular file"):
+        load_dataset(str(sets), _access(sets))  # a directory
+
+
+def test_a_file_over_the_cap_is_refused_by_its_size_before_it_is_read(sets: Path) -> None:
+    size = (sets / "good.npz").stat().st_size
+    with pytest.raises(DatasetError, match=f"is {size} bytes, over the limit of {size - 1}$"):
+        load_dataset(str(sets / "good.npz"), _access(sets, max_bytes=size - 1))
+    assert len(load_dataset(str(sets / "good.npz"), _access(sets, max_bytes=size))) == 12
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="needs Linux /proc")
+def test_the_read_stops_at_the_cap_when_stat_understates_the_size() -> None:
+    """/proc files are regular files whose stat says 0 bytes: the reader itself must stop at the cap."""
+    with pytest.raises(DatasetError, match="over the limit of 16 bytes") as error:
+        load_dataset("/proc/self/environ", _access("/proc", max_bytes=16))
+    assert "PATH" not in str(error.value) and "=" not in str(error.value)
+
+
+def test_a_url_is_fetched_only_when_its_scheme_or_prefix_is_allowed(sets: Path) -> None:
+    payload = (sets / "good.npz").read_bytes()
+    with file_server({"/x.npz": payload, "/sub/y.npz": payload}) as server:
+        url = f"{server.url}/x.npz"
+        for access in (_access(sets), _access(f"{server.url}/sub/"), _access(schemes=("s3",))):
+            with pytest.raises(DatasetError, match="is not in an allowed place"):
+                load_dataset(url, access)
+        with pytest.raises(DatasetError, match="is not in an allowed place"):
+            load_dataset(f"{server.url}/sub/../x.npz", _access(f"{server.url}/sub/"))
+        assert server.requests == []  # refused by name: nothing was fetched
+        assert len(load_dataset(url, _access(schemes=("http",)))) == 12
+        assert len(load_dataset(f"{server.url}/sub/y.npz", _access(f"{server.url}/sub/"))) == 12
+
+
+def test_a_url_over_the_cap_is_refused_from_its_head_without_a_get(sets: Path) -> None:
+    payload = (sets / "good.npz").read_bytes()
+    with file_server({"/x.npz": payload}) as server:
+        with pytest.raises(DatasetError, match=f"is {len(payload)} bytes, over the limit of {len(payload) - 1}$"):
+            load_dataset(f"{server.url}/x.npz", _access(schemes=("http",), max_bytes=len(payload) - 1))
+        assert [method for method, _ in server.requests] == ["HEAD"]
