@@ -1,8 +1,10 @@
 """Renders the Argo objects under argo/ from the job pipeline with Hera: `python -m argo.render` (`make argo`).
 
-What a job runs is `contracts.pipeline.PIPELINE`; this module only says how each step runs on Argo:
-its placeholders bound to Argo expressions and paths on the shared volume, its pod (image, env,
-resources, security, labels), its retry policy, and the steps' order. The YAML it writes is
+What a job runs is the graph `contracts.pipeline.PIPELINE`; this module compiles it: each graph a
+Steps template whose parallel groups are the graph's layers (a node's `when` an Argo `when`, a fan-out
+a `withParam` over its source's output), each step a container template with its placeholders bound
+to Argo expressions and paths on the shared volume, its pod (image, env, resources, security,
+labels) and its retry policy. The YAML it writes is
 committed for operators who `kubectl apply -k argo/`, and tests/argo/test_render.py fails when the
 committed files differ from what this renders.
 
@@ -29,9 +31,7 @@ Build-time only: Hera is a `dev` dependency, neither image needs it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import string
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -44,7 +44,7 @@ from hera.workflows import Step as ArgoStep
 from hera.workflows import models as m
 from hera.workflows.protocol import Templatable
 
-from contracts.pipeline import BEST_CONFIG, PIPELINE, RESOLVED_CONFIG, Pipeline, Resources, Retry, Step, trainer_args
+from contracts.pipeline import BENCH_STEP, PIPELINE, Graph, Node, Pipeline, Resources, Retry, Step, When
 from service.backends.argo_parameters import PARAMETERS, pool_convention
 
 ARGO_DIR = Path(__file__).resolve().parent
@@ -68,15 +68,16 @@ MAIN_CONTAINER = "main"  # Argo's name for a template's container; the pod spec 
 METRICS_PORT = 9400
 SERVICE_ACCOUNT = "foxhunt-workflow"
 CONFIG_FILE = "/inputs/config.json"  # the config parameter as a raw input artifact (resolve's input)
-CONFIG_FILE_INPUT = "config-file"  # train's input: the job's resolved config or the search's best
 POOLS_DIR = "/etc/foxhunt/pools"  # the foxhunt-pools ConfigMap (the controller's FOXHUNT_POOLS_FILE)
 POOLS_CONFIG_MAP, POOLS_KEY = "foxhunt-pools", "pools.yaml"
-TRIAL_INPUT = "trial"
 PARALLELISM = m.ConfigMapKeySelector(name="foxhunt-workflow-limits", key="hyperopt-parallelism")
 
-# The pipeline's placeholders (contracts/pipeline.py) as Argo binds them.
+# The pipeline's placeholders (contracts/pipeline.py) as Argo binds them; those a node binds itself
+# (train's config_file, a fan-out's trial) become its template's input parameters.
 BINDINGS: dict[str, str] = {
     "config": CONFIG_FILE,
+    "job_id": param("job-id"),
+    "commit": param("commit-sha"),
     "model": param("model"),
     "train_epochs": param("train-epochs"),
     "pool": param("gpu-pool"),
@@ -86,13 +87,10 @@ BINDINGS: dict[str, str] = {
     "storage": "$(FOXHUNT_OPTUNA_STORAGE)",
     "study": f"foxhunt-{param('job-id')}",
     "trials": param("hyperopt-trials"),
-    "trial": input_param(TRIAL_INPUT),
     "status": "{{workflow.status}}",
     "duration": "{{workflow.duration}}",
     "failures": "{{workflow.failures}}",
 }
-# Train reads whichever config its caller passes: the job's resolved one, or the best one the search wrote.
-TRAIN_BINDINGS = BINDINGS | {"config": input_param(CONFIG_FILE_INPUT)}
 
 # One GPU of the cluster's default resource: what a GPU step gets when nobody passes a placement; the step's
 # own nodeSelector and tolerations (POOL_SELECTOR, POOL_TOLERATIONS) place it on the gpu-pool's nodes.
@@ -228,25 +226,18 @@ def kernel_cache(below: str) -> list[m.EnvVar]:
     return [env("TORCHINDUCTOR_CACHE_DIR", f"{root}/inductor"), env("TRITON_CACHE_DIR", f"{root}/triton")]
 
 
-def placeholders(step: Step) -> set[str]:
-    """The placeholder names `step` uses, in its arguments or its checkpoint location."""
-    parts = [*step.argv, step.checkpoint_url or ""]
-    return {field for part in parts for _, field, _, _ in string.Formatter().parse(part) if field}
+def input_name(placeholder: str) -> str:
+    """A node-bound placeholder as its template's input parameter (Argo spells names with hyphens)."""
+    return placeholder.replace("_", "-")
 
 
 def step_env(step: Step, values: dict[str, str]) -> list[m.EnvVar]:
-    """A pipeline step's environment: the trainer's identity, metrics and progress on GPU steps."""
-    out: list[m.EnvVar] = []
+    """A pipeline step's environment: the pipeline's own (identity, checkpoint), then metrics and
+    progress on GPU steps."""
+    out = [env(name, value) for name, value in step.environment(values).items()]
     if step.resources == "gpu":
         out += [
-            env("FOXHUNT_JOB_ID", param("job-id")),
-            env("FOXHUNT_POOL", param("gpu-pool")),
-            env("FOXHUNT_COMMIT", param("commit-sha")),
             env("FOXHUNT_METRICS_PORT", str(METRICS_PORT)),
-        ]
-        if step.checkpoint_url:
-            out.append(env("FOXHUNT_CHECKPOINT_URL", step.checkpoint_url.format(**values)))
-        out += [
             config_map_env("FOXHUNT_PUSHGATEWAY_URL", optional=True),
             config_map_env("FOXHUNT_PROGRESS_URL", optional=True),
             env("FOXHUNT_PROGRESS_TOKEN", param("progress-token")),
@@ -305,15 +296,16 @@ def container(
     )
 
 
-def pipeline_template(step: Step, values: dict[str, str]) -> Container:
-    """A pipeline step's template, its arguments bound by `values`."""
-    used = placeholders(step)
-    parameters = [m.Parameter(name=TRIAL_INPUT)] if "trial" in used else []
-    if "config" in used and values["config"] == input_param(CONFIG_FILE_INPUT):
-        parameters.append(m.Parameter(name=CONFIG_FILE_INPUT))
+def pipeline_template(step: Step, pipeline: Pipeline) -> Container:
+    """A pipeline step's template: the placeholders its nodes bind are its input parameters, the
+    others are bound by BINDINGS."""
+    used = step.placeholders()
+    own = pipeline.node_inputs(step)
+    values = BINDINGS | {name: input_param(input_name(name)) for name in own}
+    parameters = [m.Parameter(name=input_name(name)) for name in own]
     artifacts = [m.Artifact(name="config", path=CONFIG_FILE, raw=m.RawArtifact(data=param("config")))]
-    submitted = "config" in used and values["config"] == CONFIG_FILE
-    inputs = m.Inputs(parameters=parameters or None, artifacts=artifacts if submitted else None)
+    inputs = m.Inputs(parameters=parameters or None, artifacts=artifacts if "config" in used else None)
+    fanned = any(node.fan_out for node in pipeline.nodes_running(step))
     semaphore = m.SemaphoreRef(config_map_key_ref=PARALLELISM)
     return container(
         step,
@@ -324,55 +316,37 @@ def pipeline_template(step: Step, values: dict[str, str]) -> Container:
         inputs=inputs if inputs.parameters or inputs.artifacts else None,
         # Trials of every job share the pools: a semaphore in the foxhunt-workflow-limits ConfigMap
         # bounds how many run at once (Argo takes no `parallelism` from a parameter, argo-workflows#1780).
-        synchronization=m.Synchronization(semaphores=[semaphore]) if step.name == PIPELINE.trial.name else None,
+        synchronization=m.Synchronization(semaphores=[semaphore]) if fanned else None,
         mounts=[*MOUNTS, POOLS_MOUNT] if "pools" in used else MOUNTS,
     )
 
 
-def main_steps(pipeline: Pipeline) -> list[Steps]:
-    """The entrypoint: resolve, check, then the search when trials > 0, train (or train-best), report."""
-    search, no_search = f"{param('hyperopt-trials')} > 0", f"{param('hyperopt-trials')} == 0"
-    best_config = BEST_CONFIG.format(**BINDINGS)
-    main = Steps(
-        name="main",
-        sub_steps=[
-            ArgoStep(name=pipeline.resolve.name, template=pipeline.resolve.name),
-            ArgoStep(name=pipeline.check.name, template=pipeline.check.name),
-            ArgoStep(name="hyperopt", template="hyperopt", when=search),
-            [
-                ArgoStep(
-                    name=pipeline.train.name,
-                    template=pipeline.train.name,
-                    when=no_search,
-                    arguments=[m.Parameter(name=CONFIG_FILE_INPUT, value=RESOLVED_CONFIG.format(**BINDINGS))],
-                ),
-                ArgoStep(
-                    name=f"{pipeline.train_best.name}-best",
-                    template=pipeline.train.name,
-                    when=search,
-                    arguments=[m.Parameter(name=CONFIG_FILE_INPUT, value=best_config)],
-                ),
-            ],
-            ArgoStep(name=pipeline.report.name, template=pipeline.report.name),
-        ],
-    )
-    hyperopt = Steps(
-        name="hyperopt",
-        sub_steps=[
-            ArgoStep(name="suggest", template=pipeline.suggest.name),
-            ArgoStep(
-                name="trial",
-                template=pipeline.trial.name,
-                # suggest prints the trial numbers as a JSON list on stdout.
-                with_param="{{steps.suggest.outputs.result}}",
-                arguments=[m.Parameter(name=TRIAL_INPUT, value="{{item}}")],
-                # A crashed trial is recorded as failed in the study; the search goes on without it.
-                continue_on=m.ContinueOn(failed=True),
-            ),
-            ArgoStep(name="best", template=pipeline.best.name),
-        ],
-    )
-    return [main, hyperopt]
+def condition(when: When) -> str:
+    """A node's condition as an Argo `when` over the workflow's parameters."""
+    return f"{BINDINGS[when.placeholder]} {when.op} {when.value}"
+
+
+def argo_step(node: Node) -> ArgoStep:
+    """One node as a step of its graph's Steps template."""
+    fields: dict[str, Any] = {"name": node.name, "template": node.run.name}
+    arguments = [m.Parameter(name=input_name(name), value=value.format(**BINDINGS)) for name, value in node.bind]
+    if node.when is not None:
+        fields["when"] = condition(node.when)
+    if node.fan_out is not None:
+        # The source prints the items as a JSON list on stdout.
+        fields["with_param"] = f"{{{{steps.{node.fan_out.source}.outputs.result}}}}"
+        arguments.insert(0, m.Parameter(name=input_name(node.fan_out.item), value="{{item}}"))
+        if node.fan_out.tolerate_failures:
+            fields["continue_on"] = m.ContinueOn(failed=True)
+    if arguments:
+        fields["arguments"] = arguments
+    return ArgoStep(**fields)
+
+
+def steps_template(graph: Graph) -> Steps:
+    """A graph as a Steps template: one parallel group per layer, in order."""
+    groups = [[argo_step(node) for node in layer] for layer in graph.layers()]
+    return Steps(name=graph.name, sub_steps=[group[0] if len(group) == 1 else group for group in groups])
 
 
 def workflow_spec_fields() -> dict[str, Any]:
@@ -388,21 +362,10 @@ def workflow_spec_fields() -> dict[str, Any]:
     }
 
 
-def shared_train(pipeline: Pipeline) -> Step:
-    """train's template, which train-best shares: the config it reads (the job's resolved one, or the
-    search's best) is the template's input `config-file`, bound to {config} by TRAIN_BINDINGS."""
-    argv = tuple("{config}" if part == RESOLVED_CONFIG else part for part in pipeline.train.argv)
-    return dataclasses.replace(pipeline.train, argv=argv)
-
-
 def compile_and_train(pipeline: Pipeline = PIPELINE) -> WorkflowTemplate:
-    """The job's WorkflowTemplate: every pipeline step, run as the pipeline orders them."""
-    templates: list[m.Template | Templatable] = [*main_steps(pipeline)]
-    for step in pipeline.steps():
-        if step is pipeline.train:
-            templates.append(pipeline_template(shared_train(pipeline), TRAIN_BINDINGS))
-        else:
-            templates.append(pipeline_template(step, BINDINGS))
+    """The job's WorkflowTemplate: a Steps template per graph, then a container template per step."""
+    templates: list[m.Template | Templatable] = [steps_template(graph) for graph in pipeline.graph.graphs()]
+    templates += [pipeline_template(step, pipeline) for step in pipeline.steps()]
     parameters = [
         m.Parameter(name=name, description=description, value=PARAMETER_DEFAULTS.get(name))
         for name, description in PARAMETERS.items()
@@ -410,7 +373,7 @@ def compile_and_train(pipeline: Pipeline = PIPELINE) -> WorkflowTemplate:
     return WorkflowTemplate(
         name="compile-and-train",
         labels=APP_LABELS | {"app.kubernetes.io/component": "workflow"},
-        entrypoint="main",
+        entrypoint=pipeline.graph.name,
         on_exit=pipeline.on_exit.name,
         arguments=parameters,
         active_deadline_seconds=259200,  # a stuck job cannot hold GPUs for ever (3 days)
@@ -419,15 +382,12 @@ def compile_and_train(pipeline: Pipeline = PIPELINE) -> WorkflowTemplate:
     )
 
 
-BENCH = Step(
-    name="bench",
-    argv=trainer_args("bench", device="cuda", out="{out}"),
-    resources="gpu",
-    deadline_seconds=5400,
-    retry="infrastructure",
-    description="Every plan timed on one GPU of the pool; bench.json on the volume, the table to the Pushgateway.",
-)
-BENCH_BINDINGS = {"out": f"/data/bench/{param('gpu-pool')}/{{{{workflow.name}}}}"}
+BENCH = BENCH_STEP
+BENCH_BINDINGS = {
+    "out": f"/data/bench/{param('gpu-pool')}/{{{{workflow.name}}}}",
+    "pool": param("gpu-pool"),
+    "commit": param("commit-sha"),
+}
 BENCH_PARAMETERS = {
     "gpu-pool": "Pool to benchmark: the foxhunt.io/pool label of its pods and the folder of its results.",
     "commit-sha": "Image tag of foxhunt-trainer (a commit sha, or `main` for the latest build of main).",
@@ -446,8 +406,7 @@ def bench() -> WorkflowTemplate:
         BENCH,
         args=BENCH.command(BENCH_BINDINGS),
         env=[
-            env("FOXHUNT_POOL", param("gpu-pool")),
-            env("FOXHUNT_COMMIT", param("commit-sha")),
+            *(env(name, value) for name, value in BENCH.environment(BENCH_BINDINGS).items()),
             env("FOXHUNT_METRICS_PORT", str(METRICS_PORT)),
             # Required: a benchmark whose table reaches no dashboard is not worth the GPU time.
             config_map_env("FOXHUNT_PUSHGATEWAY_URL", optional=False),

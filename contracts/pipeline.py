@@ -1,29 +1,35 @@
-"""A job's pipeline, written once: its steps, their order, and each step's trainer command.
+"""A job's pipeline as data: a graph of trainer commands that both executors walk.
 
-Both backends run exactly this (Metaflow's "same flow locally and on the cluster"):
-- the local backend (`service/backends/local_pipeline.py`) binds the placeholders to paths in the
-  job directory and runs the steps as processes;
-- `argo/render.py` renders WorkflowTemplates from it with Hera, binding the placeholders to Argo
-  expressions and the shared volume, and the YAML under `argo/` is its committed output.
+Metaflow's "same flow locally and on the cluster": the flow is data, and each runtime compiles or
+executes it.
+- `argo/render.py` compiles the graph to WorkflowTemplates with Hera: a `Graph` becomes a Steps
+  template whose parallel groups are the graph's layers, a node's `when` an Argo `when`, a fan-out a
+  `withParam` over the source step's output; the YAML under `argo/` is its committed output.
+- `service/backends/local_pipeline.py` walks the same graph as local processes, in node order.
 
-A step's arguments are built from the trainer CLI's own option names (read from the Typer app), so
-a renamed option changes every backend's command at once, and `tests/test_pipeline.py` parses each
-command back with the CLI. Placeholders are `str.format` fields:
+So adding a step (an evaluation after train, say) is one `Node` here, and both backends run it. Each
+step's arguments are written out as the trainer CLI spells them; `tests/trainer/test_pipeline.py`
+parses every command back with the CLI, so a renamed option fails there, not on a cluster.
+
+Placeholders are `str.format` fields, bound by each executor:
 
 =============  ===============================================================================
 placeholder    meaning
 =============  ===============================================================================
 {config}       the job's TrainConfig (JSON file) as submitted: read by the resolve step alone
+{config_file}  the config train reads: bound per node (the resolved config, or the search's best)
 {model}        the job's model (`contracts.config.MODELS`); resolve refuses any other
 {train_epochs} the job's length in epochs, which resolve turns into run.steps; 0: the config's run.steps
 {pool}         the job's GPU pool, which resolve checks against {pools}
 {pools}        the controller's pools file (YAML, `pools: [{name: …}]`)
+{job_id}       the job's id (the trainer's metrics and progress carry it)
+{commit}       the trainer's commit (its image tag on a cluster)
 {run}          the job's output root (config.json, check/, hyperopt/, train/ below it), fixed per job
 {checkpoints}  the job's checkpoint root, fixed per job (never per pod or retry): retries resume
 {storage}      the Optuna storage URL of the job's study
 {study}        the Optuna study name (one per job)
-{trials}       hyper-parameter trials to run (the pipeline has the search only when > 0)
-{trial}        one trial's number, an item of the suggest step's JSON output
+{trials}       hyper-parameter trials to run (the search runs only when > 0)
+{trial}        one trial's number, an item of the suggest step's JSON output (a fan-out item)
 {status}       the pipeline's outcome, for the exit handler (Succeeded, Failed, Error)
 {duration}     seconds the pipeline ran, for the exit handler
 {failures}     the failed steps as JSON, for the exit handler
@@ -35,35 +41,43 @@ place that happens), and every later step reads that file, so the config is the 
 steps and seeds. It needs no GPU, so a job that asks for a pool nobody has fails at once instead of
 waiting for a node of that pool; compile, the first GPU step, then runs the resolved config's plan.
 
-Torch-free: the controller imports it.
+Torch-free, and imports nothing of `trainer` or `service`: the controller imports it.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
-import typer.main
+import dataclasses
+import string
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 Resources = Literal["gpu", "cpu", "tiny"]
 Retry = Literal["infrastructure", "on-error"]
 
 SUGGEST, TRIAL, BEST = "hyperopt-suggest", "hyperopt-trial", "hyperopt-best"
-RESOLVE, CHECK, TRAIN, REPORT, EXIT = "resolve", "compile", "train", "report", "on-exit"
+RESOLVE, CHECK, TRAIN, REPORT, EXIT, BENCH = "resolve", "compile", "train", "report", "on-exit", "bench"
 
 RESOLVED_CONFIG = "{run}/config.json"
 BEST_CONFIG = "{run}/hyperopt/best-config.json"
 TRAIN_RUN_DIR = "{run}/train"
+CHECKPOINT_ENV = "FOXHUNT_CHECKPOINT_URL"  # where a step's checkpoint location reaches the trainer's CLI
+# What a GPU step's trainer tags its metrics and progress with.
+JOB_ENV = (("FOXHUNT_JOB_ID", "{job_id}"), ("FOXHUNT_POOL", "{pool}"), ("FOXHUNT_COMMIT", "{commit}"))
 
 
-class PipelineError(ValueError):
-    """The pipeline names a trainer command or option that the CLI does not have."""
+class GraphError(ValueError):
+    """A graph whose edges or fan-outs name nodes that do not come before them."""
+
+
+def fields_of(text: str) -> set[str]:
+    """The placeholder names in `text`."""
+    return {name for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
 @dataclass(frozen=True)
 class Step:
-    """One step: a trainer command and what it needs from the machine that runs it."""
+    """One trainer command and what it needs from the machine that runs it (one template on Argo)."""
 
     name: str
     argv: tuple[str, ...]  # trainer CLI arguments, with {placeholders}
@@ -72,207 +86,282 @@ class Step:
     # infrastructure: node loss, preemption and SIGTERM (exit 143) are retried, the trainer's own
     # failures (exit 1, 2) are not; on-error: only Argo's Error phase (the pod never ran to an exit).
     retry: Retry
-    checkpoint_url: str | None = None
+    checkpoint: str | None = None  # the step's checkpoint location, fixed per job: a retry resumes from it
+    env: tuple[tuple[str, str], ...] = ()  # environment the trainer reads, with {placeholders}
     optuna: bool = False
     description: str = ""
 
-    def command(self, values: dict[str, str]) -> list[str]:
+    def command(self, values: Mapping[str, str]) -> list[str]:
         """The argument list with every placeholder bound (KeyError names a missing one)."""
         return [part.format(**values) for part in self.argv]
 
+    def environment(self, values: Mapping[str, str]) -> dict[str, str]:
+        """The step's environment with every placeholder bound, its checkpoint location included."""
+        env = {name: value.format(**values) for name, value in self.env}
+        if self.checkpoint is not None:
+            env[CHECKPOINT_ENV] = self.checkpoint.format(**values)
+        return env
 
-@functools.cache
-def _cli() -> Any:
-    """The trainer's CLI as Typer builds it (Click objects; Typer vendors its own Click, so duck-typed)."""
-    from trainer.cli import app
-
-    return typer.main.get_command(app)
-
-
-def trainer_args(command: str, /, **options: str | int | bool) -> tuple[str, ...]:
-    """`command` ("train", "hyperopt trial") and its options, spelled as the trainer CLI spells them.
-
-    Options are keyed by the Python parameter names of the CLI functions; a boolean selects a flag's
-    on or off form (`resume=True` -> `--resume`, `progress=False` -> `--no-progress`).
-    """
-    node = _cli()
-    for part in command.split():
-        if part not in getattr(node, "commands", {}):
-            raise PipelineError(f"the trainer CLI has no command {command!r}")
-        node = node.commands[part]
-    params = {param.name: param for param in node.params if param.param_type_name == "option"}
-    argv = command.split()
-    for name, value in options.items():
-        option = params.get(name)
-        if option is None:
-            raise PipelineError(f"`trainer {command}` has no option for {name!r}; it has {sorted(params)}")
-        long = [flag for flag in option.opts if flag.startswith("--")]
-        if isinstance(value, bool):
-            if not option.is_flag:
-                raise PipelineError(f"`trainer {command} {long[0]}` takes a value, not a flag")
-            argv.append(long[0] if value else option.secondary_opts[0])
-        else:
-            argv += [long[0], str(value)]
-    return tuple(argv)
+    def placeholders(self) -> set[str]:
+        """Every placeholder the step uses: arguments, environment, checkpoint."""
+        parts = [*self.argv, *(value for _, value in self.env), self.checkpoint or ""]
+        return set().union(*(fields_of(part) for part in parts))
 
 
-def parse_trainer_args(argv: list[str]) -> dict[str, Any]:
-    """Parse `argv` with the trainer CLI itself, running nothing: the leaf command's parameters.
+@dataclass(frozen=True)
+class When:
+    """A node runs only when the whole-number placeholder compares so with `value` (e.g. trials > 0)."""
 
-    Raises the CLI's own usage error (an unknown option, a missing value) as a `PipelineError`.
-    """
-    node, rest = _cli(), list(argv)
-    while rest and rest[0] in getattr(node, "commands", {}):
-        node = node.commands[rest.pop(0)]
-    if hasattr(node, "commands"):
-        raise PipelineError(f"{' '.join(argv)!r} names no trainer command")
-    try:
-        context = node.make_context(node.name, rest)
-    except Exception as error:  # Typer's vendored click raises its own UsageError/BadParameter
-        raise PipelineError(f"the trainer CLI rejects {' '.join(argv)!r}: {error}") from error
-    return dict(context.params)
+    placeholder: str
+    op: Literal[">", "=="]
+    value: int
+
+    def holds(self, values: Mapping[str, str]) -> bool:
+        number = int(values[self.placeholder])
+        return number > self.value if self.op == ">" else number == self.value
 
 
-def resolve_step() -> Step:
-    return Step(
-        name=RESOLVE,
-        argv=trainer_args(
-            "resolve",
-            config="{config}",
-            model="{model}",
-            train_epochs="{train_epochs}",
-            pool="{pool}",
-            pools_file="{pools}",
-            out=RESOLVED_CONFIG,
-        ),
-        resources="tiny",
-        deadline_seconds=300,
-        retry="on-error",
-        description=(
-            "Checks what the job asks (the model, the pool, epochs or run.steps but not both) and writes its "
-            "resolved config, which every later step reads. It needs no GPU: a job that asks wrongly, or for a "
-            "pool the controller does not know, fails here at once with the reason, instead of waiting for a node."
-        ),
-    )
+@dataclass(frozen=True)
+class FanOut:
+    """Run a node once per item of the JSON list that node `source` printed as its last stdout line,
+    the item bound to placeholder `item`; with `tolerate_failures` a failed item does not fail the graph."""
+
+    source: str
+    item: str
+    tolerate_failures: bool = True
 
 
-def check_step() -> Step:
-    return Step(
-        name=CHECK,
-        argv=trainer_args("check", config=RESOLVED_CONFIG, out="{run}/check"),
-        resources="gpu",
-        deadline_seconds=3600,
-        retry="infrastructure",
-        description=(
-            "A few updates of the resolved config's plan on this machine's device: warm-up, capture, graphs. A plan "
-            "that cannot run fails here in minutes instead of hours into train; on a cluster it also warms the "
-            "kernel caches that trials and train reuse."
-        ),
-    )
+@dataclass(frozen=True)
+class Node:
+    """One vertex: a step (or a sub-graph run as one unit), the nodes it comes after, and when it runs."""
+
+    name: str
+    run: Step | Graph
+    after: tuple[str, ...] = ()
+    when: When | None = None
+    fan_out: FanOut | None = None
+    bind: tuple[tuple[str, str], ...] = ()  # placeholders this node binds for its step, e.g. config_file
+
+    def values(self, values: Mapping[str, str]) -> dict[str, str]:
+        """`values` with this node's own bindings added (themselves bound by `values`)."""
+        return {**values, **{name: value.format(**values) for name, value in self.bind}}
 
 
-def suggest_step() -> Step:
-    return Step(
-        name=SUGGEST,
-        argv=trainer_args(
-            "hyperopt suggest", config=RESOLVED_CONFIG, trials="{trials}", storage="{storage}", study="{study}"
-        ),
-        resources="cpu",
-        deadline_seconds=600,
-        retry="on-error",
-        optuna=True,
-        description="Creates the study and prints the trial numbers to train as a JSON list on stdout.",
-    )
+@dataclass(frozen=True)
+class Graph:
+    """Nodes in an order that respects their edges: each `after` and fan-out source names an earlier node."""
 
+    name: str
+    nodes: tuple[Node, ...]
 
-def trial_step() -> Step:
-    return Step(
-        name=TRIAL,
-        argv=trainer_args(
-            "hyperopt trial",
-            trial="{trial}",
-            storage="{storage}",
-            study="{study}",
-            config=RESOLVED_CONFIG,
-            run_dir="{run}/hyperopt/trial-{trial}",
-        ),
-        resources="gpu",
-        deadline_seconds=21600,
-        retry="infrastructure",
-        checkpoint_url="{checkpoints}/trial-{trial}",
-        optuna=True,
-        description="Trains one trial with its stored parameters and tells the study its objective.",
-    )
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for node in self.nodes:
+            if node.name in seen:
+                raise GraphError(f"{self.name}: two nodes named {node.name!r}")
+            needs = {*node.after, *([node.fan_out.source] if node.fan_out else [])}
+            if needs - seen:
+                raise GraphError(f"{self.name}: {node.name!r} comes after {sorted(needs - seen)}, not yet defined")
+            seen.add(node.name)
 
+    def node(self, name: str) -> Node:
+        return next(node for node in self.nodes if node.name == name)
 
-def best_step() -> Step:
-    return Step(
-        name=BEST,
-        argv=trainer_args(
-            "hyperopt best", storage="{storage}", study="{study}", config=RESOLVED_CONFIG, out=BEST_CONFIG
-        ),
-        resources="cpu",
-        deadline_seconds=600,
-        retry="on-error",
-        optuna=True,
-        description="Writes the base config with the best completed trial's parameters, for train.",
-    )
+    def with_node(self, node: Node) -> Graph:
+        """This graph with `node` added at the end (its edges say where it runs)."""
+        return dataclasses.replace(self, nodes=(*self.nodes, node))
 
+    def layers(self) -> list[list[Node]]:
+        """Nodes grouped by their longest path from a root: each group may run once the earlier ones ended."""
+        depth: dict[str, int] = {}
+        for node in self.nodes:
+            depth[node.name] = 1 + max((depth[name] for name in node.after), default=-1)
+        return [[n for n in self.nodes if depth[n.name] == level] for level in range(max(depth.values()) + 1)]
 
-def train_step(config: str) -> Step:
-    """The full run from `config` (the job's resolved config, or the search's best). `--resume` continues from the job's
-    checkpoint, so a retry after node loss or preemption picks up where the last checkpoint left off."""
-    return Step(
-        name=TRAIN,
-        argv=trainer_args("train", config=config, run_dir=TRAIN_RUN_DIR, resume=True, progress=False),
-        resources="gpu",
-        deadline_seconds=172800,
-        retry="infrastructure",
-        checkpoint_url="{checkpoints}/train",
-        description="The full training run.",
-    )
+    def walk(self) -> Iterator[tuple[Graph, Node]]:
+        """Every node with the graph that holds it, depth first, in order."""
+        for node in self.nodes:
+            yield self, node
+            if isinstance(node.run, Graph):
+                yield from node.run.walk()
 
-
-def report_step() -> Step:
-    return Step(
-        name=REPORT,
-        argv=trainer_args("report", run_dir=TRAIN_RUN_DIR),
-        resources="tiny",
-        deadline_seconds=300,
-        retry="on-error",
-        description="Prints the run's breakdown, then its summary as one JSON line: the step's result.",
-    )
-
-
-def exit_step() -> Step:
-    return Step(
-        name=EXIT,
-        argv=trainer_args("finish", run="{run}", status="{status}", duration="{duration}", failures="{failures}"),
-        resources="tiny",
-        deadline_seconds=300,
-        retry="on-error",
-        description="Runs on success, failure and stop: writes status.json beside the run, outliving the job.",
-    )
+    def graphs(self) -> list[Graph]:
+        """This graph and every sub-graph, in order."""
+        return [self, *(node.run for _, node in self.walk() if isinstance(node.run, Graph))]
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The steps of one job, in order: resolve, check, then the search (when trials > 0), train, report;
-    `on_exit` always."""
+    """A job: its graph, then `on_exit` always (after success, failure or a stop)."""
 
-    resolve: Step = field(default_factory=resolve_step)
-    check: Step = field(default_factory=check_step)
-    suggest: Step = field(default_factory=suggest_step)
-    trial: Step = field(default_factory=trial_step)
-    best: Step = field(default_factory=best_step)
-    train: Step = field(default_factory=lambda: train_step(RESOLVED_CONFIG))
-    train_best: Step = field(default_factory=lambda: train_step(BEST_CONFIG))
-    report: Step = field(default_factory=report_step)
-    on_exit: Step = field(default_factory=exit_step)
+    graph: Graph
+    on_exit: Step
 
     def steps(self) -> list[Step]:
-        """Every distinct step (train and train_best share one template on Argo)."""
-        return [self.resolve, self.check, self.suggest, self.trial, self.best, self.train, self.report, self.on_exit]
+        """Every distinct step, in the graph's order, then on_exit (one template each on Argo)."""
+        out: list[Step] = []
+        for _, node in self.graph.walk():
+            if isinstance(node.run, Step) and node.run not in out:
+                out.append(node.run)
+        return [*out, self.on_exit]
+
+    def step(self, name: str) -> Step:
+        return next(step for step in self.steps() if step.name == name)
+
+    def env_names(self) -> set[str]:
+        """Every environment variable some step of the pipeline sets."""
+        return {name for step in self.steps() for name, _ in step.env} | {CHECKPOINT_ENV}
+
+    def nodes_running(self, step: Step) -> list[Node]:
+        """The nodes that run `step` (train runs as train, or as train-best after a search)."""
+        return [node for _, node in self.graph.walk() if node.run == step]
+
+    def node_inputs(self, step: Step) -> list[str]:
+        """Placeholders of `step` that its nodes bind (fan-out items, per-node bindings), in a fixed order."""
+        names: list[str] = []
+        for node in self.nodes_running(step):
+            for name in [*([node.fan_out.item] if node.fan_out else []), *(k for k, _ in node.bind)]:
+                if name not in names:
+                    names.append(name)
+        return names
 
 
-PIPELINE = Pipeline()
+SEARCH = When("trials", ">", 0)
+NO_SEARCH = When("trials", "==", 0)
+
+RESOLVE_STEP = Step(
+    name=RESOLVE,
+    argv=(
+        "resolve",
+        *("--config", "{config}", "--model", "{model}", "--train-epochs", "{train_epochs}"),
+        *("--pool", "{pool}", "--pools-file", "{pools}", "--out", RESOLVED_CONFIG),
+    ),
+    resources="tiny",
+    deadline_seconds=300,
+    retry="on-error",
+    description=(
+        "Checks what the job asks (the model, the pool, epochs or run.steps but not both) and writes its "
+        "resolved config, which every later step reads. It needs no GPU: a job that asks wrongly, or for a "
+        "pool the controller does not know, fails here at once with the reason, instead of waiting for a node."
+    ),
+)
+CHECK_STEP = Step(
+    name=CHECK,
+    argv=("check", "--config", RESOLVED_CONFIG, "--out", "{run}/check"),
+    resources="gpu",
+    deadline_seconds=3600,
+    retry="infrastructure",
+    env=JOB_ENV,
+    description=(
+        "A few updates of the resolved config's plan on this machine's device: warm-up, capture, graphs. A plan "
+        "that cannot run fails here in minutes instead of hours into train; on a cluster it also warms the "
+        "kernel caches that trials and train reuse."
+    ),
+)
+SUGGEST_STEP = Step(
+    name=SUGGEST,
+    argv=(
+        *("hyperopt", "suggest", "--config", RESOLVED_CONFIG, "--trials", "{trials}"),
+        *("--storage", "{storage}", "--study", "{study}"),
+    ),
+    resources="cpu",
+    deadline_seconds=600,
+    retry="on-error",
+    optuna=True,
+    description="Creates the study and prints the trial numbers to train as a JSON list on stdout.",
+)
+TRIAL_STEP = Step(
+    name=TRIAL,
+    argv=(
+        *("hyperopt", "trial", "--trial", "{trial}", "--storage", "{storage}", "--study", "{study}"),
+        *("--config", RESOLVED_CONFIG, "--run-dir", "{run}/hyperopt/trial-{trial}"),
+    ),
+    resources="gpu",
+    deadline_seconds=21600,
+    retry="infrastructure",
+    checkpoint="{checkpoints}/trial-{trial}",
+    env=JOB_ENV,
+    optuna=True,
+    description="Trains one trial with its stored parameters and tells the study its objective.",
+)
+BEST_STEP = Step(
+    name=BEST,
+    argv=(
+        *("hyperopt", "best", "--storage", "{storage}", "--study", "{study}"),
+        *("--config", RESOLVED_CONFIG, "--out", BEST_CONFIG),
+    ),
+    resources="cpu",
+    deadline_seconds=600,
+    retry="on-error",
+    optuna=True,
+    description="Writes the base config with the best completed trial's parameters, for train.",
+)
+# `--resume` continues from the job's checkpoint, so a retry after node loss or preemption picks up
+# where the last checkpoint left off. Its config is the node's: the resolved one, or the search's best.
+TRAIN_STEP = Step(
+    name=TRAIN,
+    argv=("train", "--config", "{config_file}", "--run-dir", TRAIN_RUN_DIR, "--resume", "--no-progress"),
+    resources="gpu",
+    deadline_seconds=172800,
+    retry="infrastructure",
+    checkpoint="{checkpoints}/train",
+    env=JOB_ENV,
+    description="The full training run.",
+)
+REPORT_STEP = Step(
+    name=REPORT,
+    argv=("report", "--run-dir", TRAIN_RUN_DIR),
+    resources="tiny",
+    deadline_seconds=300,
+    retry="on-error",
+    description="Prints the run's breakdown, then its summary as one JSON line: the step's result.",
+)
+EXIT_STEP = Step(
+    name=EXIT,
+    argv=("finish", "--run", "{run}", "--status", "{status}", "--duration", "{duration}", "--failures", "{failures}"),
+    resources="tiny",
+    deadline_seconds=300,
+    retry="on-error",
+    description="Runs on success, failure and stop: writes status.json beside the run, outliving the job.",
+)
+# Not part of a job: the benchmark operators and the nightly CronWorkflow run on one GPU of a pool.
+BENCH_STEP = Step(
+    name=BENCH,
+    argv=("bench", "--device", "cuda", "--out", "{out}"),
+    resources="gpu",
+    deadline_seconds=5400,
+    retry="infrastructure",
+    env=(("FOXHUNT_POOL", "{pool}"), ("FOXHUNT_COMMIT", "{commit}")),
+    description="Every plan timed on one GPU of the pool; bench.json on the volume, the table to the Pushgateway.",
+)
+
+# The search: suggest prints the trial numbers, one trial per number (a crashed trial is recorded as
+# failed in the study and the search goes on without it), then the best trial's config.
+HYPEROPT = Graph(
+    "hyperopt",
+    (
+        Node("suggest", SUGGEST_STEP),
+        Node("trial", TRIAL_STEP, after=("suggest",), fan_out=FanOut(source="suggest", item="trial")),
+        Node("best", BEST_STEP, after=("trial",)),
+    ),
+)
+PIPELINE = Pipeline(
+    graph=Graph(
+        "main",
+        (
+            Node("resolve", RESOLVE_STEP),
+            Node("compile", CHECK_STEP, after=("resolve",)),
+            Node("hyperopt", HYPEROPT, after=("compile",), when=SEARCH),
+            Node(
+                "train",
+                TRAIN_STEP,
+                after=("compile", "hyperopt"),
+                when=NO_SEARCH,
+                bind=(("config_file", RESOLVED_CONFIG),),
+            ),
+            Node("train-best", TRAIN_STEP, after=("hyperopt",), when=SEARCH, bind=(("config_file", BEST_CONFIG),)),
+            Node("report", REPORT_STEP, after=("train", "train-best")),
+        ),
+    ),
+    on_exit=EXIT_STEP,
+)

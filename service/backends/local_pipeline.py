@@ -1,7 +1,7 @@
-"""The local backend's executor of the job pipeline (contracts/pipeline.py): its steps as local processes.
+"""The local backend's executor of the job pipeline (contracts/pipeline.py): its graph walked as local processes.
 
-The same steps, commands and arguments as on Argo; only the Kubernetes parts differ. The placeholders
-are bound to the job directory:
+The same graph, steps, commands, arguments and environment as on Argo; only the Kubernetes parts
+differ. The placeholders are bound to the job directory:
 
 =============  =====================================================================
 placeholder    local value
@@ -12,18 +12,21 @@ placeholder    local value
 {pool}         the JobSpec's pool
 {pools}        JOB_DIR/pools.yaml (the controller's pools file when the job was handed over)
 {run}          JOB_DIR/run (config.json: resolve's resolved config; check/, hyperopt/, train/, status.json)
+{job_id}       the JobSpec's id
+{commit}       the JobSpec's commit_sha
 {checkpoints}  JOB_DIR/checkpoints (fixed per job: a retry resumes from it)
 {storage}      sqlite:///JOB_DIR/optuna.db
 {study}        foxhunt-<job id>
 {trials}       the JobSpec's hyperopt_trials
 =============  =====================================================================
 
-Order: resolve, compile, then (trials > 0) hyperopt-suggest, the trials it prints (`parallel_trials` at a
-time), hyperopt-best, then train (from the best config after a search) and report; on-exit always
-runs last, after a failure or a stop too, with {status} Succeeded or Failed. A failed trial does not
-stop the search (Argo's `continueOn: failed`); any other failed step ends the pipeline with its exit
-code. A stop (the backend's SIGTERM, which reaches the running step through the process group) starts
-no further step; the pipeline then ends with 143 once on-exit has run.
+Order: the graph's nodes in turn, a node whose `when` does not hold skipped, a sub-graph walked in
+place, a fan-out run once per item its source printed (`parallel_trials` at a time); on-exit always
+runs last, after a failure or a stop too, with {status} Succeeded or Failed. A failed fan-out item
+does not stop the graph when the fan-out tolerates failures (Argo's `continueOn: failed`); any other
+failed step ends the pipeline with its exit code. A stop (the backend's SIGTERM, which reaches the
+running step through the process group) starts no further step; the pipeline then ends with 143 once
+on-exit has run.
 
 Each step's output goes to the job's log (this process's stdout), framed by
 `--- foxhunt: step NAME starting: COMMAND` and `--- foxhunt: step NAME finished: exit N (S s)`.
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from contracts.jsonfile import write_json_atomic
-from contracts.pipeline import PIPELINE, TRIAL, Pipeline, Step
+from contracts.pipeline import PIPELINE, Graph, Node, Pipeline, Step
 
 RUN = "run"
 POOLS_FILE = "pools.yaml"
@@ -81,6 +84,8 @@ def bindings(job_dir: Path, job: dict[str, Any]) -> dict[str, str]:
         "checkpoints": str(job_dir / CHECKPOINTS),
         "storage": f"sqlite:///{job_dir / 'optuna.db'}",
         "study": f"foxhunt-{job['job_id']}",
+        "job_id": str(job["job_id"]),
+        "commit": str(job.get("commit_sha", "")),
         "trials": str(int(job.get("hyperopt_trials", 0))),
     }
 
@@ -155,29 +160,26 @@ class PipelineRun:
         return outcome
 
     def _main(self, values: dict[str, str]) -> Outcome:
-        p = self.pipeline
-        trials = int(values["trials"])
-        train = p.train
-        for step in (p.resolve, p.check):
-            outcome = self._required(step, values)
+        return self._walk(self.pipeline.graph, values) or Outcome(0)
+
+    def _walk(self, graph: Graph, values: dict[str, str]) -> Outcome | None:
+        """`graph`'s nodes in order; the outcome of the first that failed (or of a stop), else None."""
+        sources = {node.fan_out.source for node in graph.nodes if node.fan_out}
+        printed: dict[str, list[str]] = {}
+        for node in graph.nodes:  # each step checks for a stop before it starts
+            if node.when is not None and not node.when.holds(values):
+                continue
+            bound = node.values(values)
+            if isinstance(node.run, Graph):
+                outcome = self._walk(node.run, bound)
+            elif node.fan_out is not None:
+                outcome = self._fan_out(node, node.run, graph.node(node.fan_out.source), printed, bound)
+            else:
+                capture = printed.setdefault(node.name, []) if node.name in sources else None
+                outcome = self._required(node.run, bound, capture=capture)
             if outcome is not None:
                 return outcome
-        if trials > 0:
-            numbers, outcome = self._suggest(values)
-            if outcome is not None:
-                return outcome
-            self._trials(numbers, values)
-            if self.stop.is_set():
-                return Outcome(STOPPED_CODE, TRIAL)
-            outcome = self._required(p.best, values)
-            if outcome is not None:
-                return outcome
-            train = p.train_best
-        for step in (train, p.report):
-            outcome = self._required(step, values)
-            if outcome is not None:
-                return outcome
-        return Outcome(0)
+        return None
 
     def _required(self, step: Step, values: dict[str, str], capture: list[str] | None = None) -> Outcome | None:
         """Run a step that must succeed; the pipeline's outcome if it did not (or a stop came)."""
@@ -192,41 +194,46 @@ class PipelineRun:
             return Outcome(STOPPED_CODE, step.name)
         return None
 
-    def _suggest(self, values: dict[str, str]) -> tuple[list[int], Outcome | None]:
-        """The suggest step's stdout is a JSON list of trial numbers (its log lines go to stderr)."""
-        printed: list[str] = []
-        outcome = self._required(self.pipeline.suggest, values, capture=printed)
-        if outcome is not None:
-            return [], outcome
+    def _fan_out(
+        self, node: Node, step: Step, source: Node, printed: dict[str, list[str]], values: dict[str, str]
+    ) -> Outcome | None:
+        """`step` once per item of the JSON list `source` printed (its log lines go to stderr),
+        `parallel_trials` at a time; a failed item is recorded, and ends the graph unless tolerated."""
+        fan_out = node.fan_out
+        assert fan_out is not None
+        source_name = source.run.name
         try:
-            numbers = json.loads("".join(printed).strip().splitlines()[-1])
+            items = json.loads("".join(printed.get(source.name, [])).strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
-            numbers = None
-        if not isinstance(numbers, list) or not all(isinstance(n, int) for n in numbers):
-            line = f"{self.pipeline.suggest.name} printed no JSON list of trial numbers"
+            items = None
+        if not isinstance(items, list) or not all(isinstance(n, int) for n in items):
+            line = f"{source_name} printed no JSON list of {fan_out.item} numbers"
             self._say(line)
-            self._failures.append(_Failure(self.pipeline.suggest.name, self.pipeline.suggest.name, 1, line))
-            return [], Outcome(1, self.pipeline.suggest.name, line)
-        return numbers, None
+            self._failures.append(_Failure(source_name, source_name, 1, line))
+            return Outcome(1, source_name, line)
+        started = iter(range(1, len(items) + 1))
+        failed: list[tuple[str, int]] = []
 
-    def _trials(self, numbers: list[int], values: dict[str, str]) -> None:
-        """Every trial, `parallel_trials` at a time; a failed one is recorded and the search goes on."""
-        step = self.pipeline.trial
-        started = iter(range(1, len(numbers) + 1))
-
-        def one(number: int) -> None:
+        def one(item: int) -> None:
             if self.stop.is_set():
                 return
             with self._lock:
-                phase = f"{step.name} {next(started)}/{len(numbers)}"
-            name = f"{step.name} {number}"
-            code, _ = self._run(step, {**values, "trial": str(number)}, name, phase=phase)
+                phase = f"{step.name} {next(started)}/{len(items)}"
+            name = f"{step.name} {item}"
+            code, _ = self._run(step, {**values, fan_out.item: str(item)}, name, phase=phase)
             if code != 0 and not self.stop.is_set():
                 self._failures.append(_Failure(name, step.name, code, f"exit code {code}"))
-                self._say(f"{MARK} {name} failed; the search goes on without it")
+                failed.append((name, code))
+                if fan_out.tolerate_failures:
+                    self._say(f"{MARK} {name} failed; the {node.name} fan-out goes on without it")
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel_trials, len(numbers) or 1))) as pool:
-            list(pool.map(one, numbers))
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel_trials, len(items) or 1))) as pool:
+            list(pool.map(one, items))
+        if self.stop.is_set():
+            return Outcome(STOPPED_CODE, step.name)
+        if failed and not fan_out.tolerate_failures:
+            return Outcome(failed[0][1], failed[0][0])
+        return None
 
     def _run(
         self,
@@ -275,18 +282,12 @@ class PipelineRun:
         return code, last
 
     def _env(self, step: Step, values: dict[str, str]) -> dict[str, str]:
-        """What an Argo pod of this step gets that makes sense here: job identity, checkpoint, GPU."""
-        env = {
-            **os.environ,
-            "FOXHUNT_JOB_ID": str(self.job["job_id"]),
-            "FOXHUNT_POOL": str(self.job.get("pool", "")),
-            "FOXHUNT_COMMIT": str(self.job.get("commit_sha", "")),
-            "FOXHUNT_ATTEMPT": str(self.attempt),
-        }
-        if step.checkpoint_url is not None:
-            env["FOXHUNT_CHECKPOINT_URL"] = step.checkpoint_url.format(**values)
-        else:
-            env.pop("FOXHUNT_CHECKPOINT_URL", None)
+        """The step's environment from the pipeline (as an Argo pod gets it), over this process's without
+        any of the pipeline's names; FOXHUNT_JOB_ID and FOXHUNT_ATTEMPT on every step, by which the
+        backend finds a job's processes (local.py); the job's GPU on its GPU steps."""
+        env = {name: value for name, value in os.environ.items() if name not in self.pipeline.env_names()}
+        env |= {"FOXHUNT_JOB_ID": str(self.job["job_id"]), "FOXHUNT_ATTEMPT": str(self.attempt)}
+        env |= step.environment(values)
         if self.gpu is not None:  # the job's GPU for its GPU steps; none for the others, as on a cluster
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu) if step.resources == "gpu" else ""
         return env

@@ -17,7 +17,18 @@ from typer.exceptions import TyperException
 
 from argo import render
 from contracts.config import load_config
-from contracts.pipeline import PIPELINE, Step
+from contracts.pipeline import (
+    BEST_STEP,
+    CHECK_STEP,
+    EXIT_STEP,
+    PIPELINE,
+    RESOLVE_STEP,
+    SUGGEST_STEP,
+    TRAIN_STEP,
+    TRIAL_STEP,
+    Node,
+    Step,
+)
 from service.backends.argo import pod_spec_patch
 from service.backends.argo_parameters import PARAMETER_NAMES, workflow_parameters
 from service.domain import JobSpec, Placement
@@ -241,26 +252,26 @@ def test_the_parsed_commands_carry_the_jobs_values(rendered_argo: dict[str, Doc]
     parsed: dict[str, list[dict[str, Any]]] = {}
     for name, template, variables in all_pods(rendered_argo):
         parsed.setdefault(name, []).append(parse(cli, pod_args(template, variables)))
-    assert [p["trial"] for p in parsed[PIPELINE.trial.name]] == list(range(TRIALS))
-    assert {str(p["run_dir"]) for p in parsed[PIPELINE.trial.name]} == {
+    assert [p["trial"] for p in parsed[TRIAL_STEP.name]] == list(range(TRIALS))
+    assert {str(p["run_dir"]) for p in parsed[TRIAL_STEP.name]} == {
         f"/data/runs/{JOB}/hyperopt/trial-{n}" for n in range(TRIALS)
     }
-    (suggest,) = parsed[PIPELINE.suggest.name]
+    (suggest,) = parsed[SUGGEST_STEP.name]
     assert suggest["trials"] == TRIALS and suggest["storage"] == OPTUNA_STORAGE and suggest["study"] == f"foxhunt-{JOB}"
-    (resolve,) = parsed[PIPELINE.resolve.name]
+    (resolve,) = parsed[RESOLVE_STEP.name]
     assert str(resolve["config"]) == "/inputs/config.json" and resolve["model"] == "dqn"
     assert resolve["train_epochs"] == 0 and resolve["pool"] == POOL  # h100_job sets run.steps itself
     assert str(resolve["pools_file"]) == "/etc/foxhunt/pools/pools.yaml"
     assert str(resolve["out"]) == f"/data/runs/{JOB}/config.json"
-    for name in (PIPELINE.check.name, PIPELINE.suggest.name, PIPELINE.trial.name, PIPELINE.best.name):
+    for name in (CHECK_STEP.name, SUGGEST_STEP.name, TRIAL_STEP.name, BEST_STEP.name):
         assert {str(p["config"]) for p in parsed[name]} == {f"/data/runs/{JOB}/config.json"}, name
-    trains = parsed[PIPELINE.train.name]
+    trains = parsed[TRAIN_STEP.name]
     assert {str(p["config"]) for p in trains} == {
         f"/data/runs/{JOB}/config.json",
         f"/data/runs/{JOB}/hyperopt/best-config.json",
     }
     assert all(p["resume"] and str(p["run_dir"]) == f"/data/runs/{JOB}/train" for p in trains)
-    (finish,) = parsed[PIPELINE.on_exit.name]
+    (finish,) = parsed[EXIT_STEP.name]
     assert finish["status"] == "Failed" and json.loads(finish["failures"])[0]["templateName"] == "train"
     (bench,) = parsed["bench"]
     assert str(bench["out"]) == f"/data/bench/{POOL}/{JOB}" and bench["device"] == "cuda"
@@ -270,7 +281,7 @@ def test_the_command_check_fails_when_a_trainer_option_is_renamed(rendered_argo:
     renamed = copy.deepcopy(trainer_cli())
     run_dir = next(p for p in renamed.commands["train"].params if p.name == "run_dir")
     run_dir.opts = ["--output-dir"]
-    (_, template, variables) = next(p for p in all_pods(rendered_argo) if p[0] == PIPELINE.train.name)
+    (_, template, variables) = next(p for p in all_pods(rendered_argo) if p[0] == TRAIN_STEP.name)
     args = pod_args(template, variables)
     parse(trainer_cli(), args)
     with pytest.raises(CommandRejected, match="No such option: --run-dir"):
@@ -304,18 +315,21 @@ def _pod_values(variables: dict[str, str]) -> dict[str, str]:
 
 def test_every_pipeline_step_runs_with_the_pipelines_exact_arguments(rendered_argo: dict[str, Doc]) -> None:
     """Each pod's arguments are its step's `command()` with the pipeline's placeholders as a pod reads them;
-    train, called with the search's best config, is the pipeline's train_best."""
-    steps: dict[str, list[Step]] = {}
-    for step in [*PIPELINE.steps(), PIPELINE.train_best]:
-        steps.setdefault(step.name, []).append(step)
+    train runs from the resolved config, or (node train-best) from the search's best."""
+    nodes: dict[str, list[Node]] = {}
+    for _, node in PIPELINE.graph.walk():
+        if isinstance(node.run, Step):
+            nodes.setdefault(node.run.name, []).append(node)
+    nodes[EXIT_STEP.name] = [Node("on-exit", EXIT_STEP)]
+    by_name = {step.name: step for step in PIPELINE.steps()}
     seen: set[str] = set()
     for name, template, variables in invocations(rendered_argo["compile-and-train"], sent_parameters(h100_job())):
         args = pod_args(template, variables)
-        expected = [step.command(_pod_values(variables)) for step in steps[name]]
+        expected = [by_name[name].command(node.values(_pod_values(variables))) for node in nodes[name]]
         assert args in expected, f"{name}: {args} is none of the pipeline's {expected}"
         seen.add(" ".join(args))
-    assert " ".join(PIPELINE.train_best.command(POD_VALUES)) in seen
-    assert " ".join(PIPELINE.train.command(POD_VALUES)) in seen
+    for node in nodes[TRAIN_STEP.name]:  # both of train's calls
+        assert " ".join(TRAIN_STEP.command(node.values(POD_VALUES))) in seen, node.name
 
 
 def test_each_step_keeps_its_deadline_retry_and_checkpoint(rendered_argo: dict[str, Doc]) -> None:
@@ -326,8 +340,8 @@ def test_each_step_keeps_its_deadline_retry_and_checkpoint(rendered_argo: dict[s
         policy = template["retryStrategy"]["retryPolicy"]
         assert policy == ("Always" if step.retry == "infrastructure" else "OnError"), step.name
         env = {e["name"]: e.get("value") for e in template["container"]["env"]}
-        if step.checkpoint_url:
-            bound = step.checkpoint_url.format(checkpoints=f"/data/checkpoints/{JOB}", trial="1")
+        if step.checkpoint:
+            bound = step.checkpoint.format(checkpoints=f"/data/checkpoints/{JOB}", trial="1")
             values = {"workflow.parameters.job-id": JOB, "inputs.parameters.trial": "1"}
             assert substitute(env["FOXHUNT_CHECKPOINT_URL"], values) == bound, step.name
         else:
@@ -448,7 +462,7 @@ def test_with_the_controller_the_pools_own_placement_wins(rendered_argo: dict[st
         assert pods[name]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "a3-h100"}, name
         assert pods[name]["tolerations"] == other.tolerations, name
     anywhere = sent_parameters(spec.model_copy(update={"placement": Placement(gpus=1)}))
-    pod = placements(rendered_argo["compile-and-train"], anywhere)[PIPELINE.train.name]
+    pod = placements(rendered_argo["compile-and-train"], anywhere)[TRAIN_STEP.name]
     assert pod["nodeSelector"] == {} and pod["tolerations"] == []  # a pool that names no label or taint
 
 
@@ -497,7 +511,7 @@ def test_the_seeds_deploy_command_reaches_resolve_as_it_says(rendered_argo: dict
     controller: every other parameter at its default, resolve gets the model, the epochs and the pool."""
     cli = trainer_cli()
     pods = list(invocations(rendered_argo["compile-and-train"], SEED_PARAMETERS))
-    (resolve,) = [parse(cli, pod_args(t, v)) for name, t, v in pods if name == PIPELINE.resolve.name]
+    (resolve,) = [parse(cli, pod_args(t, v)) for name, t, v in pods if name == RESOLVE_STEP.name]
     assert (resolve["model"], resolve["train_epochs"], resolve["pool"]) == ("dqn", 5, POOL)
     assert render.PARAMETER_DEFAULTS["config"] == "{}"  # the default config sets no run.steps: epochs can
 
@@ -530,7 +544,7 @@ def test_resolve_alone_reads_the_submitted_config_and_the_pools_file(rendered_ar
     for template in (t for t in spec["templates"] if "container" in t):
         mounts = {m["name"]: m for m in template["container"]["volumeMounts"]}
         artifacts = template.get("inputs", {}).get("artifacts", [])
-        if template["name"] == PIPELINE.resolve.name:
+        if template["name"] == RESOLVE_STEP.name:
             assert mounts["pools"] == {"name": "pools", "mountPath": "/etc/foxhunt/pools", "readOnly": True}
             assert [a["raw"]["data"] for a in artifacts] == ["{{workflow.parameters.config}}"]
         else:

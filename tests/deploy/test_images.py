@@ -29,7 +29,19 @@ import httpx
 import pytest
 import yaml
 
-from contracts.pipeline import PIPELINE, Step
+from contracts.pipeline import (
+    BEST,
+    CHECK,
+    EXIT,
+    PIPELINE,
+    REPORT,
+    RESOLVE,
+    RESOLVED_CONFIG,
+    SUGGEST,
+    TRAIN,
+    TRIAL,
+    Step,
+)
 from tests.deploy.conftest import ARGO_DIR, K8S_DIR, ROOT, load_docs
 from tests.polling import wait_until
 from tests.ports import free_port
@@ -69,6 +81,7 @@ VALUES = {
     "storage": STORAGE,
     "study": f"foxhunt-{JOB}",
     "trials": str(TRIALS),
+    "config_file": RESOLVED_CONFIG.format(run=f"/data/runs/{JOB}"),  # train from the resolved config
     "status": "Succeeded",
     "duration": "12.5",
     "failures": "null",
@@ -328,14 +341,13 @@ def test_trainer_image_runs_every_pipeline_step(engine: Engine, images: dict[str
     # What each step's run must leave behind, by step and in the pipeline's order: a step added, removed or
     # moved in the pipeline fails this test until the test runs and checks it too.
     checks = {
-        PIPELINE.resolve.name: resolved, PIPELINE.check.name: checked, PIPELINE.suggest.name: suggest,
-        PIPELINE.trial.name: trials, PIPELINE.best.name: best, PIPELINE.train.name: trained,
-        PIPELINE.report.name: report, PIPELINE.on_exit.name: finished,
+        RESOLVE: resolved, CHECK: checked, SUGGEST: suggest, TRIAL: trials, BEST: best, TRAIN: trained,
+        REPORT: report, EXIT: finished,
     }  # fmt: skip
     assert list(checks) == [step.name for step in PIPELINE.steps()]  # every step, in the pipeline's order
 
     for step in PIPELINE.steps():  # each step reads what the earlier ones wrote
-        if step.name == PIPELINE.trial.name:  # one pod per trial that suggest printed, as Argo fans them out
+        if step.name == TRIAL:  # one pod per trial that suggest printed, as Argo fans them out
             stdout = "".join(_run_step(engine, step, data, tmp, config, trial=str(trial)) for trial in suggested)
         else:
             stdout = _run_step(engine, step, data, tmp, config)

@@ -1,4 +1,5 @@
-"""service/ never imports torch: every module imports with torch made unimportable."""
+"""service/ never imports torch, nor the trainer: every module imports with each made unimportable.
+What the controller shares with the trainer lives in the torch-free `contracts` package."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import service
 from tests.import_guard import forbid
 
-SCRIPT = forbid("torch", "torch is not allowed in the controller") + textwrap.dedent(
+WALK = textwrap.dedent(
     """
     import importlib, pkgutil, sys
 
@@ -21,15 +24,23 @@ SCRIPT = forbid("torch", "torch is not allowed in the controller") + textwrap.de
             importlib.import_module(name)
     from service.store import Store
     Store("sqlite://").migrate()
-    assert "torch" not in sys.modules
+    assert "torch" not in sys.modules and "trainer" not in sys.modules
     print(len(names))
     """
 )
 
 
-def test_every_service_module_imports_without_torch() -> None:
+@pytest.mark.parametrize(
+    "package, why",
+    [
+        ("torch", "torch is not allowed in the controller"),
+        ("trainer", "the controller imports contracts, not trainer"),
+    ],
+)
+def test_every_service_module_imports_without(package: str, why: str) -> None:
     expected = len(list(Path(service.__path__[0]).rglob("*.py"))) - 1  # less service/__init__.py
-    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    script = forbid(package, why) + WALK
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.strip()) == expected  # the walk found every module
 

@@ -689,7 +689,7 @@ class Pod:
     """`trainer train` as the compile-and-train template's train step runs it, with a pod's environment."""
 
     def __init__(self, workflow: dict[str, object], url: str, root: Path) -> None:
-        from contracts.pipeline import train_step
+        from contracts.pipeline import TRAIN_STEP
 
         params = parameters(workflow)
         name = workflow["metadata"]["name"]  # type: ignore[index]
@@ -698,14 +698,14 @@ class Pod:
         config = pod_dir / "config.json"
         config.write_text(params["config"])
         checkpoints = root / "data" / "checkpoints" / params["job-id"]  # the shared volume, per job
-        step = train_step("{config}")
-        values = {"config": str(config), "run": str(pod_dir / "run"), "checkpoints": str(checkpoints)}
+        step = TRAIN_STEP
+        values = {"config_file": str(config), "run": str(pod_dir / "run"), "checkpoints": str(checkpoints)}
         env = {
             **os.environ,
             "FOXHUNT_JOB_ID": params["job-id"],
             "FOXHUNT_PROGRESS_URL": url,
             "FOXHUNT_PROGRESS_TOKEN": params["progress-token"],
-            "FOXHUNT_CHECKPOINT_URL": (step.checkpoint_url or "").format(**values),
+            "FOXHUNT_CHECKPOINT_URL": (step.checkpoint or "").format(**values),
         }
         env.pop("FOXHUNT_METRICS_PORT", None)
         self.log = pod_dir / "main.log"

@@ -58,6 +58,8 @@ def test_placeholders_are_bound_to_the_job_directory(tmp_path: Path) -> None:
         "checkpoints": f"{tmp_path}/checkpoints",
         "storage": f"sqlite:///{tmp_path}/optuna.db",
         "study": "foxhunt-job-1",
+        "job_id": "job-1",
+        "commit": "abc123",
         "trials": "3",
     }
 
@@ -93,7 +95,7 @@ def test_trials_fan_out_then_best_then_train_from_the_best_config(tmp_path: Path
 def test_a_failed_trial_does_not_stop_the_search_and_reaches_the_exit_handler(tmp_path: Path) -> None:
     outcome, log = run_pipeline(tmp_path, "--fail-trial", "2", trials=3)
     assert outcome == Outcome(0)
-    assert "--- foxhunt: hyperopt-trial 2 failed; the search goes on without it" in log
+    assert "--- foxhunt: hyperopt-trial 2 failed; the trial fan-out goes on without it" in log
     assert "stand-in: best trial 1" in log and started(log)[-3:] == ["train", "report", "on-exit"]
     record = exit_record(tmp_path)
     assert record["status"] == "Succeeded"
@@ -172,8 +174,10 @@ def test_each_step_gets_the_job_env_its_checkpoint_and_the_gpu_only_when_it_need
     outcome, log = run_pipeline(tmp_path, trials=1, gpu=1)
     assert outcome == Outcome(0)
     env = {line.split()[1]: line for line in log.splitlines() if line.startswith("stand-in: ") and " env " in line}
-    for command in env.values():
-        assert " job=job-1 pool=cpu commit=abc123 attempt=0 " in command
+    for step in ("check", "trial", "train"):  # the pipeline's GPU steps get the trainer's identity, as on Argo
+        assert " job=job-1 pool=cpu commit=abc123 attempt=0 " in env[step], env[step]
+    for step in ("resolve", "suggest", "best", "report", "finish"):  # the others only what finds the process
+        assert " job=job-1 pool=- commit=- attempt=0 " in env[step], env[step]
     assert env["resolve"].endswith("checkpoint=- cuda=")  # resolve needs no GPU, as its pod has none
     assert env["check"].endswith("checkpoint=- cuda=1")  # compile never writes the job's checkpoint
     assert env["trial"].endswith(f"checkpoint={tmp_path}/checkpoints/trial-0 cuda=1")
