@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +17,7 @@ from service.domain import BackendStatus, JobSpec
 from service.reconciler import FAILING_PASSES
 from service.settings import Settings
 from tests.polling import wait_until
+from tests.service.backends.test_local import job_processes
 from tests.service.conftest import Controller
 from tests.service.factories import POOLS_YAML, make_settings, stand_in_command
 
@@ -129,6 +132,39 @@ def test_a_job_running_across_a_restart_is_followed_to_its_end(
     job = second.wait_for(job_id)
     assert job["state"] == "SUCCEEDED" and _starts(settings, job_id) == 1
     assert [h["state"] for h in job["history"]] == ["QUEUED", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_killed_supervisor_leaves_no_trainer_behind_through_retry_and_cancel(
+    tmp_path: Path, database_url: str, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """kill -9 of a job's supervisor (not of its group): the job reads ERROR only once its trainer is
+    stopped, a retry runs one trainer, and a cancel after another such kill leaves no trainer either
+    (the cancel itself, without a status read between, is test_local.py's)."""
+    settings = make_settings(tmp_path, database_url=database_url, local_command=stand_in_command("--sleep", "60"))
+    c = controller_factory(settings)
+    job_id = _submit(c, "k")
+    job_dir = settings.jobs_dir / job_id
+
+    def kill_supervisor(attempt: int) -> int:
+        train = f"stand-in: train env job={job_id} pool=cpu commit=HEAD attempt={attempt}"
+        log = job_dir / "log.txt"
+        wait_until(lambda: train in log.read_text(), 30, 0.05, what="the train step", ignore=(FileNotFoundError,))
+        pid = int((job_dir / f"pid-{attempt}").read_text())
+        os.kill(pid, signal.SIGKILL)
+        assert job_processes(pid)  # its trainer is still there, an orphan
+        return pid
+
+    first = kill_supervisor(0)
+    job = c.wait_for(job_id)
+    assert (job["state"], job["reason"]) == ("ERROR", "ProcessLost")
+    assert job_processes(first) == []  # stopped before the job was reported lost
+    assert c.request("POST", f"/v1/jobs/{job_id}/retry").status_code == 202
+    second = kill_supervisor(1)
+    assert job_processes(first) == []  # one trainer in the run folder
+    # the reconciler may find the supervisor gone before the cancel comes: stopped either way
+    assert c.request("DELETE", f"/v1/jobs/{job_id}").status_code in (202, 409)
+    assert c.wait_for(job_id)["state"] in ("CANCELLED", "ERROR")
+    assert job_processes(second) == []
 
 
 def test_an_unreachable_backend_never_fails_a_job(tmp_path: Path) -> None:
