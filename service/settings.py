@@ -50,8 +50,8 @@ class Settings(BaseSettings):
         None,
         min_length=32,
         description=(
-            "Key of the job-scoped progress tokens (HMAC-SHA256 of the job id) that trainer pods send to "
-            "PUT /v1/jobs/{id}/progress. Required with the argo backend; every replica must share it, and "
+            "Key of the attempt-scoped progress tokens (HMAC-SHA256 of the job id and attempt) that trainer "
+            "pods send to PUT /v1/jobs/{id}/progress. Required with the argo backend; every replica must share it, and "
             "changing it invalidates the tokens of running Workflows. Unset: progress reports are refused."
         ),
     )

@@ -60,7 +60,7 @@ PARAMETERS: dict[str, str] = {
         "deletes one), tolerations replace the step's list whole, and the entry of containers named main "
         "sets the GPU resource. The default only asks for one nvidia.com/gpu."
     ),
-    "progress-token": "Job-scoped token with which the trainer reports progress to the controller.",
+    "progress-token": "Attempt-scoped token with which the trainer reports progress to the controller.",
 }
 PARAMETER_NAMES: tuple[str, ...] = tuple(PARAMETERS)
 
