@@ -15,6 +15,7 @@ from service.app import create_app
 from service.auth import create_token
 from service.backends.local import LocalBackend
 from service.settings import Settings
+from service.store import Store
 from tests.polling import wait_until
 from tests.service.factories import make_settings
 
@@ -119,3 +120,12 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
     engine.dispose()
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    """A migrated store on each database kind."""
+    store = Store(database_url)
+    store.migrate()
+    yield store
+    store.dispose()

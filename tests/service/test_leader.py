@@ -235,14 +235,6 @@ class StallingBackend:
         self.inner.ping()
 
 
-@pytest.fixture
-def store(database_url: str) -> Iterator[Store]:
-    store = Store(database_url)
-    store.migrate()
-    yield store
-    store.dispose()
-
-
 def test_a_leader_stalled_past_its_renew_deadline_makes_no_further_backend_call(
     tmp_path: Path, fake: FakeKube, store: Store
 ) -> None:

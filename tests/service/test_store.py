@@ -6,7 +6,7 @@ import contextlib
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Barrier
 
@@ -18,14 +18,6 @@ from service.domain import BackendStatus, JobState
 from service.errors import IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound, QuotaExceeded
 from service.models import Base
 from service.store import MIGRATIONS_DIR, NewJob, Store, parse_label_selector
-
-
-@pytest.fixture
-def store(database_url: str) -> Iterator[Store]:
-    store = Store(database_url)
-    store.migrate()
-    yield store
-    store.dispose()
 
 
 def new_job(job_id: str = "job-1", **overrides: object) -> NewJob:
