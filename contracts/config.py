@@ -15,9 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contracts.datasets import DatasetAccess
+from contracts.plans import PlanName
 
-PlanName = Literal["eager", "graph", "dual", "fused", "zerocopy"]
-PLANS: tuple[str, ...] = ("eager", "graph", "dual", "fused", "zerocopy")
 STEPS_PER_EPOCH = 2000
 INT32_MAX = 2**31 - 1
 """Bound of every count without a smaller natural one: the store, the trainer and Argo all hold it."""

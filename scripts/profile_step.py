@@ -4,8 +4,7 @@ Usage: python scripts/profile_step.py [--preset core] [--variant NAME ...] [--st
 A variant is a bench method (a plan name or "compile", with an optional precision suffix as in the
 bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") with optional flags:
 "+tree" (sum-tree sampling instead of the bench's cumulative-sum search), e.g. "zerocopy-bf16+tree";
-"+nosplitk" (bf16 products without split-K, through cuBLASLt: `trainer.execution.plans._capture.bf16_split_k`),
-e.g. "zerocopy-bf16+combo+nosplitk"; "+combo16" (up to 16 kernels in one of Inductor's combined kernels
+"+combo16" (up to 16 kernels in one of Inductor's combined kernels
 instead of its default 8), e.g. "zerocopy-bf16+combo+combo16"; "+allcombo" (every combined kernel kept,
 not only those Inductor's benchmark finds faster); "+nosplitred" (no reduction split into two kernels,
 partial and final: Inductor's `split_reductions` off). Each variant is compiled afresh (Dynamo's in-memory
@@ -37,7 +36,6 @@ from torch.profiler import ProfilerActivity, profile
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
-from trainer.execution.plans._capture import bf16_split_k
 from trainer.execution.plans.base import Plan
 from trainer.execution.plans.fused import HORIZONTAL_OPTIONS, compile_replay_ops, compile_step
 from trainer.runtime.timing import StepTimer
@@ -95,7 +93,6 @@ def _combo_grouping(nodes: int) -> Iterator[None]:
 OVERRIDE_FLAGS = {"tree": "replay.search=tree"}
 """Variant flags that are config overrides."""
 SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
-    "nosplitk": lambda: bf16_split_k(False),
     "combo16": lambda: combo_kernel_cap(16),
     "allcombo": lambda: mock.patch.dict(HORIZONTAL_OPTIONS, benchmark_combo_kernel=False),
     "nosplitred": lambda: inductor_config.patch(split_reductions=False),
@@ -104,7 +101,7 @@ SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] 
 
 
 def split_variant(variant: str) -> tuple[str, list[str]]:
-    """(bench method, flags): "zerocopy-bf16+combo+nosplitk" -> ("zerocopy-bf16+combo", ["nosplitk"])."""
+    """(bench method, flags): "zerocopy-bf16+combo+tree" -> ("zerocopy-bf16+combo", ["tree"])."""
     method, *flags = variant.split("+")
     if HORIZONTAL in flags:  # the bench's own suffix (`zerocopy-bf16+combo`): part of the method
         flags.remove(HORIZONTAL)

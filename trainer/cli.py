@@ -27,6 +27,8 @@ from contracts.config import (
     dump_config,
     load_config,
 )
+from contracts.pipeline import CHECKPOINT_ENV
+from contracts.plans import plan_names
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="foxhunt's distributional DQN trainer.")
 
@@ -46,6 +48,15 @@ def fail(message: str) -> typer.Exit:
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON TrainConfig.")]
 OverrideOption = Annotated[
     list[str] | None, typer.Option("--override", "-o", help="Dotted override, e.g. -o optim.lr=3e-4 (repeatable).")
+]
+# Read here, once, and passed down: a job's pipeline sets it per step (contracts.pipeline.CHECKPOINT_ENV).
+CheckpointOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar=CHECKPOINT_ENV,
+        show_envvar=True,
+        help="Checkpoint location (any fsspec URL), fixed per job so a retry resumes; default RUN_DIR/checkpoints.",
+    ),
 ]
 
 
@@ -70,6 +81,7 @@ def train(
     run_dir: Annotated[Path | None, typer.Option(help="Output folder (default runs/<time>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the last complete checkpoint.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    checkpoint_url: CheckpointOption = None,
 ) -> None:
     """Train one agent and write config.json, progress.json, summary.json and checkpoints to the run dir."""
     from trainer.execution.data.offline import DatasetError
@@ -83,7 +95,14 @@ def train(
         if config is None:
             warn_default_config_on_cpu(cfg)
         on_report = reporter.update if reporter is not None else None
-        run_training(cfg, run_dir or default_run_dir(), resume=resume, show_progress=progress, on_report=on_report)
+        run_training(
+            cfg,
+            run_dir or default_run_dir(),
+            resume=resume,
+            show_progress=progress,
+            on_report=on_report,
+            checkpoint_url=checkpoint_url,
+        )
     except (ConfigError, DatasetError, CheckpointError, RunDirBusy) as error:
         raise fail(str(error)) from None
     except FileNotFoundError as error:
@@ -107,7 +126,7 @@ def bench(
     methods: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: eager, compile, graph, dual, fused, zerocopy, each with an optional precision "
+            help=f"Comma-separated plans: {plan_names()}, each with an optional precision "
             "suffix -fp32, -tf32 or -bf16 (compile-bf16: TF32 and bf16 autocast under torch.compile)."
         ),
     ] = "eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16",
@@ -128,7 +147,9 @@ def bench(
     train: Annotated[
         str, typer.Option(help="Recipes for `train` rows (real training, collection included): cartpole, market.")
     ] = "",
-    train_plans: Annotated[str, typer.Option(help="Comma-separated plans for the train rows.")] = "eager,zerocopy",
+    train_plans: Annotated[
+        str, typer.Option(help=f"Comma-separated plans for the train rows: {plan_names()}.")
+    ] = "eager,zerocopy",
     train_updates: Annotated[int, typer.Option(help="Updates per train row.")] = 4000,
     train_override: Annotated[
         list[str] | None,
@@ -277,7 +298,7 @@ def check(
     if cfg.run.device == "cuda" and not str(result["device"]).startswith("cuda"):
         typer.echo("error: run.device=cuda but this machine has no usable CUDA GPU", err=True)
         raise typer.Exit(1)
-    if cfg.run.device == "cuda" and fallbacks:
+    if fallbacks:  # whatever run.device says: with `auto` on a machine without a usable GPU too
         typer.echo(f"error: plan {cfg.run.plan} cannot run here: {fallbacks[0].message}", err=True)
         raise typer.Exit(1)
 
@@ -414,6 +435,7 @@ def hyperopt_run(
     trial_steps: Annotated[
         int | None, typer.Option(min=1, help="Shorter run.steps for trials; the final run keeps the config's.")
     ] = None,
+    checkpoint_url: CheckpointOption = None,
 ) -> None:
     """The whole search locally: trials one after another, then the best config trained in full."""
     from trainer.tools.hyperopt import load_space, search
@@ -422,7 +444,7 @@ def hyperopt_run(
         base = load_config(config)
         run_dir.mkdir(parents=True, exist_ok=True)
         url = storage or f"sqlite:///{run_dir.resolve() / 'optuna.db'}"
-        best = search(base, load_space(space), trials, url, study, run_dir, typer.echo, trial_steps)
+        best = search(base, load_space(space), trials, url, study, run_dir, typer.echo, trial_steps, checkpoint_url)
         typer.echo(json.dumps({k: best[k] for k in ("trial", "value", "params", "eval_return_mean")}))
 
     _hyperopt_call(body)
@@ -458,6 +480,7 @@ def hyperopt_trial(
     config: ConfigOption = None,
     run_dir: Annotated[Path | None, typer.Option(help="Output folder (default runs/<study>-trial-<n>).")] = None,
     trial_steps: Annotated[int | None, typer.Option(min=1, help="run.steps of the trial (default: config's).")] = None,
+    checkpoint_url: CheckpointOption = None,
 ) -> None:
     """Train one trial with its stored parameters and tell the study its objective (or FAIL)."""
     from trainer.tools.hyperopt import open_study, run_trial
@@ -466,7 +489,8 @@ def hyperopt_trial(
         base = load_config(config)
         opened = open_study(storage, study, create=False)
         extra = [f"run.steps={trial_steps}"] if trial_steps is not None else []
-        run_trial(opened, trial, base, run_dir or Path("runs") / f"{study}-trial-{trial}", typer.echo, extra)
+        trial_dir = run_dir or Path("runs") / f"{study}-trial-{trial}"
+        run_trial(opened, trial, base, trial_dir, typer.echo, extra, checkpoint_url=checkpoint_url)
 
     _hyperopt_call(body)
 

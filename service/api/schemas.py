@@ -11,11 +11,11 @@ from contracts.config import (
     INT32_MAX,
     MODELS,
     STEPS_PER_EPOCH,
-    PlanName,
     TrainConfig,
     check_model,
     check_steps_or_epochs,
 )
+from contracts.plans import PlanName
 from service.domain import JobFields, JobState
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$")]

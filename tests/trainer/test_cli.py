@@ -94,6 +94,30 @@ def test_check_fails_when_the_config_asks_for_a_gpu_this_machine_lacks(tmp_path:
     assert "no usable CUDA GPU" in result.output
 
 
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_check_fails_when_the_plan_would_fall_back_whatever_the_device_says(tmp_path: Path, device: str) -> None:
+    """The default device is auto: a graph plan on a machine without a usable GPU must fail compile, not
+    train on the CPU for hours."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = invoke("check", "-c", "examples/quickstart.yaml", *TINY, "-o", f"run.device={device}",
+                    "-o", "run.plan=graph", "--steps", "1", "--out", str(tmp_path / "check"))  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "plan graph cannot run here: plan 'graph' needs a CUDA GPU" in result.output
+
+
+def test_train_checkpoints_where_the_environment_says_read_once_by_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_checkpoints = tmp_path / "job-checkpoints"
+    monkeypatch.setenv("FOXHUNT_CHECKPOINT_URL", str(job_checkpoints))
+    result = invoke(
+        "train", "-c", "examples/quickstart.yaml", *TINY, "--run-dir", str(tmp_path / "run"), "--no-progress"
+    )
+    assert result.exit_code == 0, result.output
+    assert any(job_checkpoints.iterdir()) and not (tmp_path / "run" / "checkpoints").exists()
+
+
 def quickstart_without_steps(tmp_path: Path) -> Path:
     """examples/quickstart.yaml less its run.steps: a config whose length a job's epochs may set."""
     document = yaml.safe_load(Path("examples/quickstart.yaml").read_text())

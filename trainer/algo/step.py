@@ -1,4 +1,4 @@
-"""One training update, written once: every plan runs exactly this function (STYLE rule 3).
+"""One training update, written once: every plan runs exactly this function.
 
 `train_step(state, batch, draws, hp, flags)` reads the batch and the random draws, computes every
 loss, the per-loss gradients clipped to their budgets, Adam, spectral norm, the guard, the target

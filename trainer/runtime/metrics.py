@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from contracts.plans import plan_names
+
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
@@ -115,7 +117,7 @@ class TrainerMetrics:
         # The histogram is exposed through _StepSeconds so a timer can be drained just before it is read.
         self.step_seconds = Histogram(
             "foxhunt_train_step_seconds",
-            "Time of one step's component. plan: eager|graph|dual|fused|zerocopy; component: act, env, "
+            f"Time of one step's component. plan: {plan_names('|')}; component: act, env, "
             "store (collection, online training; collect_graph when it replays as one CUDA graph), sample, "
             "spectral, forward_backward, clip_prune, adam, ema, "
             "attention, iql, iqn, causal, guard, priority (eager), graph, aux_stream (graphed plans), step "
@@ -335,8 +337,8 @@ def export_bench(registry: CollectorRegistry, results: Iterable[BenchResult]) ->
     """`foxhunt_bench_step_seconds{plan,config}`: speed-up over eager is eager's value / a plan's."""
     gauge = Gauge(
         "foxhunt_bench_step_seconds",
-        "Mean step time measured by the benchmark. plan: eager|graph|dual|fused|zerocopy; config: name of "
-        "the benchmarked configuration.",
+        f"Mean step time measured by the benchmark. plan: {plan_names('|')}, or one of them with a precision "
+        "suffix; config: name of the benchmarked configuration.",
         ["plan", "config"],
         registry=registry,
     )

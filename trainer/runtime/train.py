@@ -215,7 +215,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_run(config: TrainConfig, run_dir: Path) -> Run:
+def build_run(config: TrainConfig, run_dir: Path, checkpoint_url: str | None = None) -> Run:
+    """Everything a run holds, built from `config`; checkpoints go to `checkpoint_url` (any fsspec URL,
+    the job's location the CLI resolved), else to run_dir/checkpoints."""
     seed_everything(config.run.seed)
     if config.run.cpu_threads is not None:
         torch.set_num_threads(config.run.cpu_threads)
@@ -230,7 +232,7 @@ def build_run(config: TrainConfig, run_dir: Path) -> Run:
     replay = ReplayBuffer(config, spec, device, generator, device_writer=in_graph)
     timer = StepTimer(device)
     plan_name = resolve_plan(config.run.plan, device)
-    checkpoint_url = os.environ.get("FOXHUNT_CHECKPOINT_URL") or str(run_dir / "checkpoints")
+    checkpoint_url = checkpoint_url or str(run_dir / "checkpoints")
     explore_generator = torch.Generator(device=device).manual_seed(config.run.seed + 1)
     metrics = TrainerMetrics(
         CollectorRegistry(), plan=plan_name, info=build_info(plan=plan_name, model=MODEL_NAME, device=str(device))
@@ -429,9 +431,11 @@ def run_training(
     show_progress: bool = True,
     out: Callable[[str], None] = print,
     on_report: Callable[[dict[str, Any]], None] | None = None,
+    checkpoint_url: str | None = None,
 ) -> dict[str, Any]:
     """Train to `config.run.steps` (or to run.max_seconds, or run.stop_at_return) and return the summary
     (also written to run_dir/summary.json). RunDirBusy if another live trainer holds `run_dir`.
+    Checkpoints go to `checkpoint_url` (a job's fixed location, so a retry resumes), else run_dir/checkpoints.
 
     `on_report` gets each progress report as it is written to progress.json (trainer/runtime/progress.py).
 
@@ -440,7 +444,7 @@ def run_training(
     the final evaluation; the summary's `best_eval_step` and `best_eval_return` name it (None if off).
     """
     with hold_run_dir(run_dir):
-        return _run_training(config, run_dir, resume, show_progress, out, on_report)
+        return _run_training(config, run_dir, resume, show_progress, out, on_report, checkpoint_url)
 
 
 def _run_training(
@@ -450,11 +454,12 @@ def _run_training(
     show_progress: bool,
     out: Callable[[str], None],
     on_report: Callable[[dict[str, Any]], None] | None,
+    checkpoint_url: str | None,
 ) -> dict[str, Any]:
     """run_training's body, with the run folder held."""
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.json")
-    run = build_run(config, run_dir)
+    run = build_run(config, run_dir, checkpoint_url)
     if resume and restore_checkpoint(run):
         out(f"resumed from checkpoint at step {run.step}")
     elif resume:
@@ -563,7 +568,7 @@ def _run_training(
 def run_check(config: TrainConfig, out_dir: Path, steps: int) -> dict[str, Any]:
     """`steps` updates of `config` as `train` runs them (warm-up, capture, graphs), in `out_dir`.
 
-    Never checkpoints to FOXHUNT_CHECKPOINT_URL: the job's train step must not resume from a check.
+    Checkpoints only in `out_dir`, never at the job's location: the job's train step must not resume from a check.
     """
     short = config.model_copy(deep=True)
     short.run.steps = steps
@@ -571,13 +576,8 @@ def run_check(config: TrainConfig, out_dir: Path, steps: int) -> dict[str, Any]:
     short.run.checkpoint_every = steps
     short.run.eval_every = 0
     short.run.eval_episodes = 0
-    saved = os.environ.pop("FOXHUNT_CHECKPOINT_URL", None)
-    try:
-        started = time.perf_counter()
-        summary = run_training(short, out_dir, show_progress=False)
-    finally:
-        if saved is not None:
-            os.environ["FOXHUNT_CHECKPOINT_URL"] = saved
+    started = time.perf_counter()
+    summary = run_training(short, out_dir, show_progress=False)
     result = {
         "plan_requested": config.run.plan,
         "plan": summary.get("plan"),

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
-import os
 import platform
 import statistics
 import tempfile
@@ -45,15 +44,15 @@ from typing import Any
 
 import torch
 
-from contracts.config import PLANS, STEPS_PER_EPOCH, TrainConfig, build_config, load_config
+from contracts.config import STEPS_PER_EPOCH, TrainConfig, build_config, load_config
+from contracts.plans import PLANS
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
-from trainer.algo.step import SectionTimer, StepFlags, StepOutput, train_step
+from trainer.algo.step import SectionTimer, StepOutput
 from trainer.execution.data.spec import EnvSpec, Transitions, goal_columns
-from trainer.execution.plans import make_plan, unavailable_reason
+from trainer.execution.plans import plan_class, unavailable_reason
 from trainer.execution.plans.base import Plan
-from trainer.execution.plans.eager import EagerPlan
 from trainer.runtime.timing import StepTimer
 
 BRANCHES, ACTIONS = 3, 5
@@ -68,7 +67,7 @@ TIMED_WITH_TIMER_OFF = ("eager", "zerocopy")
 SAMPLER = ["replay.search=cdf"]
 """Every method samples by the cumulative-sum search: the same draws as the sum-tree descent in
 a tenth of the time on a GPU (trainer/algo/replay/sampler.py)."""
-BASE_METHODS: tuple[str, ...] = ("eager", "compile", "graph", "dual", "fused", "zerocopy")
+BASE_METHODS: tuple[str, ...] = tuple(PLANS)
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16")
 """Suffixes a method may carry (`zerocopy-bf16`): the `run.precision` it runs with."""
 HORIZONTAL = "combo"
@@ -276,35 +275,6 @@ def fill_with_random_transitions(replay: ReplayBuffer, rows: int, seed: int, chu
         written += n
 
 
-class CompiledEagerPlan(EagerPlan):
-    """The eager loop with `train_step` under torch.compile's best mode that runs ("reduce-overhead":
-    Inductor kernels in its own CUDA graphs), over static batch and state buffers, no per-step read-back.
-    Sampling and draws stay eager."""
-
-    name = "compile"
-    read_losses = False
-
-    def __init__(
-        self,
-        state: TrainState,
-        replay: ReplayBuffer,
-        config: TrainConfig,
-        timer: SectionTimer,
-        generator: torch.Generator,
-        mode: str = "reduce-overhead",
-    ) -> None:
-        super().__init__(state, replay, config, timer, generator)
-        static = [*state.tensors().values(), *vars(self.batch).values(), *vars(self.draws).values(), state.atoms]
-        for tensor in static:
-            if isinstance(tensor, torch.Tensor):  # Draws also holds a flag
-                torch._dynamo.mark_static_address(tensor)
-        self.compiled = torch.compile(train_step, mode=mode)
-
-    def train(self, flags: StepFlags) -> StepOutput:
-        with self.timer.section("compiled"):  # one span: the timer stays outside the compiled code
-            return self.compiled(self.state, self.batch, self.draws, self.hp, flags)
-
-
 def check_options(options: BenchOptions) -> None:
     """One-line errors for unknown presets or methods and sizes that cannot run."""
     unknown = [p for p in options.configs if p not in PRESETS] + [m for m in options.methods if not _known(m)]
@@ -357,10 +327,7 @@ def build_method(
 ) -> Plan:
     """Method `method` (a precision suffix applied to `config`, see `split_method`) over `state`."""
     base, _ = split_method(method)
-    config = method_config(config, method)
-    if base == "compile":
-        return CompiledEagerPlan(state, replay, config, timer, generator)
-    return make_plan(base, state, replay, config, timer, generator)
+    return plan_class(base)(state, replay, method_config(config, method), timer, generator)
 
 
 def _sync(device: torch.device) -> None:
@@ -585,11 +552,10 @@ def time_training(recipe: str, plan: str, options: BenchOptions, device: torch.d
     from trainer.runtime.train import run_training
 
     result = TrainResult(recipe=recipe, plan=plan, updates=options.train_updates, steps_per_replay=1)
-    saved = os.environ.pop("FOXHUNT_CHECKPOINT_URL", None)  # never write the job's checkpoints
     began = time.perf_counter()
     try:
         config = train_config(recipe, plan, options, device)
-        with tempfile.TemporaryDirectory(prefix="foxhunt-bench-train-") as run_dir:
+        with tempfile.TemporaryDirectory(prefix="foxhunt-bench-train-") as run_dir:  # checkpoints in it, never a job's
             summary = run_training(config, Path(run_dir), show_progress=False, out=lambda line: None)
         result.plan = summary["plan"]
         result.steps_per_replay = config.run.steps_per_replay if result.plan != "eager" else 1
@@ -601,9 +567,6 @@ def time_training(recipe: str, plan: str, options: BenchOptions, device: torch.d
         result.train_return_mean = summary.get("train_return_mean")
     except Exception as error:  # a plan that cannot train is reported, not hidden
         result.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-    finally:
-        if saved is not None:
-            os.environ["FOXHUNT_CHECKPOINT_URL"] = saved
     return result
 
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -228,8 +226,10 @@ def run_trial(
     run_dir: Path,
     log: Log,
     extra: list[str] | None = None,
+    checkpoint_url: str | None = None,
 ) -> float:
     """Train trial `number` with its stored parameters and tell the study; TrialFailed after a crash.
+    It checkpoints at `checkpoint_url` (the job's location for this trial), else in `run_dir`.
 
     A trial already COMPLETE returns its value without training again (a re-run step is a no-op).
     """
@@ -249,7 +249,10 @@ def run_trial(
 
     log(f"trial {number}: training {_describe(trial.params)} -> {run_dir}")
     try:
-        value = objective_of(run_training(config, run_dir, resume=True, show_progress=False, out=log))
+        summary = run_training(
+            config, run_dir, resume=True, show_progress=False, out=log, checkpoint_url=checkpoint_url
+        )
+        value = objective_of(summary)
     except Exception as error:  # the trial's failure, recorded; SystemExit (SIGTERM: 143) is not caught
         study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
         message = str(error).splitlines()[0] if str(error) else ""
@@ -279,23 +282,6 @@ def write_best_config(study: optuna.Study, base: TrainConfig, out: Path, log: Lo
     return trial, config
 
 
-@contextmanager
-def _checkpoint_url(url: str | None) -> Iterator[None]:
-    """Point FOXHUNT_CHECKPOINT_URL (read by the trainer) at `url` for one run, then restore it."""
-    saved = os.environ.get("FOXHUNT_CHECKPOINT_URL")
-    if url is None:
-        os.environ.pop("FOXHUNT_CHECKPOINT_URL", None)
-    else:
-        os.environ["FOXHUNT_CHECKPOINT_URL"] = url
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("FOXHUNT_CHECKPOINT_URL", None)
-        else:
-            os.environ["FOXHUNT_CHECKPOINT_URL"] = saved
-
-
 def search(
     base: TrainConfig,
     space: dict[str, BaseDistribution],
@@ -305,29 +291,29 @@ def search(
     run_dir: Path,
     log: Log,
     trial_steps: int | None = None,
+    checkpoint_url: str | None = None,
 ) -> dict[str, Any]:
     """The whole search in one process, then the best config trained in full; returns best.json.
 
     Re-running it continues the same study: unfinished trials resume from their checkpoints and
     only the missing trials are asked. Trials checkpoint in their own run directory (or under
-    `$FOXHUNT_CHECKPOINT_URL/trial-<n>` when that is set); the final run uses the usual location.
+    `<checkpoint_url>/trial-<n>` when given); the final run in its run directory (or at `checkpoint_url`).
     """
     check_space(space, base)
     study = open_study(storage, study_name, create=True, seed=base.run.seed)
     extra = [f"run.steps={trial_steps}"] if trial_steps is not None else []
-    checkpoints = os.environ.get("FOXHUNT_CHECKPOINT_URL")
     pending = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     while pending or len(study.get_trials(deepcopy=False)) < trials:
         number = pending.pop(0) if pending else study.ask(space).number
         log(f"trial {number + 1}/{trials}")
-        with _checkpoint_url(f"{checkpoints}/trial-{number}" if checkpoints else None):
-            try:
-                run_trial(study, number, base, run_dir / f"trial-{number}", log, extra)
-            except TrialFailed as error:
-                log(f"error: {error} (recorded as FAIL; the search goes on)")
+        trial_url = f"{checkpoint_url}/trial-{number}" if checkpoint_url else None
+        try:
+            run_trial(study, number, base, run_dir / f"trial-{number}", log, extra, checkpoint_url=trial_url)
+        except TrialFailed as error:
+            log(f"error: {error} (recorded as FAIL; the search goes on)")
     trial, config = write_best_config(study, base, run_dir / "best-config.json", log)
     log(f"training the best config (trial {trial.number}) in full -> {run_dir / 'final'}")
-    summary = run_final(config, run_dir / "final", log)
+    summary = run_final(config, run_dir / "final", log, checkpoint_url)
     best = {
         "study": study_name,
         "trial": trial.number,
@@ -342,7 +328,7 @@ def search(
     return best
 
 
-def run_final(config: TrainConfig, run_dir: Path, log: Log) -> dict[str, Any]:
+def run_final(config: TrainConfig, run_dir: Path, log: Log, checkpoint_url: str | None = None) -> dict[str, Any]:
     from trainer.runtime.train import run_training
 
-    return run_training(config, run_dir, resume=True, show_progress=False, out=log)
+    return run_training(config, run_dir, resume=True, show_progress=False, out=log, checkpoint_url=checkpoint_url)

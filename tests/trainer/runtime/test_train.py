@@ -16,7 +16,8 @@ import pytest
 import torch
 import yaml
 
-from contracts.config import PLANS, ConfigError, TrainConfig
+from contracts.config import ConfigError, TrainConfig
+from contracts.plans import PLANS
 from tests.factories import tiny_config
 from trainer.algo.step import StepOutput
 from trainer.execution.plans import PlanFallbackWarning
@@ -129,9 +130,10 @@ def test_start_plan_refuses_an_empty_replay(tmp_path: Path) -> None:
         start_plan(run)
 
 
-@pytest.mark.parametrize("name", PLANS)
+@pytest.mark.parametrize("name", ["eager", *(name for name, plan in PLANS.items() if plan.needs_cuda)])
 def test_train_runs_with_every_plan_name_on_the_cpu(tmp_path: Path, name: str) -> None:
-    """GPU plans fall back to eager on the CPU, with a warning naming why, and train from an empty replay."""
+    """GPU plans fall back to eager on the CPU, with a warning naming why, and train from an empty replay
+    (compile runs as itself on the CPU: tests/trainer/tools/test_bench.py compares it with eager)."""
     config = tiny_config(run={"plan": name, "steps": 4, "log_every": 2, "checkpoint_every": 4})
     if name == "eager":
         summary = run_training(config, tmp_path, show_progress=False, out=lambda line: None)

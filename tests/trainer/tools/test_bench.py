@@ -90,7 +90,8 @@ def test_compile_bf16_is_the_compiled_eager_step_with_tf32_and_bf16_autocast() -
     from trainer.algo.model import ModelDims
     from trainer.algo.state import TrainState
     from trainer.algo.step import NO_TIMER
-    from trainer.tools.bench import CompiledEagerPlan, build_method
+    from trainer.execution.plans.compiled import CompiledEagerPlan
+    from trainer.tools.bench import build_method
 
     config = preset_config("core", tiny_options())
     replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(1))
@@ -220,8 +221,8 @@ def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
     from trainer.algo.model import ModelDims
     from trainer.algo.state import TrainState
     from trainer.algo.step import NO_TIMER
+    from trainer.execution.plans.compiled import CompiledEagerPlan
     from trainer.execution.plans.eager import EagerPlan
-    from trainer.tools.bench import CompiledEagerPlan
 
     # core: the full preset's extra parts (vaccine, causal, ensemble, HER) compile in the GPU equivalence
     # tests of the fused plan; here they would double a cold CPU compilation

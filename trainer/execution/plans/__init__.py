@@ -1,4 +1,5 @@
-"""Execution plans: how `trainer.algo.step.train_step` runs (eager, CUDA graph, two streams, fused, zero-copy).
+"""Execution plans: how `trainer.algo.step.train_step` runs (eager, torch.compile, CUDA graph, two
+streams, fused, zero-copy). Which plans exist, what each does and its class: `contracts.plans.PLANS`.
 
 `make_plan` picks one; a plan this machine cannot run falls back to `eager` with a warning naming why.
 """
@@ -6,25 +7,17 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import warnings
+from collections.abc import Callable
 
 import torch
 
-from contracts.config import PLANS, TrainConfig
+from contracts.config import TrainConfig
+from contracts.plans import PLANS, plan_names
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import SectionTimer
 from trainer.execution.plans.base import Plan
-
-# plan name -> (module, class); a plan is available once its module exists.
-_IMPLEMENTATIONS = {
-    "eager": ("trainer.execution.plans.eager", "EagerPlan"),
-    "graph": ("trainer.execution.plans.graph", "GraphPlan"),
-    "dual": ("trainer.execution.plans.dual", "DualStreamPlan"),
-    "fused": ("trainer.execution.plans.fused", "FusedPlan"),
-    "zerocopy": ("trainer.execution.plans.zerocopy", "ZeroCopyPlan"),
-}
 
 
 class PlanFallbackWarning(RuntimeWarning):
@@ -34,14 +27,9 @@ class PlanFallbackWarning(RuntimeWarning):
 def unavailable_reason(name: str, device: torch.device) -> str | None:
     """Why plan `name` cannot run on `device`, or None if it can."""
     if name not in PLANS:
-        return f"unknown plan {name!r} (choose from {', '.join(PLANS)})"
-    if name == "eager":
-        return None
-    if device.type != "cuda":
+        return f"unknown plan {name!r} (choose from {plan_names()})"
+    if PLANS[name].needs_cuda and device.type != "cuda":  # type: ignore[index]
         return f"plan {name!r} needs a CUDA GPU and this run is on {device.type}"
-    module, _ = _IMPLEMENTATIONS[name]
-    if importlib.util.find_spec(module) is None:
-        return f"plan {name!r} is not implemented in this build"
     return None
 
 
@@ -65,7 +53,16 @@ def make_plan(
     """Plan `name` (or eager, see `resolve_plan`). Graph plans capture on real samples: build them
     once `replay` holds transitions (the training loop does, after its warm-up to learning_starts)."""
     name = resolve_plan(name, state.atoms.device)
-    module, cls = _IMPLEMENTATIONS[name]
-    plan_class = getattr(importlib.import_module(module), cls)
-    plan: Plan = plan_class(state, replay, config, timer, generator)
+    plan: Plan = plan_class(name)(state, replay, config, timer, generator)
     return plan
+
+
+PlanClass = Callable[[TrainState, ReplayBuffer, TrainConfig, SectionTimer, torch.Generator], Plan]
+"""Every plan class's constructor: state, replay, config, timer, generator."""
+
+
+def plan_class(name: str) -> PlanClass:
+    """The class that runs plan `name`, imported now (the graph plans pull in Inductor and Triton)."""
+    module, cls = PLANS[name].implementation.split(":")  # type: ignore[index]
+    found: PlanClass = getattr(importlib.import_module(module), cls)
+    return found

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from itertools import product
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
@@ -52,31 +51,6 @@ def matmul_precision(tf32: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-@contextlib.contextmanager
-def bf16_split_k(allowed: bool) -> Iterator[None]:
-    """Allow or forbid split-K in bf16 matrix products inside the block (a no-op where torch cannot).
-
-    A split-K product is two kernels (partial products, then cuBLASLt's `splitKreduce_kernel`): 8 of a
-    bf16 step's ~190 in round 4's profile. Forbidding it needs the tuple form of
-    `allow_bf16_reduced_precision_reduction` (torch 2.10+) and cuBLASLt for every product: plain
-    cuBLAS ignores the setting. Measured on an H200 (round 5, `scripts/profile_step.py`'s `+nosplitk`):
-    178 kernels but 2.74 ms per `core` step instead of 0.995, so no plan uses it.
-    """
-    matmul = torch.backends.cuda.matmul
-    if allowed or torch.version.cuda is None or not hasattr(matmul, "allow_bf16_reduced_precision_reduction_split_k"):
-        yield
-        return
-    old_library = torch.backends.cuda.preferred_blas_library()
-    old = matmul.allow_bf16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction_split_k
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    matmul.allow_bf16_reduced_precision_reduction = (False, False)  # torch refuses (True, False)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(old_library)
-        matmul.allow_bf16_reduced_precision_reduction = old
-
-
 def uses_tf32(precision: str, plan_default: bool) -> bool:
     """Whether `run.precision` runs the float32 matrix products in TF32: 'auto' keeps the plan's own
     choice, 'bf16' keeps TF32 for what autocast leaves in float32 (spectral norm's power iteration)."""
@@ -101,13 +75,6 @@ def flag_patterns(config: TrainConfig, k: int) -> list[Pattern]:
         period = math.lcm(period, config.loss.causal_every)
     patterns = (tuple(StepFlags.for_step(start + i, config) for i in range(k)) for start in range(0, period, k))
     return list(dict.fromkeys(patterns))
-
-
-def flag_variants(config: TrainConfig) -> list[StepFlags]:
-    """Every StepFlags the schedule can produce: plain, vaccine, causal, vaccine+causal (as enabled)."""
-    vaccine = (False, True) if config.loss.vaccine else (False,)
-    causal = (False, True) if config.loss.causal else (False,)
-    return [StepFlags(vaccine=v, causal=c) for v, c in product(vaccine, causal)]
 
 
 class Snapshot:

@@ -1,4 +1,4 @@
-"""Phase 2: the graph plan with the step's independent groups on side CUDA streams, inside the graph.
+"""The dual plan: the graph plan with the step's independent groups on side CUDA streams, inside the graph.
 
 Captured as one graph whose DAG forks and joins with events (`StreamRouter`):
 - attention (forward, backward, its Adam candidate) forks at the step's start: it reads only the

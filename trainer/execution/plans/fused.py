@@ -1,4 +1,4 @@
-"""Phase 3: Inductor-fused kernels and TF32, captured into the dual plan's multi-stream graph.
+"""The fused plan: Inductor-fused kernels and TF32, captured into the dual plan's multi-stream graph.
 
 `train_step` runs through `torch.compile` (Inductor, no CUDA graphs of its own) and the graph plan's
 capture then records the generated kernels, with the dual plan's side-stream forks, into one CUDA

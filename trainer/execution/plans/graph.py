@@ -1,4 +1,4 @@
-"""Phase 1: the whole update in ONE CUDA graph per periodic variant, sampling included.
+"""The graph plan: the whole update in ONE CUDA graph per periodic variant, sampling included.
 
 PER sampling from the device sum-tree, the gathers of rows and attention windows straight from the
 GPU replay, HER relabelling, the random draws, then spectral norm, forward, CQL, budget clipping,

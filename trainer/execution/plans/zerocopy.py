@@ -1,4 +1,4 @@
-"""Phase 4: the fused plan that only ever samples inside its graph.
+"""The zerocopy plan: the fused plan that only ever samples inside its graph.
 
 In-graph sampling (PER draws, gathers, HER relabelling, draws, update and priority write-back, K =
 `run.steps_per_replay` updates per replay) began here and now runs in every graph plan

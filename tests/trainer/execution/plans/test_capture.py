@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from contracts.config import build_config
-from tests.trainer.execution.plans.test_fallback import SMALL, small_setup
+from tests.trainer.execution.plans.test_fallback import small_setup
 from trainer.algo.batch import Batch
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
-from trainer.execution.plans._capture import Snapshot, bf16_split_k, flag_variants, matmul_precision, unique_generators
-
-
-def test_flag_variants_follow_the_enabled_periodic_parts() -> None:
-    assert flag_variants(build_config({}, SMALL)) == [StepFlags()]
-    assert flag_variants(build_config({}, [*SMALL, "loss.vaccine=true"])) == [StepFlags(), StepFlags(vaccine=True)]
-    both = flag_variants(build_config({}, [*SMALL, "loss.vaccine=true", "loss.causal=true"]))
-    assert set(both) == {StepFlags(v, c) for v in (False, True) for c in (False, True)}
+from trainer.execution.plans._capture import Snapshot, matmul_precision, unique_generators
 
 
 def test_matmul_precision_is_scoped_and_restored() -> None:
@@ -35,32 +26,6 @@ def test_matmul_precision_restores_after_an_error() -> None:
     except RuntimeError:
         pass
     assert torch.backends.cuda.matmul.allow_tf32 is before
-
-
-def _blas_settings() -> tuple[object, ...]:
-    return torch.backends.cuda.preferred_blas_library(), torch._C._get_cublas_allow_bf16_reduced_precision_reduction()
-
-
-def test_bf16_split_k_is_a_no_op_where_torch_has_no_cuda() -> None:
-    """The CPU build cannot select cuBLASLt: forbidding split-K there must change nothing, not fail."""
-    if torch.version.cuda is not None:
-        pytest.skip("a CUDA build of torch")
-    before = _blas_settings()
-    with bf16_split_k(False):
-        assert _blas_settings() == before
-    assert _blas_settings() == before
-
-
-@pytest.mark.gpu
-def test_bf16_split_k_forbidden_selects_cublaslt_and_is_restored() -> None:
-    before = _blas_settings()
-    with bf16_split_k(False):
-        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
-        assert torch._C._get_cublas_allow_bf16_reduced_precision_reduction() == (False, False)
-        a = torch.randn(64, 8192, device="cuda", dtype=torch.bfloat16)
-        reference = (a.float().T @ a.float()).bfloat16()
-        assert torch.allclose(a.T @ a, reference, rtol=2e-2, atol=1.0)
-    assert _blas_settings() == before
 
 
 def test_snapshot_undoes_a_warm_up_step() -> None:

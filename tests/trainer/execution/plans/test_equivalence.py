@@ -1,4 +1,4 @@
-"""Each GPU plan against eager on one seed and one input sequence (STYLE rule 5). Needs a CUDA GPU.
+"""Each GPU plan against eager on one seed and one input sequence. Needs a CUDA GPU.
 
 Model: the pinned one (B = 1024, F = 64, 3 × 5 actions × 51 atoms) on a smaller replay, in the
 `core` configuration and in `full` (ensemble, vaccine every 10th step, causal every 100th, HER).

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from contracts.config import TrainConfig, build_config
+from contracts.plans import PLANS
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import NO_TIMER
 from trainer.execution.data.spec import EnvSpec
-from trainer.execution.plans import PlanFallbackWarning, make_plan, unavailable_reason
+from trainer.execution.plans import PlanFallbackWarning, make_plan, plan_class, unavailable_reason
 from trainer.execution.plans.eager import EagerPlan
 
 SMALL = [
@@ -56,3 +57,11 @@ def test_gpu_plan_classes_refuse_a_cpu_state_directly() -> None:
     state, replay, config = small_setup()
     with pytest.raises(ValueError, match="plan 'graph' needs a CUDA device, got cpu"):
         GraphPlan(state, replay, config, NO_TIMER, torch.Generator())
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_every_registered_plan_names_a_class_that_runs_it(name: str) -> None:
+    """contracts.plans.PLANS is the one list: each entry's class exists here and calls itself by that name."""
+    assert plan_class(name).name == name  # type: ignore[attr-defined]
+    cpu_reason = unavailable_reason(name, torch.device("cpu"))
+    assert (cpu_reason is None) == (not PLANS[name].needs_cuda)  # type: ignore[index]
