@@ -314,6 +314,30 @@ def test_cancel_stops_a_lost_supervisors_trainer(tmp_path: Path, backends: list[
     assert job_processes(pgid) == []
 
 
+def test_a_reused_group_id_of_a_strangers_group_is_never_signalled(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    """A group id is free for reuse once its members are gone: only processes carrying the job's identity
+    (FOXHUNT_JOB_ID, FOXHUNT_ATTEMPT) are taken for its orphans."""
+    backend = make_backend(tmp_path, "--sleep", "60")
+    backend.submit(spec())
+    kill_supervisor(backend, tmp_path / "job-1")
+    wait_state(backend, "job-1", TERMINAL)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / "job-1" / "pgid-0").write_text(str(stranger.pid))  # as if the job's group id were reused
+        restarted = make_backend(tmp_path, "--sleep", "60")  # a new controller: nothing cached
+        backends.append(restarted)
+        assert restarted.status("job-1").reason == "ProcessLost"
+        restarted.cancel("job-1", force=True)
+        restarted.submit(spec(attempt=1))  # a new attempt's check of the earlier ones
+        wait_log(restarted, "job-1", "stand-in: train env job=job-1 pool=cpu commit=HEAD attempt=1")
+        assert stranger.poll() is None and job_processes(stranger.pid) == [stranger.pid]
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_retry_runs_the_next_attempt_with_resume(tmp_path: Path) -> None:
     backend = make_backend(tmp_path, "--exit", "3")
     backend.submit(spec())
