@@ -262,6 +262,18 @@ def test_a_lost_supervisors_trainer_is_stopped_before_the_job_is_an_error(
     assert job_processes(pgid) == []  # the orphan was stopped, not left training
 
 
+def test_a_job_dir_from_before_pgid_files_finds_its_group_by_the_supervisors_pid(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    backend = make_backend(tmp_path, "--sleep", "60")
+    backends.append(backend)
+    backend.submit(spec())
+    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    (tmp_path / "job-1" / "pgid-0").unlink()  # as a controller without them left it: the leader's pid is the group
+    assert wait_state(backend, "job-1", TERMINAL).reason == "ProcessLost"
+    assert job_processes(pgid) == []
+
+
 def test_a_lost_supervisors_trainer_that_ignores_sigterm_is_killed(
     tmp_path: Path, backends: list[LocalBackend]
 ) -> None:
