@@ -38,6 +38,7 @@ from contracts.config import TrainConfig
 from trainer.algo.batch import Batch
 from trainer.algo.budgets import AdamMoments
 from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.replay.sampler import PrioritizedSampler
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.plans._capture import capture, flag_patterns, matmul_precision, require_cuda, uses_tf32
@@ -153,7 +154,16 @@ def replay_over(
     replay.sampler = copy.copy(template.sampler)
     _set(replay.storage, storage)
     _set(replay.sampler, {**sampler, **scalars})
+    if replay.sampler.search == "tree":  # vmap has no rule for a reduction into `out=`: the same sums, copied in
+        setattr(replay.sampler, "_sum_levels", functools.partial(sum_levels_by_copy, replay.sampler))  # noqa: B010
     return replay
+
+
+def sum_levels_by_copy(sampler: PrioritizedSampler) -> None:
+    """`PrioritizedSampler._sum_levels` with each level's sums copied into the tree, not written by `out=`."""
+    for depth in range(sampler.depth - 1, -1, -1):
+        children = sampler.tree[2 << depth : 4 << depth].view(-1, 2)  # [2^d, 2]
+        sampler.tree[1 << depth : 2 << depth] = children.sum(dim=1)
 
 
 def hyper_over(template: Hyper, values: dict[str, Tensor]) -> Hyper:

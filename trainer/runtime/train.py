@@ -373,7 +373,8 @@ def report(run: Run, losses: dict[str, float], out: Callable[[str], None]) -> di
     metrics.guard_skips(progress["guard_skips"])
     priorities = run.replay.sampler.priorities()[: len(run.replay)]
     if len(priorities):
-        metrics.replay(len(run.replay), *(float(p) for p in (priorities.min(), priorities.mean(), priorities.max())))
+        low, mean, high = (float(p) for p in (priorities.min(), priorities.mean(), priorities.max()))
+        metrics.replay(len(run.replay), low, min(max(mean, low), high), high)  # equal priorities: a mean 1 ulp off
     if run.config.loss.causal:
         metrics.causal(run.state.causal_effects.tolist())
     finished = getattr(run.source, "finished_returns", None)

@@ -54,7 +54,7 @@ def run_config(i: int, full: bool, device: str = "cpu") -> TrainConfig:
             f"loss.gamma={GAMMAS[i]}",
             f"replay.alpha={ALPHAS[i]}",
             "replay.capacity=512",
-            "replay.search=cdf",
+            f"replay.search={'tree' if full else 'cdf'}",  # both searches: the tree's level sums are written otherwise
             *parts,
         ]
     )
@@ -113,7 +113,8 @@ def quiet_vmap() -> warnings.catch_warnings[None]:
 
 @pytest.mark.parametrize("full", [False, True], ids=["core", "full"])
 def test_each_run_of_a_pack_is_its_solo_run(full: bool) -> None:
-    """Two runs differing in seed, lr, γ and α (with vaccine, causal, ensemble and HER in `full`), 3 updates."""
+    """Two runs differing in seed, lr, γ and α (with vaccine, causal, ensemble, HER and the sum-tree's descent in
+    `full`), 3 updates."""
     configs = [run_config(i, full) for i in range(2)]
     solos = [Solo(i, config) for i, config in enumerate(configs)]
     pack = Pack(configs, solo_run)

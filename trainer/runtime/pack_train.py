@@ -1,0 +1,173 @@
+"""`trainer train-pack`: the seeds of a sweep (or any runs `trainer.execution.pack` can pack) trained as one pack.
+
+Each run is built as `trainer train` builds it (`build_run`: its own environment, replay, generators and run
+folder) and warmed up on its own; then one `Pack` stacks their tensors and one `PackPlan` runs every update of
+all of them (graph plans: the packed graph; eager: the vmapped eager step). Between updates each run collects
+from its own environment with its own policy, and at its own points evaluates (best-policy selection), reports
+(progress.json), checkpoints, and at the end writes its summary.json, exactly as a solo run's folder holds them.
+
+A run whose update the guard skipped (a non-finite loss or gradient) is reported at the next report and frozen:
+its parameters stay as they were before the skipped update, it no longer collects or evaluates, and its summary
+says so (`diverged_at_step`); the other runs go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from contracts.config import TrainConfig, dump_config
+from contracts.jsonfile import write_json_atomic
+from trainer.algo.step import StepOutput
+from trainer.execution.pack import Pack, PackError, PackOutput, PackPlan, PackRun
+from trainer.runtime.train import (
+    FINAL_EVAL_SEED,
+    Run,
+    build_run,
+    collect,
+    crossed,
+    evaluate_for_selection,
+    fill_replay,
+    hold_run_dir,
+    market_baselines,
+    report,
+    save_checkpoint,
+)
+
+
+class PackMember:
+    """Run i's view of the pack's plan, where the training loop's helpers (`report`) read a run's plan."""
+
+    def __init__(self, plan: PackPlan, index: int) -> None:
+        self.plan, self.index = plan, index
+        self.name = f"pack-{'graph' if plan.graph else 'eager'}"
+        self.steps_per_call = plan.steps_per_call
+
+    def run(self, step: int) -> StepOutput:
+        raise PackError("a packed run's updates run through its pack (PackPlan.run), not one run at a time")
+
+
+def build_pack(configs: Sequence[TrainConfig], run_dirs: Sequence[Path]) -> tuple[list[Run], PackPlan]:
+    """Every run built and warmed up as `trainer train` does it, then packed (`PackError` if they cannot be)."""
+    runs: list[Run] = []
+
+    def make(i: int, config: TrainConfig) -> PackRun:
+        run_dirs[i].mkdir(parents=True, exist_ok=True)
+        dump_config(config, run_dirs[i] / "config.json")
+        run = build_run(config, run_dirs[i])  # checkpoints in run_dirs[i]/checkpoints
+        if run.collect_in_graph:
+            raise PackError("a packed run collects through its own objects: set run.collect_graph=false")
+        fill_replay(run)
+        runs.append(run)
+        return PackRun(run.state, run.replay, run.generator)
+
+    pack = Pack(configs, make)
+    plan = PackPlan(pack, graph=runs[0].plan_name != "eager")
+    for i, run in enumerate(runs):
+        run.built_plan = PackMember(plan, i)
+    return runs, plan
+
+
+def _tagged(out: Callable[[str], None], tag: str, line: str) -> None:
+    out(f"{tag} {line}")
+
+
+def run_losses(output: PackOutput, index: int) -> dict[str, float]:
+    return {name: float(values[index]) for name, values in output.losses.items()}
+
+
+def run_pack_training(
+    configs: Sequence[TrainConfig], run_dirs: Sequence[Path], out: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
+    """Train every run to its `run.steps` as one pack; each run's summary (also in its run_dir/summary.json)."""
+    if len(set(run_dirs)) != len(run_dirs):
+        raise PackError("each run of a pack needs its own run folder")
+    with contextlib.ExitStack() as held:
+        for path in run_dirs:
+            held.enter_context(hold_run_dir(path))
+        return _train(configs, run_dirs, out)
+
+
+def _train(
+    configs: Sequence[TrainConfig], run_dirs: Sequence[Path], out: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    runs, plan = build_pack(configs, run_dirs)
+    config = configs[0]  # schedules (steps, log, eval, checkpoints) are shared by every run of a pack
+    online = config.data.source != "offline"
+    frozen: dict[int, dict[str, torch.Tensor]] = {}  # run -> its state when it was frozen
+    diverged_at: dict[int, int] = {}
+    skips = [0] * len(runs)  # each run's guard skips at the last report
+    say = [functools.partial(_tagged, out, f"[run {i} seed {c.run.seed}]") for i, c in enumerate(configs)]
+    started = time.perf_counter()
+    step = 0
+    while step < config.run.steps:
+        advanced = plan.steps_per_call
+        for i, run in enumerate(runs):
+            if online and i not in frozen:
+                collect(run, run.act_fn(), advanced)
+        output = plan.run(step)
+        step += advanced
+        for i, saved in frozen.items():  # the pack steps every run; a frozen one's state is put back
+            runs[i].state.load_tensors(saved)
+        wall = time.perf_counter() - started
+        finishing = step >= config.run.steps
+        logging = crossed(step, advanced, config.run.log_every) or finishing
+        if logging:  # one read of every run's guard per report
+            now = [int(state.guard_skips) for state in plan.pack.states]
+            for i, count in enumerate(now):
+                if count > skips[i] and i not in frozen:
+                    frozen[i] = {name: t.clone() for name, t in runs[i].state.tensors().items()}
+                    diverged_at[i] = step
+                    say[i](f"diverged: the guard skipped {count - skips[i]} update(s) by step {step}; frozen")
+            skips = now
+        for i, run in enumerate(runs):
+            if i in frozen and diverged_at[i] < step:
+                continue
+            run.step, run.wall_seconds = step, wall
+            run.timer.end_step()
+            evaluating = crossed(step, advanced, config.run.eval_every) or finishing
+            if config.run.eval_every and evaluating and i not in frozen:
+                evaluate_for_selection(run, say[i])
+            if logging:
+                report(run, run_losses(output, i), say[i])
+            if crossed(step, advanced, config.run.checkpoint_every) and not finishing:
+                save_checkpoint(run)
+    return [finish_run(run, diverged_at.get(i), say[i]) for i, run in enumerate(runs)]
+
+
+def finish_run(run: Run, diverged_at: int | None, out: Callable[[str], None]) -> dict[str, Any]:
+    """A packed run's last checkpoint, best-policy selection, final evaluation and summary.json."""
+    save_checkpoint(run)
+    if run.best.online is not None:
+        with torch.no_grad():
+            run.state.online.copy_(run.best.online)
+        out(f"selected the policy of step {run.best.step} (mean return {run.best.mean_return:.2f})")
+    config = run.config
+    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
+    summary = {
+        **run.last_report,
+        "step": run.step,
+        "eval_returns": returns,
+        "eval_return_mean": float(np.mean(returns)) if returns else None,
+        "best_eval_step": run.best.step,
+        "best_eval_return": run.best.mean_return,
+        "wall_seconds": run.wall_seconds,
+        "device": str(run.device),
+        "parameters": run.state.parameter_count(),
+        "stopped_by_time_limit": False,
+        "stopped_at_return": False,
+        "packed": True,
+        "diverged_at_step": diverged_at,
+        **market_baselines(run, returns),
+    }
+    write_json_atomic(run.run_dir / "summary.json", summary, indent=2)
+    if returns:
+        out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
+    return summary
