@@ -43,8 +43,8 @@ from trainer.tools.bench import (
     HORIZONTAL,
     BenchOptions,
     bench_spec,
-    build_method,
     fill_with_random_transitions,
+    method_plan,
     preset_config,
     run_steps,
 )
@@ -134,7 +134,8 @@ def build(
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
     state = TrainState.create(config, dims, device)
     timer = StepTimer(device, enabled=False)
-    plan = build_method(method, state, replay, config, timer, torch.Generator(device).manual_seed(2))
+    plan_type, plan_config = method_plan(method, config)
+    plan = plan_type(state, replay, plan_config, timer, torch.Generator(device).manual_seed(2))
     return plan, timer
 
 

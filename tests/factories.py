@@ -25,6 +25,16 @@ TINY_MODEL = {
     "attn_heads": 4,
     "attn_ffn": 24,
 }
+SMALL_MODEL = [
+    "model.hidden=16",
+    "model.head_hidden=8",
+    "model.attn_ffn=8",
+    "model.attn_dim=8",
+    "model.iqn_taus=2",
+    "model.iqn_target_taus=2",
+    "model.attn_window=2",
+]
+"""Overrides for the smallest model the plan and bench tests build (capture and compilation stay quick)."""
 
 
 def tiny_config(overrides: list[str] | None = None, **sections: dict[str, Any]) -> TrainConfig:

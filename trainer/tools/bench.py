@@ -49,9 +49,9 @@ from contracts.plans import PLANS
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
-from trainer.algo.step import SectionTimer, StepOutput
+from trainer.algo.step import StepOutput
 from trainer.execution.data.spec import EnvSpec, Transitions, goal_columns
-from trainer.execution.plans import plan_class, unavailable_reason
+from trainer.execution.plans import PlanClass, plan_class, unavailable_reason
 from trainer.execution.plans.base import Plan
 from trainer.runtime.timing import StepTimer
 
@@ -317,17 +317,10 @@ def _known(method: str) -> bool:
     return True
 
 
-def build_method(
-    method: str,
-    state: TrainState,
-    replay: ReplayBuffer,
-    config: TrainConfig,
-    timer: SectionTimer,
-    generator: torch.Generator,
-) -> Plan:
-    """Method `method` (a precision suffix applied to `config`, see `split_method`) over `state`."""
+def method_plan(method: str, config: TrainConfig) -> tuple[PlanClass, TrainConfig]:
+    """Method `method`'s plan class and the config it runs (its precision suffix applied, see `split_method`)."""
     base, _ = split_method(method)
-    return plan_class(base)(state, replay, method_config(config, method), timer, generator)
+    return plan_class(base), method_config(config, method)
 
 
 def _sync(device: torch.device) -> None:
@@ -389,7 +382,8 @@ def time_method(
     plan: Plan | None = None
     try:
         state = TrainState.create(config, dims, device)
-        plan = build_method(method, state, replay, config, timer, generator)
+        plan_type, plan_config = method_plan(method, config)
+        plan = plan_type(state, replay, plan_config, timer, generator)
         step, _ = run_steps(plan, timer, 0, options.warmup)
         _sync(device)
         result.setup_s = time.perf_counter() - began

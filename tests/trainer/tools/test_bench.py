@@ -9,6 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.factories import SMALL_MODEL
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.cli import app
 from trainer.runtime.timing import COLLECT_COMPONENTS
@@ -23,16 +24,7 @@ from trainer.tools.bench import (
 )
 from trainer.tools.bench_report import format_table, write_outputs
 
-TINY = [
-    "model.hidden=16",
-    "model.head_hidden=8",
-    "model.attn_ffn=8",
-    "model.attn_dim=8",
-    "model.iqn_taus=2",
-    "model.iqn_target_taus=2",
-    "model.attn_window=2",
-    "model.atoms=5",
-]
+TINY = [*SMALL_MODEL, "model.atoms=5"]
 
 
 def tiny_options(**changes: object) -> BenchOptions:
@@ -91,15 +83,17 @@ def test_compile_bf16_is_the_compiled_eager_step_with_tf32_and_bf16_autocast() -
     from trainer.algo.state import TrainState
     from trainer.algo.step import NO_TIMER
     from trainer.execution.plans.compiled import CompiledEagerPlan
-    from trainer.tools.bench import build_method
+    from trainer.tools.bench import method_plan
 
     config = preset_config("core", tiny_options())
     replay = ReplayBuffer(config, bench_spec(config), "cpu", torch.Generator().manual_seed(1))
     spec = replay.spec
     state = TrainState.create(config, ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions), "cpu")
-    plan = build_method("compile-bf16", state, replay, config, NO_TIMER, torch.Generator().manual_seed(2))
+    plan_type, bf16 = method_plan("compile-bf16", config)
+    plan = plan_type(state, replay, bf16, NO_TIMER, torch.Generator().manual_seed(2))
     assert isinstance(plan, CompiledEagerPlan) and plan.tf32 and plan.hp.autocast is torch.bfloat16
-    plain = build_method("compile", state, replay, config, NO_TIMER, torch.Generator().manual_seed(2))
+    plain_type, plain_config = method_plan("compile", config)
+    plain = plain_type(state, replay, plain_config, NO_TIMER, torch.Generator().manual_seed(2))
     assert not plain.tf32 and plain.hp.autocast is None  # type: ignore[attr-defined]
 
 

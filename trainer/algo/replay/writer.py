@@ -93,13 +93,7 @@ class RingWriter:
 
     def extend(self, rows: Transitions) -> Tensor:
         """Store a block of whole episodes row after row; returns the slots written."""
-        n = len(rows)
-        if n == 0:
-            return torch.zeros(0, dtype=torch.int64, device=self.storage.device)
-        self._close_running()
-        kept, serial, meta = _block(rows, self.written, self.capacity)
-        self.written += n
-        return self._store(kept, serial, meta)
+        return _extend_host(self, rows)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {
@@ -215,14 +209,8 @@ class DeviceRingWriter:
 
     def extend(self, rows: Transitions) -> Tensor:
         """Store a block of whole episodes row after row (as `RingWriter.extend`); returns the slots written."""
-        n = len(rows)
-        if n == 0:
-            return torch.zeros(0, dtype=torch.int64, device=self.storage.device)
-        self._close_running()
-        kept, serial, meta = _block(rows, self.written, self.capacity)
-        self.written += n
-        self.written_t.add_(n)
-        return _store_host(self.storage, self.sampler, kept, serial, meta, len(self))
+        self.written_t.add_(len(rows))
+        return _extend_host(self, rows)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The keys and values of `RingWriter.state_dict` (checkpoints load into either writer)."""
@@ -237,6 +225,16 @@ class DeviceRingWriter:
         self.written_t.fill_(self.written)
         self.stream_step.copy_(state["stream_step"])
         self.stream_start.copy_(state["stream_start"])
+
+
+def _extend_host(writer: RingWriter | DeviceRingWriter, rows: Transitions) -> Tensor:
+    """Both writers' `extend`, on the host's bookkeeping: close the running episodes, then the block."""
+    if len(rows) == 0:
+        return torch.zeros(0, dtype=torch.int64, device=writer.storage.device)
+    writer._close_running()
+    kept, serial, meta = _block(rows, writer.written, writer.capacity)
+    writer.written += len(rows)
+    return _store_host(writer.storage, writer.sampler, kept, serial, meta, len(writer))
 
 
 def _store_host(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from contracts.plans import PLANS
 from trainer.algo.step import Draws, Hyper, StepOutput
-from trainer.execution.plans._capture import uses_tf32
+from trainer.execution.plans._capture import require_cuda, uses_tf32
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +32,8 @@ class BasePlan:
     that sampling refills in place, and the matrix-product precision it runs at.
 
     Subclasses set `name`, may set `tf32` (their own precision under `run.precision=auto`), and add
-    their own buffers, streams and graphs after calling this constructor.
+    their own buffers, streams and graphs in `build`, which the constructor calls last. A plan the
+    registry says needs CUDA refuses any other device before it allocates anything.
     """
 
     name: str
@@ -47,6 +49,8 @@ class BasePlan:
         timer: SectionTimer,
         generator: torch.Generator,
     ) -> None:
+        if PLANS[self.name].needs_cuda:  # type: ignore[index]
+            require_cuda(self.name, state.atoms.device)
         self.state, self.replay, self.config, self.timer, self.generator = state, replay, config, timer, generator
         self.device = state.atoms.device
         self.tf32 = uses_tf32(config.run.precision, type(self).tf32)
@@ -54,6 +58,10 @@ class BasePlan:
         self.batch = replay.empty_batch(config.run.batch_size)  # refilled in place each step
         self.draws = Draws.empty(state.dims, config.run.batch_size, self.device, permute=config.loss.causal)
         self.last_losses: dict[str, float] = {}
+        self.build()
+
+    def build(self) -> None:
+        """A plan's own buffers, streams and graphs, once the shared ones exist (none for eager)."""
 
     def hyper(self, config: TrainConfig) -> Hyper:
         """The step's constants (the fused plans also pick their kernels here)."""

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from contracts.config import TrainConfig
-from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.algo.state import TrainState
-from trainer.algo.step import SectionTimer, StepFlags, StepOutput, train_step
+from trainer.algo.step import StepFlags, StepOutput, train_step
 from trainer.execution.plans.eager import EagerPlan
 
 
@@ -20,21 +17,13 @@ class CompiledEagerPlan(EagerPlan):
     name = "compile"
     read_losses = False
 
-    def __init__(
-        self,
-        state: TrainState,
-        replay: ReplayBuffer,
-        config: TrainConfig,
-        timer: SectionTimer,
-        generator: torch.Generator,
-        mode: str = "reduce-overhead",
-    ) -> None:
-        super().__init__(state, replay, config, timer, generator)
+    def build(self) -> None:
+        state = self.state
         static = [*state.tensors().values(), *vars(self.batch).values(), *vars(self.draws).values(), state.atoms]
         for tensor in static:
             if isinstance(tensor, torch.Tensor):  # Draws also holds a flag
                 torch._dynamo.mark_static_address(tensor)
-        self.compiled = torch.compile(train_step, mode=mode)
+        self.compiled = torch.compile(train_step, mode="reduce-overhead")
 
     def train(self, flags: StepFlags) -> StepOutput:
         with self.timer.section("compiled"):  # one span: the timer stays outside the compiled code

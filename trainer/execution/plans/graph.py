@@ -31,10 +31,8 @@ from typing import NamedTuple
 
 import torch
 
-from contracts.config import TrainConfig
 from trainer.algo.batch import Batch
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.algo.state import TrainState
 from trainer.algo.step import NO_TIMER, Draws, SectionTimer, StepFlags, StepOutput, train_step
 from trainer.execution.plans._capture import (
     Pattern,
@@ -43,7 +41,6 @@ from trainer.execution.plans._capture import (
     capture,
     flag_patterns,
     matmul_precision,
-    require_cuda,
     unique_generators,
 )
 from trainer.execution.plans.base import BasePlan
@@ -63,17 +60,9 @@ class GraphPlan(BasePlan):
     streams = False
     """Run attention and IQL on side streams inside the graph (the dual plan and later)."""
 
-    def __init__(
-        self,
-        state: TrainState,
-        replay: ReplayBuffer,
-        config: TrainConfig,
-        timer: SectionTimer,
-        generator: torch.Generator,
-    ) -> None:
-        require_cuda(self.name, state.atoms.device)
-        super().__init__(state, replay, config, timer, generator)
-        self.sample_in_graph = self.can_sample_in_graph(replay)
+    def build(self) -> None:
+        config = self.config
+        self.sample_in_graph = self.can_sample_in_graph(self.replay)
         self.steps_per_call = config.run.steps_per_replay if self.sample_in_graph else 1
         self.step_base = torch.zeros((), dtype=torch.int64, device=self.device)
         self.step_offsets = torch.arange(self.steps_per_call, dtype=torch.int64, device=self.device)  # [K]

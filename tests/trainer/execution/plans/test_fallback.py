@@ -7,6 +7,7 @@ import torch
 
 from contracts.config import TrainConfig, build_config
 from contracts.plans import PLANS
+from tests.factories import SMALL_MODEL
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
@@ -16,13 +17,7 @@ from trainer.execution.plans import PlanFallbackWarning, make_plan, plan_class, 
 from trainer.execution.plans.eager import EagerPlan
 
 SMALL = [
-    "model.hidden=16",
-    "model.head_hidden=8",
-    "model.attn_ffn=8",
-    "model.attn_dim=8",
-    "model.iqn_taus=2",
-    "model.iqn_target_taus=2",
-    "model.attn_window=2",
+    *SMALL_MODEL,
     "run.batch_size=4",
     "replay.capacity=64",
 ]
