@@ -1,17 +1,35 @@
-"""Submission latency of the controller under concurrent clients (a benchmark, not a test).
+"""Submission throughput and latency of the controller (a benchmark, not a test).
 
-Starts `python -m service serve` (local backend, file SQLite, auth on, reconciler running) in a
-temporary directory, then C concurrent clients each POST /v1/jobs N times with fresh Idempotency-Keys.
-The first W requests warm up and are not counted. Prints p50/p90/p99/max and throughput, and with
-`--write FILE` appends a Markdown row with machine, date, commit and command.
+Starts `python -m service serve` (local backend, auth on, reconciler running unless `--no-reconciler`)
+in a temporary directory, on SQLite there (or `--database-url postgresql://…`), with one pool whose
+GPU quota is large enough never to refuse but is checked on every submission (`--no-quota`: none).
+Two modes:
+
+- closed loop (default): C concurrent clients each POST /v1/jobs N times with fresh Idempotency-Keys,
+  each sending its next request when the last one is answered: throughput at saturation.
+- open loop (`--rate R --duration S`): submissions are due at fixed times (R per second for S seconds)
+  and each is sent at its time whatever the earlier ones do; latency runs from the time it was due, so
+  time spent queueing in the client (the server not keeping up) counts. `--settle` seconds after the
+  last answer the store's QUEUED jobs (not yet handed to the backend: the backlog) are counted.
+
+- drain (`--drain N --duration S`): N jobs are QUEUED in the store before the controller starts; every
+  second for S seconds the store is read: how long until the reconciler has handed all N to the backend
+  (none QUEUED) and how many ended per second, which with a one-slot local backend is the backend's
+  pace (one supervisor at a time); compare `--drain 20`.
+
+The first W requests warm up and are not counted. Prints p50/p90/p99/max and throughput, the load
+average before and after, and with `--write FILE` appends a Markdown row with machine, date, commit and
+command.
 
     .venv/bin/python scripts/bench_submit.py --clients 100 --requests 10 --write docs/benchmarks/submit-latency.md
+    .venv/bin/python scripts/bench_submit.py --rate 100 --duration 60 --write docs/benchmarks/submit-latency.md
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import shlex
@@ -21,8 +39,10 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -30,9 +50,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from service.auth import create_token  # noqa: E402
+from service.domain import JobState  # noqa: E402
 from service.store import Store  # noqa: E402
 
 BODY = {"config": {"run": {"steps": 1, "device": "cpu"}}}
+QUOTA_GPUS = 10_000_000
+"""The bench pool's quota: never reached, but the admission lock and GPU-use query run as in production."""
+
+
+@dataclass
+class Results:
+    latencies: list[float] = field(default_factory=list)
+    errors: list[int] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -47,23 +76,80 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def client(url: str, token: str, count: int, latencies: list[float], errors: list[int]) -> None:
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
-        for _ in range(count):
-            started = time.perf_counter()
-            response = await http.post("/v1/jobs", json=BODY, headers={"Idempotency-Key": uuid.uuid4().hex})
-            latencies.append(time.perf_counter() - started)
-            if response.status_code != 201:
-                errors.append(response.status_code)
+def http_client(url: str, token: str, connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120, limits=limits)
 
 
-async def run(url: str, token: str, clients: int, requests: int, warmup: int) -> tuple[list[float], list[int], float]:
-    await client(url, token, warmup, [], [])
-    latencies: list[float] = []
-    errors: list[int] = []
+async def submit(http: httpx.AsyncClient, results: Results, since: float) -> None:
+    """One submission; its latency is counted from `since` (when it was sent, or when it was due)."""
+    try:
+        response = await http.post("/v1/jobs", json=BODY, headers={"Idempotency-Key": uuid.uuid4().hex})
+        status = response.status_code
+    except httpx.HTTPError:
+        status = 0
+    results.latencies.append(time.perf_counter() - since)
+    if status != 201:
+        results.errors.append(status)
+
+
+async def closed_loop(url: str, token: str, clients: int, requests: int, warmup: int) -> tuple[Results, float]:
+    async with http_client(url, token, clients) as http:
+        for _ in range(warmup):
+            await submit(http, Results(), time.perf_counter())
+        results = Results()
+
+        async def client() -> None:
+            for _ in range(requests):
+                await submit(http, results, time.perf_counter())
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return results, time.perf_counter() - started
+
+
+async def open_loop(url: str, token: str, rate: float, duration: float, warmup: int) -> tuple[Results, float]:
+    """Submission i is due at start + i / rate; its latency is measured from then."""
+    async with http_client(url, token, 1000) as http:
+        for _ in range(warmup):
+            await submit(http, Results(), time.perf_counter())
+        results = Results()
+        tasks: list[asyncio.Task[None]] = []
+        started = time.perf_counter()
+        for i in range(int(rate * duration)):
+            due = started + i / rate
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            tasks.append(asyncio.create_task(submit(http, results, due)))
+        await asyncio.gather(*tasks)
+        return results, time.perf_counter() - started
+
+
+def preload(store: Store, count: int) -> None:
+    """`count` QUEUED jobs, as the API would store them (tenant bench, pool local)."""
+    from service.store import NewJob
+
+    for i in range(count):
+        job_id = f"job-drain-{i:06d}"
+        fields: dict[str, Any] = {"tenant": "bench", "submitter": "bench", "name": None, "pool": "local", "gpus": 1}
+        fields |= {"model": "dqn", "plan": "eager", "commit_sha": "HEAD", "epochs": 1, "hyperopt_trials": 0}
+        fields |= {"priority": 0, "deadline": None, "labels": {}, "config": BODY["config"]}
+        store.insert_job(NewJob.model_validate({"id": job_id, "idempotency_key": job_id, "request_hash": "", **fields}))
+
+
+def drain(store: Store, count: int, duration: float) -> tuple[float | None, float]:
+    """(seconds until no job is QUEUED, or None; jobs ended per second over the run)."""
     started = time.perf_counter()
-    await asyncio.gather(*(client(url, token, requests, latencies, errors) for _ in range(clients)))
-    return latencies, errors, time.perf_counter() - started
+    handed: float | None = None
+    ended = 0
+    while time.perf_counter() - started < duration:
+        time.sleep(1.0)
+        counts = store.counts_by_state()
+        if handed is None and counts[JobState.QUEUED] == 0:
+            handed = time.perf_counter() - started
+        ended = sum(n for state, n in counts.items() if state.terminal)
+        if ended == count:
+            break
+    return handed, ended / (time.perf_counter() - started)
 
 
 def machine() -> str:
@@ -80,24 +166,58 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs visible, Python {platform.python_version()}, {platform.system()}"
 
 
+def load_average() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), to compare runs on a loaded machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_ready(url: str, server: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            return False
+        time.sleep(0.2)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=100, help="Concurrent clients.")
-    parser.add_argument("--requests", type=int, default=10, help="Submissions per client.")
+    parser.add_argument("--clients", type=int, default=100, help="Closed loop: concurrent clients.")
+    parser.add_argument("--requests", type=int, default=10, help="Closed loop: submissions per client.")
+    parser.add_argument("--rate", type=float, default=None, help="Open loop: submissions due per second.")
+    parser.add_argument("--duration", type=float, default=60.0, help="Open loop, drain: seconds of the run.")
+    parser.add_argument("--drain", type=int, default=None, help="Drain: jobs QUEUED before the controller starts.")
+    parser.add_argument("--settle", type=float, default=5.0, help="Seconds after the load before the backlog count.")
     parser.add_argument("--warmup", type=int, default=20, help="Submissions before the clock starts.")
     parser.add_argument("--database-url", default=None, help="Store URL (default: SQLite in the temp dir).")
+    parser.add_argument("--no-quota", action="store_true", help="A pool without a GPU quota (no admission check).")
     parser.add_argument(
         "--no-reconciler", action="store_true", help="API and store only: jobs stay QUEUED, nothing is launched."
     )
     parser.add_argument("--write", type=Path, default=None, help="Append the result to this Markdown file.")
     args = parser.parse_args()
 
+    load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="foxhunt-bench-") as tmp:
         database_url = args.database_url or f"sqlite:///{tmp}/bench.db"
         store = Store(database_url)
         store.migrate()
         token, _ = create_token(store, name="bench", tenant="bench")
-        store.dispose()
+        if args.drain is not None:
+            preload(store, args.drain)
+        pools = {"name": "local", "gpu_type": "cpu", "gpus_per_node": 1}
+        if not args.no_quota:
+            pools["default_quota_gpus"] = QUOTA_GPUS
+        Path(tmp, "pools.json").write_text(json.dumps({"pools": [pools]}))  # YAML is a superset of JSON
         port = free_port()
         env = {
             **os.environ,
@@ -105,59 +225,84 @@ def main() -> int:
             "FOXHUNT_JOBS_DIR": f"{tmp}/jobs",
             "FOXHUNT_LOCAL_COMMAND": '["true"]',
             "FOXHUNT_LOCAL_GPUS": "0",
+            "FOXHUNT_POOLS_FILE": f"{tmp}/pools.json",
             "FOXHUNT_PORT": str(port),
             "FOXHUNT_RUN_RECONCILER": "0" if args.no_reconciler else "1",
         }
         server = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve"], cwd=ROOT, env=env, stderr=subprocess.DEVNULL
+            [sys.executable, "-m", "service", "serve"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{port}"
+        backlog: int | None = None
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    print("error: the controller did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
-            latencies, errors, wall = asyncio.run(run(url, token, args.clients, args.requests, args.warmup))
+            if not wait_ready(url, server):
+                print("error: the controller did not start", file=sys.stderr)
+                return 1
+            cpu_before = cpu_seconds(server.pid)
+            if args.drain is not None:
+                handed, pace = drain(store, args.drain, args.duration)
+                print(
+                    f"{args.drain} queued jobs: all handed to the backend after "
+                    f"{'-' if handed is None else f'{handed:.0f}'} s; {pace:.2f} jobs ended per second over the run; "
+                    f"server CPU {cpu_seconds(server.pid) - cpu_before:.1f} s; load average {load_before} before, "
+                    f"{load_average()} after"
+                )
+                return 0
+            if args.rate is not None:
+                results, wall = asyncio.run(open_loop(url, token, args.rate, args.duration, args.warmup))
+                server_cpu = cpu_seconds(server.pid) - cpu_before
+                time.sleep(args.settle)
+                backlog = store.counts_by_state()[JobState.QUEUED] if not args.no_reconciler else None
+            else:
+                results, wall = asyncio.run(closed_loop(url, token, args.clients, args.requests, args.warmup))
+                server_cpu = cpu_seconds(server.pid) - cpu_before
         finally:
             server.terminate()
-            server.wait(timeout=30)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            store.dispose()
+    load_after = load_average()
 
-    ms = [x * 1000 for x in latencies]
+    ms = [x * 1000 for x in results.latencies]
     p50, p90, p99 = (percentile(ms, q) for q in (0.5, 0.9, 0.99))
+    mode = f"open {args.rate:g}/s x {args.duration:g} s" if args.rate is not None else f"closed, {args.clients} clients"
+    queued = "" if backlog is None else f", {backlog} QUEUED {args.settle:g} s after"
     summary = (
-        f"{len(ms)} submissions, {args.clients} clients: p50 {p50:.1f} ms, p90 {p90:.1f} ms, "
-        f"p99 {p99:.1f} ms, max {max(ms):.1f} ms, {len(ms) / wall:.0f} submissions/s, {len(errors)} errors"
+        f"{len(ms)} submissions, {mode}: p50 {p50:.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms, max {max(ms):.1f} ms, "
+        f"{len(ms) / wall:.0f} submissions/s, {len(results.errors)} errors {sorted(set(results.errors))}{queued}; "
+        f"server CPU {1000 * server_cpu / len(ms):.2f} ms per submission; "
+        f"load average {load_before} before, {load_after} after"
     )
     print(summary)
     if args.write is not None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "service"], cwd=ROOT, capture_output=True, text=True)
         version = (commit.stdout.strip() or "uncommitted") + ("-dirty" if dirty.stdout.strip() else "")
-        reconciler = "off" if args.no_reconciler else "on"
         cells = [
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
             version,
             machine(),
-            database_url.split(":", 1)[0],
-            reconciler,
-            str(args.clients),
+            database_url.split(":", 1)[0].split("+", 1)[0],
+            "off" if args.no_reconciler else "on",
+            mode,
             str(len(ms)),
             *(f"{x:.1f}" for x in (p50, p90, p99, max(ms))),
             f"{len(ms) / wall:.0f}",
-            str(len(errors)),
+            str(len(results.errors)),
+            "" if backlog is None else str(backlog),
+            f"{load_before} / {load_after}",
             f"`{shlex.join(['python', *sys.argv])}`",
         ]
-        row = "| " + " | ".join(cells) + " |\n"
         with open(args.write, "a") as out:
-            out.write(row)
-    return 0 if not errors else 1
+            out.write("| " + " | ".join(cells) + " |\n")
+    return 0 if not results.errors else 1
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ import math
 import uuid
 from collections.abc import Callable
 
-from contracts.config import STEPS_PER_EPOCH, TrainConfig
+from contracts.config import STEPS_PER_EPOCH, ConfigError, TrainConfig, check_job_settings
 from contracts.datasets import DatasetAccess, DatasetRefused, check_local_file, locate
 from service.api.schemas import JobCreate
 from service.auth import Principal
-from service.errors import DatasetNotAllowed, IdempotencyConflict
+from service.errors import DatasetNotAllowed, IdempotencyConflict, SettingNotAllowed, UnknownPool
 from service.metrics import ControllerMetrics
 from service.pools import Pools
 from service.store import JobRecord, NewJob, Store
@@ -49,6 +49,15 @@ def admit_dataset(config: TrainConfig, access: DatasetAccess) -> None:
     data.dataset_access = access
 
 
+def admit_settings(config: TrainConfig) -> None:
+    """Refuse a config that sets what only the operator sets (422 naming the field): the job's resolve
+    step refuses it too (`contracts.config.check_job_settings`), with the same message."""
+    try:
+        check_job_settings(config)
+    except ConfigError as error:
+        raise SettingNotAllowed(str(error)) from None
+
+
 class JobService:
     """The rules; `wake` nudges the reconciler so a new job reaches the backend at once."""
 
@@ -72,16 +81,20 @@ class JobService:
         key = idempotency_key or (f"name:{body.name}" if body.name else f"uuid:{uuid.uuid4()}")
         job_id = job_id_for(principal.tenant, key)
         digest = request_hash(body)
-        existing = self.store.find_job(job_id, with_events=True)
-        if existing is not None:
+        try:
+            pool = self.pools.get(body.pool or self.pools.default)
+        except UnknownPool:  # a replay of a job whose pool has left the pools file since is still the job
+            existing = self.store.find_job(job_id, with_events=True)
+            if existing is None:
+                raise
             if existing.request_hash != digest:
-                raise IdempotencyConflict(job_id)
+                raise IdempotencyConflict(job_id) from None
             self.metrics.record_submission(existing.pool, created=False)
             return existing, False
-        pool = self.pools.get(body.pool or self.pools.default)
         config = body.config.model_copy(deep=True)
         if body.plan is not None:
             config.run.plan = body.plan
+        admit_settings(config)
         admit_dataset(config, self.datasets)
         # With epochs the stored config leaves run.steps out: the pipeline's resolve step sets it to
         # epochs x STEPS_PER_EPOCH (contracts.config.apply_epochs), the one place epochs become steps.
@@ -106,8 +119,13 @@ class JobService:
                 config=config.model_dump(mode="json", exclude=steps),
                 labels=dict(body.labels),
             ),
-            # checked and inserted in one transaction: concurrent submissions cannot overrun the quota
-            admit=lambda used: pool.check_quota(tenant=principal.tenant, used=used),
+            # checked and inserted in one transaction: concurrent submissions cannot overrun the quota;
+            # a replay (the key's job is stored) returns that job, and no quota is checked for it
+            admit=(
+                (lambda used: pool.check_quota(tenant=principal.tenant, used=used))
+                if pool.quota_for(principal.tenant) is not None
+                else None
+            ),
         )
         self.metrics.record_submission(job.pool, created=created)
         if created:

@@ -99,6 +99,7 @@ class ControllerMetrics:
             buckets=REQUEST_BUCKETS,
             registry=registry,
         )
+        self._request_children: dict[tuple[str, str, int], Histogram] = {}
         self.submissions = Counter(
             "foxhunt_jobs_submitted_total",
             "Job submissions by pool and outcome (created, existing).",
@@ -141,7 +142,12 @@ class ControllerMetrics:
         self.registry.register(_ArgoApiCalls(backend))
 
     def record_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.request_seconds.labels(method, route, str(status)).observe(seconds)
+        """Called for every request on the event loop: the labelled child is looked up once per key."""
+        key = (method, route, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.request_seconds.labels(method, route, str(status))
+        child.observe(seconds)
 
     def record_submission(self, pool: str, *, created: bool) -> None:
         self.submissions.labels(pool, "created" if created else "existing").inc()

@@ -63,7 +63,11 @@ class JobRow(Base):
         back_populates="job", order_by="JobEventRow.id", cascade="all, delete-orphan"
     )
 
-    __table_args__ = (Index("ix_jobs_created_at_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_jobs_created_at_id", "created_at", "id"),
+        # the quota's GPU use of a tenant on a pool, read in every admitting transaction (covering: gpus too)
+        Index("ix_jobs_admission", "tenant", "pool", "state", "gpus"),
+    )
 
 
 class JobLabelRow(Base):

@@ -219,9 +219,7 @@ class Reconciler:
                 continue
             if job.submitted_attempt == job.attempt:
                 self.metrics.record_recovery("resubmitted")
-            self.store.mark_submitted(job.id, job.attempt)
-            self.store.apply_status(status)
-            after = self.store.find_job(job.id)
+            after = self.store.hand_over(job.id, job.attempt, status)  # one transaction, not three
             if after is not None and after.cancel_requested_at is not None and not status.state.terminal:
                 self._send_cancel(after, force=False)
 

@@ -9,12 +9,13 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection, Engine, create_engine, event, exists, func, or_, select, text
+from sqlalchemy import Connection, Engine, Table, create_engine, event, exists, func, insert, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,9 +24,17 @@ from service.errors import Forbidden, IdempotencyConflict, InvalidRequest, Inval
 from service.models import JobEventRow, JobLabelRow, JobRow, TokenRow
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+POOL_SIZE = 40
+"""Connections kept open: one per API worker thread (anyio's default 40), each holding one at a time."""
+POOL_OVERFLOW = 5
+"""Beyond those, for the reconciler's threads; two replicas hold at most 90 of PostgreSQL's default 100."""
 _RANK = {JobState.QUEUED: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
 _TERMINAL = [s.value for s in TERMINAL_STATES]
 _RETRYABLE = {JobState.FAILED, JobState.CANCELLED, JobState.ERROR}
+_ACTIVE = [s.value for s in JobState if not s.terminal]
+_JOBS, _LABELS, _EVENTS, _TOKENS = (
+    cast(Table, row.__table__) for row in (JobRow, JobLabelRow, JobEventRow, TokenRow)
+)  # the tables, for Core statements on the hot paths
 
 
 def utcnow() -> datetime:
@@ -159,17 +168,54 @@ def _sqlite_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def _new_row(job: NewJob, now: datetime) -> dict[str, Any]:
+    """The jobs row of a new submission, every column given."""
+    return {
+        **job.model_dump(exclude={"deadline"}),
+        "deadline": _naive(job.deadline),
+        "state": JobState.QUEUED.value,
+        "reason": None,
+        "message": None,
+        "phase": None,
+        "attempt": 0,
+        "submitted_attempt": None,
+        "cancel_requested_at": None,
+        "cancel_forced": False,
+        "created_at": now,
+        "updated_at": now,
+        "started_at": None,
+        "finished_at": None,
+        "breakdown_ms": None,
+        "epoch_seconds": None,
+        "step": None,
+    }
+
+
+@dataclass
+class _Submission:
+    """One caller's job in a group commit, and what became of it."""
+
+    job: NewJob
+    admit: Callable[[int], None] | None
+    values: dict[str, Any]
+    done: bool = False
+    stored_hash: str | None = None  # set when the id was stored already: a replay
+    error: BaseException | None = None
+
+
 class Store:
     """Thread-safe (one session per call); built by create_app from Settings.database_url."""
 
     def __init__(self, database_url: str) -> None:
         self.url = database_url
         sqlite = database_url.startswith("sqlite")
-        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        # one pooled connection per thread that may hold one at once, kept open: a pool smaller than that
+        # closed and reopened its overflow connections under load (PostgreSQL: a new backend process each)
+        kwargs: dict[str, Any] = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
         if sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
-            kwargs.update(pool_size=10, max_overflow=40)
+            kwargs["pool_pre_ping"] = True  # a restarted server's dead connections are replaced, not handed out
         self.engine: Engine = create_engine(database_url, **kwargs)
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_connect)
@@ -178,6 +224,9 @@ class Store:
         self._write_sessions = sessionmaker(self.engine.execution_options(**{_WRITE: True}), expire_on_commit=False)
         self._sqlite = sqlite
         self._write_lock = threading.Lock()
+        self._batch_lock = threading.Lock()  # held by the caller whose transaction inserts the waiting jobs
+        self._pending_lock = threading.Lock()
+        self._pending: list[_Submission] = []
 
     def migrate(self) -> None:
         """`alembic upgrade head` on this database."""
@@ -220,40 +269,105 @@ class Store:
 
         `admit(gpus_in_use)` runs inside the inserting transaction, with the tenant's non-terminal GPUs
         on the job's pool, and may raise to refuse the job (the quota). Concurrent admissions for one
-        tenant and pool are serialised (a transaction-scoped advisory lock on PostgreSQL, the write lock
-        on SQLite), so two submissions cannot both pass a check that only one of them fits.
+        tenant and pool are serialised by a lock the database holds (a transaction-scoped advisory lock
+        on PostgreSQL, BEGIN IMMEDIATE on SQLite), so two submissions cannot both pass a check that only
+        one of them fits, also from two controller processes.
+
+        Group commit: concurrent calls share one transaction. The first caller to find no batch in
+        flight inserts every submission waiting by then, in arrival order, each admitted against the
+        GPU use including those before it; the others wait for that commit. A transaction per
+        submission left the writers queueing behind one another (and behind the GIL, once per
+        statement), at about 30 submissions/s. The record is built from the values inserted rather
+        than read back; a replay reads the stored job.
         """
-        now = utcnow()
-        row = JobRow(
-            **job.model_dump(exclude={"deadline"}),
-            deadline=_naive(job.deadline),
-            state=JobState.QUEUED.value,
-            attempt=0,
-            cancel_forced=False,
-            created_at=now,
-            updated_at=now,
-        )
+        mine = _Submission(job, admit, _new_row(job, utcnow()))
+        with self._pending_lock:
+            self._pending.append(mine)
+        with self._batch_lock:
+            if not mine.done:
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                self._insert_batch(batch)
+        if mine.error is not None:
+            raise mine.error
+        if mine.stored_hash is not None:  # the key's job was there already
+            if mine.stored_hash != job.request_hash:
+                raise IdempotencyConflict(job.id)
+            return self.get_job(job.id), False
+        values = mine.values
+        at = _aware(values["created_at"])
+        first = JobEvent(state=JobState.QUEUED, reason=None, message=None, attempt=0, at=at)  # type: ignore[arg-type]
+        record = {**values, "deadline": job.deadline, "created_at": at, "updated_at": at, "events": [first]}
+        return JobRecord.model_validate(record), True
+
+    def _insert_batch(self, batch: list[_Submission]) -> None:
+        """One transaction for the batch; if another controller inserted one of its ids meanwhile (the
+        primary key refuses ours), each submission again in a transaction of its own."""
         try:
             with self._tx(write=True) as s:
-                if admit is not None:
-                    self._lock_admission(s, job.tenant, job.pool)
-                    if s.get(JobRow, job.id) is None:  # a replay of a stored job is not a new admission
-                        admit(self._gpu_use(s, tenant=job.tenant, pool=job.pool))
-                s.add(row)
-                s.flush()
-                s.add_all(JobLabelRow(job_id=job.id, key=k, value=v) for k, v in job.labels.items())
-                s.add(JobEventRow(job_id=job.id, state=JobState.QUEUED.value, attempt=0, at=now))
-                s.flush()
-                s.refresh(row, ["events"])
-                record = _record(row, with_events=True)
-            return record, True
+                self._admit_and_insert(s, batch)
         except IntegrityError:
-            existing = self.find_job(job.id)
+            if len(batch) > 1:
+                for submission in batch:
+                    submission.stored_hash = submission.error = None
+                    self._insert_batch([submission])
+                return
+            existing = self.find_job(batch[0].job.id)
             if existing is None:  # the other insert rolled back: ours may go now
-                return self.insert_job(job, admit)
-            if existing.request_hash != job.request_hash:
-                raise IdempotencyConflict(job.id) from None
-            return self.get_job(job.id), False
+                self._insert_batch(batch)
+                return
+            batch[0].stored_hash = existing.request_hash
+        except Exception as error:  # the store failed: every waiting caller gets the error
+            for submission in batch:
+                submission.error = error
+        finally:
+            for submission in batch:
+                submission.done = True
+
+    def _admit_and_insert(self, s: Session, batch: list[_Submission]) -> None:
+        for tenant, pool in sorted({(b.job.tenant, b.job.pool) for b in batch if b.admit is not None}):
+            self._lock_admission(s, tenant, pool)  # in one order, so two controllers cannot deadlock
+        ids = {b.job.id for b in batch}
+        query = select(_JOBS.c.id, _JOBS.c.request_hash).where(_JOBS.c.id.in_(ids))
+        stored: dict[str, str] = {job_id: digest for job_id, digest in s.execute(query)}
+        used: dict[tuple[str, str], int] = {}
+        rows: list[dict[str, Any]] = []
+        labels: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        for b in batch:
+            job = b.job
+            if job.id in stored:  # a replay of a stored job (or of one earlier in this batch) is no admission
+                b.stored_hash = stored[job.id]
+                continue
+            if b.admit is not None:
+                key = (job.tenant, job.pool)
+                if key not in used:
+                    used[key] = self._gpu_use(s, tenant=job.tenant, pool=job.pool)
+                try:
+                    b.admit(used[key])
+                except Exception as error:  # refused (the quota): this submission alone
+                    b.error = error
+                    continue
+                used[key] += job.gpus
+            stored[job.id] = job.request_hash
+            rows.append(b.values)
+            labels.extend({"job_id": job.id, "key": k, "value": v} for k, v in job.labels.items())
+            at = b.values["created_at"]
+            events.append(
+                {
+                    "job_id": job.id,
+                    "state": JobState.QUEUED.value,
+                    "reason": None,
+                    "message": None,
+                    "attempt": 0,
+                    "at": at,
+                }
+            )
+        if rows:
+            s.execute(insert(_JOBS), rows)
+            if labels:
+                s.execute(insert(_LABELS), labels)
+            s.execute(insert(_EVENTS), events)
 
     def get_job(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
         """The job with its history; `tenant` restricts visibility (None: admin)."""
@@ -318,36 +432,71 @@ class Store:
         Statuses only move a job forward (QUEUED < PENDING < RUNNING < terminal); a terminal job is
         never changed here, and a status about an older attempt is ignored.
         """
-        now = utcnow()
+        if not self._would_change(status):  # most statuses of a pass: no write transaction, no write lock
+            return False
         with self._tx(write=True) as s:
             row = s.get(JobRow, status.job_id, with_for_update=True)
-            if row is None or JobState(row.state).terminal:
-                return False
-            if status.attempt is not None and status.attempt < row.attempt:
-                return False
-            current = JobState(row.state)
-            forward = status.state.terminal or _RANK[status.state] > _RANK[current]
-            if status.breakdown_ms is not None:
-                row.breakdown_ms = status.breakdown_ms
-            if status.epoch_seconds is not None:
-                row.epoch_seconds = status.epoch_seconds
-            if status.step is not None:
-                row.step = status.step
-            if not forward:
-                return False
-            deadline_hit = status.state is JobState.CANCELLED and row.reason == "DeadlineExceeded"
-            row.state = status.state.value
-            row.reason = "DeadlineExceeded" if deadline_hit else status.reason  # why it was cancelled
-            row.message = status.message
-            row.phase = status.phase
-            row.started_at = _naive(status.started_at) or row.started_at
-            if status.state in (JobState.RUNNING, *TERMINAL_STATES) and row.started_at is None:
-                row.started_at = now
-            if status.state.terminal:
-                row.finished_at = _naive(status.finished_at) or now
-            row.updated_at = now
-            self._event(s, row, now)
+            return row is not None and self._apply(s, row, status, utcnow())
+
+    def hand_over(self, job_id: str, attempt: int, status: BackendStatus) -> JobRecord | None:
+        """The backend took the job's `attempt` and answered `status`: mark the attempt submitted and
+        apply the status in one transaction (a reconcile pass does this for every queued job); the job
+        as it stands then, None if it is gone."""
+        with self._tx(write=True) as s:
+            row = s.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                return None
+            if row.attempt == attempt:
+                row.submitted_attempt = attempt
+            self._apply(s, row, status, utcnow())
+            s.flush()
+            return _record(row)
+
+    def _apply(self, s: Session, row: JobRow, status: BackendStatus, now: datetime) -> bool:
+        """`apply_status` on a row locked for update; True if its state changed."""
+        if JobState(row.state).terminal:
+            return False
+        if status.attempt is not None and status.attempt < row.attempt:
+            return False
+        current = JobState(row.state)
+        forward = status.state.terminal or _RANK[status.state] > _RANK[current]
+        if status.breakdown_ms is not None:
+            row.breakdown_ms = status.breakdown_ms
+        if status.epoch_seconds is not None:
+            row.epoch_seconds = status.epoch_seconds
+        if status.step is not None:
+            row.step = status.step
+        if not forward:
+            return False
+        deadline_hit = status.state is JobState.CANCELLED and row.reason == "DeadlineExceeded"
+        row.state = status.state.value
+        row.reason = "DeadlineExceeded" if deadline_hit else status.reason  # why it was cancelled
+        row.message = status.message
+        row.phase = status.phase
+        row.started_at = _naive(status.started_at) or row.started_at
+        if status.state in (JobState.RUNNING, *TERMINAL_STATES) and row.started_at is None:
+            row.started_at = now
+        if status.state.terminal:
+            row.finished_at = _naive(status.finished_at) or now
+        row.updated_at = now
+        self._event(s, row, now)
+        return True
+
+    def _would_change(self, status: BackendStatus) -> bool:
+        """Whether `apply_status` would change the stored job, read without the write lock; the writing
+        transaction decides again, so a job changed in between is still handled right."""
+        c = _JOBS.c
+        query = select(c.state, c.attempt, c.breakdown_ms, c.epoch_seconds, c.step).where(c.id == status.job_id)
+        with self._tx() as s:
+            row = s.execute(query).first()
+        if row is None or JobState(row.state).terminal:
+            return False
+        if status.attempt is not None and status.attempt < row.attempt:
+            return False
+        if status.state.terminal or _RANK[status.state] > _RANK[JobState(row.state)]:
             return True
+        figures = ((status.breakdown_ms, row.breakdown_ms), (status.epoch_seconds, row.epoch_seconds))
+        return any(new is not None and new != old for new, old in (*figures, (status.step, row.step)))
 
     def record_progress(
         self,
@@ -470,8 +619,9 @@ class Store:
 
     @staticmethod
     def _gpu_use(session: Session, *, tenant: str, pool: str) -> int:
+        # IN, not NOT IN: a probe per active state in ix_jobs_admission, never a scan of the tenant's history
         query = select(func.coalesce(func.sum(JobRow.gpus), 0)).where(
-            JobRow.tenant == tenant, JobRow.pool == pool, JobRow.state.not_in(_TERMINAL)
+            JobRow.tenant == tenant, JobRow.pool == pool, JobRow.state.in_(_ACTIVE)
         )
         return int(session.scalar(query) or 0)
 
@@ -499,10 +649,11 @@ class Store:
 
     def find_token(self, token_hash: str) -> TokenInfo | None:
         """The live (not revoked) token with this hash."""
-        query = select(TokenRow).where(TokenRow.token_hash == token_hash, TokenRow.revoked_at.is_(None))
-        with self._tx() as s:
-            row = s.scalars(query).first()
-            return TokenInfo.model_validate(row) if row else None
+        columns = [getattr(_TOKENS.c, name) for name in TokenInfo.model_fields]
+        query = select(*columns).where(_TOKENS.c.token_hash == token_hash, _TOKENS.c.revoked_at.is_(None))
+        with self.engine.connect() as connection:  # every request asks: one Core query, no ORM session
+            row = connection.execute(query).first()
+        return TokenInfo.model_validate(row._mapping) if row else None
 
     def list_tokens(self) -> list[TokenInfo]:
         with self._tx() as s:

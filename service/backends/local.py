@@ -104,6 +104,7 @@ class LocalBackend:
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._final: dict[str, tuple[int, BackendStatus]] = {}  # job id -> (job.json mtime, terminal status)
+        self._slots_held: list[tuple[Path, int]] | None = None  # (job dir, attempt) holding every slot at the last scan
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LocalBackend:
@@ -127,7 +128,11 @@ class LocalBackend:
     # ---- the Backend interface --------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> BackendStatus:
-        """Record the job; it starts when a slot is free. Same job id and attempt: the existing job."""
+        """Record the job; it starts when a slot is free. Same job id and attempt: the existing job.
+
+        A scan of every job folder launches it, here only if a slot may be free (`_slot_may_be_free`),
+        else at the next scan that finds one (`status`, `list_statuses`, `watch`): one scan per submit
+        made a reconcile pass of N queued jobs O(N^2) while they waited for a slot."""
         job_dir = self._dir(spec.job_id)
         with self._locked():
             existing = read_json_object(job_dir / "job.json")
@@ -139,8 +144,9 @@ class LocalBackend:
             write_json_atomic(job_dir / "config.json", spec.config)
             self._write_pools(job_dir / POOLS_FILE)
             write_json_atomic(job_dir / "job.json", {**spec.model_dump(mode="json"), "submitted_at": time.time()})
-        self._schedule()
-        return self._status(job_dir)
+            if self._slot_may_be_free():
+                self._schedule_locked()
+            return self._status(job_dir)
 
     def status(self, job_id: str) -> BackendStatus:
         job_dir = self._dir(job_id)
@@ -241,6 +247,7 @@ class LocalBackend:
         """Start waiting jobs, highest priority then oldest first, while slots are free."""
         self._reap()
         running: list[int | None] = []
+        holders: list[tuple[Path, int]] = []
         waiting: list[tuple[int, float, Path, dict[str, Any]]] = []
         for job_dir in self._job_dirs():
             if self._cached(job_dir) is not None:
@@ -253,6 +260,7 @@ class LocalBackend:
             if run is not None:
                 if self._live_pid(job_dir, attempt) is not None or self._group_members(job_dir, attempt):
                     running.append(run.get("gpu"))
+                    holders.append((job_dir, attempt))
             elif not (job_dir / f"cancel-{attempt}").exists():
                 waiting.append((-int(spec.get("priority", 0)), float(spec["submitted_at"]), job_dir, spec))
         for _, _, job_dir, spec in sorted(waiting, key=lambda w: w[:2]):
@@ -264,6 +272,16 @@ class LocalBackend:
             gpu = free[0] if free else None
             self._launch(job_dir, spec, gpu)
             running.append(gpu)
+            holders.append((job_dir, int(spec.get("attempt", 0))))
+        self._slots_held = holders if len(running) >= self.slots else None
+
+    def _slot_may_be_free(self) -> bool:
+        """False only if every slot was held at the last scan and each holder still runs: a check of the
+        few holders (at most `slots`), instead of the scan of every job folder that would find no slot."""
+        held = self._slots_held
+        if held is None:
+            return True
+        return any(self._live_pid(d, a) is None and not self._group_members(d, a) for d, a in held)
 
     def _launch(self, job_dir: Path, spec: dict[str, Any], gpu: int | None) -> None:
         """Claim the attempt, then start its supervisor (which runs the pipeline) in a process group of its own."""

@@ -45,8 +45,11 @@ def _public(job: JobRecord) -> JobPublic:
 
 
 def _detail(job: JobRecord) -> JobDetail:
-    history = [PhaseEvent(**e.model_dump()) for e in job.events]
-    return JobDetail(**_public(job).model_dump(), config=job.config, history=history)
+    """Validated once, from the record's own dump (a job's config is large: no intermediate models)."""
+    data = job.model_dump(exclude={"events"})
+    data["cancel_requested"] = job.cancel_requested_at is not None
+    data["history"] = [PhaseEvent.model_validate(e, from_attributes=True) for e in job.events]
+    return JobDetail.model_validate(data)
 
 
 async def _strict_body(request: Request) -> JobCreate:
@@ -73,6 +76,7 @@ async def _progress_body(request: Request) -> ProgressReport:
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
+    response_model=JobDetail,
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -88,14 +92,16 @@ def submit_job(
     principal: TenantDep,
     body: Annotated[JobCreate, Depends(_strict_body)],
     jobs: JobsDep,
-    response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
-) -> JobDetail:
+) -> Response:
     """Queue a job. The same Idempotency-Key (or name) with the same body returns the same job (200)."""
     job, created = jobs.submit(principal, body, idempotency_key)
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return _detail(job)
+    # JSON straight from pydantic-core: FastAPI would turn the model into a dict and json.dumps that
+    return Response(
+        _detail(job).model_dump_json(),
+        status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        media_type="application/json",
+    )
 
 
 @router.get("", responses=problems(400))

@@ -140,6 +140,30 @@ def test_only_one_cpu_job_runs_at_a_time_and_priority_orders_the_queue(
     assert wait_state(backend, "job-b", {JobState.RUNNING}).state is JobState.RUNNING
 
 
+def test_a_pass_of_n_submits_scans_the_job_folders_a_fixed_number_of_times(
+    tmp_path: Path, backends: list[LocalBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reconcile pass (N submits, then one list) is O(N): a submit scans every job folder only when a
+    slot may be free (here the first), not while the N jobs wait for the one slot."""
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backends.append(backend)
+    scan = backend._job_dirs
+    scans: list[int] = []
+
+    def counted() -> list[Path]:
+        scans.append(1)
+        return scan()
+
+    monkeypatch.setattr(backend, "_job_dirs", counted)
+    for n in (5, 40):
+        scans.clear()
+        for i in range(n):
+            backend.submit(spec(f"job-{n}-{i}"))
+        statuses = backend.list_statuses()
+        assert len(scans) <= 3, f"{len(scans)} scans of the job folders for a pass of {n} submits"
+    assert [s.job_id for s in statuses if s.state is JobState.RUNNING] == ["job-5-0"]
+
+
 def test_gpu_jobs_get_one_gpu_each(tmp_path: Path, backends: list[LocalBackend]) -> None:
     backend = make_backend(tmp_path, "--sleep", "30", gpus=2)
     backends.append(backend)
