@@ -8,6 +8,7 @@ runs. Every field has a description and bounds; the CLI overrides fields by dott
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,11 +131,53 @@ class ReplayConfig(_Section):
     )
 
 
+ENV_ID = re.compile(r"(?:[A-Za-z0-9_-]+/)?[A-Za-z0-9_.-]+")
+"""The form of a registered Gymnasium id, `[namespace/]Name[-vN]`, without the `module:` prefix."""
+MAX_ENV_ID = 200
+
+
+def env_id_problem(env_id: object) -> str | None:
+    """Why `env_id` may not reach Gymnasium, or None.
+
+    For an id `module:Name` Gymnasium imports `module` before it looks the name up, so such an id in a
+    job's config or a dataset's metadata would run that module's code in the trainer. Only the form a
+    registered id has is let through; whether one is registered the trainer asks Gymnasium's registry."""
+    if not isinstance(env_id, str):
+        return f"must be a Gymnasium id (a string), got {type(env_id).__name__}"
+    if len(env_id) <= MAX_ENV_ID and ENV_ID.fullmatch(env_id):
+        return None
+    if ":" in env_id:
+        return (
+            "is module-qualified (module:Name): Gymnasium would import that module in the trainer, so only "
+            "registered ids are taken, [namespace/]Name[-vN] (e.g. CartPole-v1)"
+        )
+    return (
+        "is not a registered Gymnasium id: [namespace/]Name[-vN], of ASCII letters, digits, '_', '-' and '.', "
+        f"at most {MAX_ENV_ID} characters (e.g. CartPole-v1)"
+    )
+
+
+def check_env_id(env_id: object, what: str = "data.env_id") -> str:
+    """`env_id` if Gymnasium may be given it (`env_id_problem`); else a one-line ConfigError naming `what`."""
+    problem = env_id_problem(env_id)
+    if problem is not None:
+        shown = repr(env_id[:80] + "…" if isinstance(env_id, str) and len(env_id) > 80 else env_id)
+        raise ConfigError(f"{what} {shown} {problem}" if isinstance(env_id, str) else f"{what} {problem}")
+    assert isinstance(env_id, str)
+    return env_id
+
+
 class DataConfig(_Section):
     """Where transitions come from."""
 
     source: Literal["market", "gym", "offline"] = Field("market", description="Data source kind.")
-    env_id: str = Field("CartPole-v1", description="Gymnasium environment id (source=gym).")
+    env_id: str = Field(
+        "CartPole-v1",
+        description=(
+            "Registered Gymnasium environment id, [namespace/]Name[-vN] (source=gym); a module-qualified id "
+            "(module:Name) is refused."
+        ),
+    )
     dataset: str | None = Field(None, description="Offline dataset path or fsspec URL (.parquet or .npz).")
     dataset_access: DatasetAccess | None = Field(
         None,
@@ -167,6 +210,14 @@ class DataConfig(_Section):
             "'auto' takes torch when the training device is a GPU, numpy otherwise."
         ),
     )
+
+    @field_validator("env_id")
+    @classmethod
+    def _env_id(cls, env_id: str) -> str:
+        problem = env_id_problem(env_id)
+        if problem is not None:
+            raise ValueError(f"{env_id[:80]!r} {problem}")
+        return env_id
 
     @model_validator(mode="after")
     def _dataset(self) -> DataConfig:
@@ -242,7 +293,13 @@ class RunConfig(_Section):
         ),
     )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics here while running.")
-    pushgateway_url: str | None = Field(None, description="Push a final metrics snapshot here.")
+    pushgateway_url: str | None = Field(
+        None,
+        description=(
+            "Push a final metrics snapshot here (else to FOXHUNT_PUSHGATEWAY_URL). For a config run by hand: a job "
+            "may not set it (the Pushgateway is the operator's), its trainer pushes to FOXHUNT_PUSHGATEWAY_URL."
+        ),
+    )
     max_seconds: float | None = Field(
         None,
         gt=0.0,
@@ -316,6 +373,20 @@ def check_steps_or_epochs(config: TrainConfig, epochs: int | None) -> None:
         )
     if not 1 <= epochs <= INT32_MAX // STEPS_PER_EPOCH:
         raise ConfigError(f"epochs must be between 1 and {INT32_MAX // STEPS_PER_EPOCH}, got {epochs}")
+
+
+def check_job_settings(config: TrainConfig) -> None:
+    """Refuse in a job's config what only the operator sets (ConfigError naming the field).
+
+    `run.pushgateway_url` would have the trainer send HTTP requests to any address its pod reaches
+    (server-side request forgery): a job's trainer pushes to the operator's Pushgateway,
+    FOXHUNT_PUSHGATEWAY_URL, alone. The controller refuses such a job (422), and so does the job's resolve
+    step; a config run by hand (`trainer train`) may still set it."""
+    if config.run.pushgateway_url is not None:
+        raise ConfigError(
+            "run.pushgateway_url is the operator's to set, not a job's: a job's trainer pushes its metrics to the "
+            "Pushgateway in FOXHUNT_PUSHGATEWAY_URL (the operator's environment); leave it out of the job's config"
+        )
 
 
 def apply_epochs(config: TrainConfig, epochs: int | None) -> TrainConfig:

@@ -39,6 +39,10 @@ class DatasetNotAllowed(DomainError):
     """The job names a dataset outside the controller's dataset roots and schemes, or one it may not read."""
 
 
+class SettingNotAllowed(DomainError):
+    """The job's config sets a field that only the operator sets (`run.pushgateway_url`)."""
+
+
 class InvalidRequest(DomainError):
     """A request that is well-formed but cannot be used (bad cursor, bad label selector)."""
 

@@ -23,6 +23,7 @@ from contracts.config import (
     ConfigError,
     TrainConfig,
     apply_epochs,
+    check_job_settings,
     check_model,
     dump_config,
     load_config,
@@ -259,13 +260,15 @@ def resolve(
         Path | None, typer.Option(help="The controller's pools file (YAML, `pools: [{name: …}]`): --pool must be one.")
     ] = None,
 ) -> None:
-    """The job's first step, on a CPU in a second: checks what the job asks (model, pool, epochs or run.steps)
-    and writes its resolved config, so a job that asks wrongly fails at once, before it waits for a GPU."""
+    """The job's first step, on a CPU in a second: checks what the job asks (model, pool, epochs or run.steps,
+    no field only the operator sets) and writes its resolved config, so a job that asks wrongly fails at once,
+    before it waits for a GPU."""
     try:
         check_model(model)
         if pools_file is not None:
             check_pool(pool, pools_file)
         cfg = apply_epochs(load_config(config, override or []), train_epochs or None)
+        check_job_settings(cfg)  # a job's config, unlike one run by hand: no run.pushgateway_url
     except ConfigError as error:
         raise fail(str(error)) from None
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from service.errors import (
     JobNotFound,
     QuotaExceeded,
     ServiceUnavailable,
+    SettingNotAllowed,
     Unauthorized,
     UnknownPool,
 )
@@ -36,6 +37,7 @@ _STATUS: dict[type[Exception], tuple[int, str, str]] = {
     QuotaExceeded: (429, "quota-exceeded", "GPU quota exceeded"),
     UnknownPool: (422, "unknown-pool", "Unknown pool"),
     DatasetNotAllowed: (422, "dataset-not-allowed", "Dataset not allowed"),
+    SettingNotAllowed: (422, "setting-not-allowed", "Setting not allowed"),
     InvalidRequest: (400, "invalid-request", "Invalid request"),
     Unauthorized: (401, "unauthorized", "Authentication required"),
     Forbidden: (403, "forbidden", "Forbidden"),

@@ -165,8 +165,14 @@ POOLS = "pools:\n  - name: h100\n    gpu_type: nvidia-h100-80gb\n  - name: dev\n
         (["--pool", "a100", "--pools-file", "{pools}"], "error: unknown pool 'a100'; configured: h100, dev\n"),
         (["--pool", "h100", "--pools-file", "{missing}"], "error: pools file not found: "),
         (["--pool", "h100", "--pools-file", "{bad}"], "error: pools file "),
+        (["-o", "run.pushgateway_url=http://127.0.0.1:8000/v1/jobs"], "error: run.pushgateway_url is the operator's"),
+        (
+            ["-o", "data.env_id=foxhunt_planted_env:Env"],
+            "error: data.env_id: Value error, 'foxhunt_planted_env:Env' is "
+            "module-qualified (module:Name): Gymnasium would import that module",
+        ),
     ],
-    ids=["model", "epochs-and-steps", "pool", "no-pools-file", "bad-pools-file"],
+    ids=["model", "epochs-and-steps", "pool", "no-pools-file", "bad-pools-file", "pushgateway", "module-env-id"],
 )
 def test_resolve_refuses_what_the_job_asks_wrongly(tmp_path: Path, args: list[str], message: str) -> None:
     """Bad input (exit 2, one line): nothing is written, so no later step can run."""
@@ -179,6 +185,15 @@ def test_resolve_refuses_what_the_job_asks_wrongly(tmp_path: Path, args: list[st
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
     assert not resolved.parent.exists()
+
+
+def test_a_config_run_by_hand_may_still_name_its_pushgateway(tmp_path: Path) -> None:
+    """Only a job's config may not (its resolve step refuses it, above): `trainer train` pushes where it says."""
+    result = invoke("train", "-c", "examples/quickstart.yaml", *TINY, "-o", "run.steps=2",
+                    "-o", "run.pushgateway_url=http://pushgateway.invalid:9091",
+                    "--run-dir", str(tmp_path / "run"), "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "warning: metrics not pushed to http://pushgateway.invalid:9091" in result.stderr
 
 
 def test_resolve_accepts_a_pool_the_pools_file_names(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from torch import Tensor
 
-from contracts.config import ConfigError
+from contracts.config import ConfigError, check_env_id
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions, goal_columns
 
 GreedyFn = Callable[[Tensor], Tensor]
@@ -132,6 +132,7 @@ def _stack_final(final: Sequence[Any]) -> np.ndarray:
 
 
 def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
+    check_env_id(env_id)  # right before gym.make, which imports the module of a `module:Name` id
     if env_id.startswith("foxhunt/"):  # also in a fresh worker process, whose registry lacks our ids
         from trainer.execution.data.market import register_market
 
@@ -140,7 +141,9 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
 
 
 def make_env_fn(env_id: str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], gym.Env[Any, Any]]:
-    """A picklable constructor for one env, with a one-line ConfigError if the id is unknown."""
+    """A picklable constructor for one env, with a one-line ConfigError if the id is unknown, or not of
+    a registered id's form (a `module:Name` id, which Gymnasium would import the module of)."""
+    check_env_id(env_id)
     if env_id.startswith("foxhunt/"):
         from trainer.execution.data.market import register_market
 

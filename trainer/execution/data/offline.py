@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from contracts.config import env_id_problem
 from contracts.datasets import DatasetAccess, DatasetRefused, check_local_file, local_path, locate
 from trainer.execution.data.gym_source import GreedyFn, GymSource
 from trainer.execution.data.spec import DatasetError, EnvSpec, Transitions, goal_columns
@@ -254,6 +255,9 @@ def dataset_spec(dataset: Dataset) -> EnvSpec:
 def load_dataset(path: str, access: DatasetAccess | None = None) -> Dataset:
     """Read and validate a dataset from a local path or an fsspec URL (one that `access` allows, if given)."""
     arrays, meta = _read(path, access)
+    problem = env_id_problem(meta["env_id"]) if meta.get("env_id") else None
+    if problem is not None:  # before anything gives it to Gymnasium (the id itself is the file's, not quoted)
+        raise _fail(path, f"metadata env_id {problem}")
     if "num_actions" not in meta and not meta.get("env_id"):
         raise _fail(path, f"metadata {METADATA_KEY!r} must give num_actions or env_id (see docs/datasets.md)")
     num_actions = meta.get("num_actions")

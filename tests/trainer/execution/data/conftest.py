@@ -1,7 +1,10 @@
-"""Tiny registered envs with known dynamics, to check what the gym source stores."""
+"""Tiny registered envs with known dynamics, to check what the gym source stores; a module an env id may not import."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -78,3 +81,19 @@ def toy_envs() -> None:
         gym.register(id=MULTI_ID, entry_point=MultiToy, max_episode_steps=5)
     if GOAL_ID not in gym.registry:
         gym.register(id=GOAL_ID, entry_point=GoalToy, max_episode_steps=8)
+
+
+PLANTED_MODULE = "foxhunt_planted_env"
+"""A module a tenant could name in an env id `foxhunt_planted_env:Env`; its import leaves a mark."""
+
+
+@pytest.fixture
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The mark file of PLANTED_MODULE, which sits on sys.path: it exists once anything imported the module."""
+    mark = tmp_path / "imported"
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    (folder / f"{PLANTED_MODULE}.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(folder))
+    yield mark
+    sys.modules.pop(PLANTED_MODULE, None)

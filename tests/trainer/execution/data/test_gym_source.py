@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -11,9 +12,17 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from contracts.config import ConfigError
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.execution.data.gym_source import GymSource, VectorKind, env_spec, epsilon_greedy, linear_epsilon
+from trainer.execution.data.gym_source import (
+    GymSource,
+    VectorKind,
+    _make_env,
+    env_spec,
+    epsilon_greedy,
+    linear_epsilon,
+    make_env_fn,
+)
 
-from .conftest import GOAL_ID, MULTI_ID
+from .conftest import GOAL_ID, MULTI_ID, PLANTED_MODULE
 
 
 class Spaces(gym.Env[Any, Any]):
@@ -196,3 +205,24 @@ def test_evaluate_returns_undiscounted_greedy_returns() -> None:
             steps, over = steps + 1, terminated or truncated
         expected.append(float(steps))
     assert left == expected
+
+
+def test_a_module_qualified_env_id_never_reaches_gymnasium(planted: Path) -> None:
+    """Gymnasium imports `module` of an id `module:Name` (issue 29): refused by name before gym.spec and gym.make,
+    also in `_make_env`, the constructor vector-env workers call, so the planted module never runs."""
+    env_id = f"{PLANTED_MODULE}:Env"
+    calls = {
+        "source": lambda: GymSource(env_id, 1, 0, "cpu"),
+        "make_env_fn": lambda: make_env_fn(env_id),
+        "_make_env": lambda: _make_env(env_id, {}),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ConfigError, match=r"is module-qualified \(module:Name\): Gymnasium would import"):
+            call()
+        assert not planted.exists(), f"{name} imported {PLANTED_MODULE}"
+
+
+@pytest.mark.parametrize("env_id", ["CartPole v1", "../CartPole-v1", "CartPole-v1\n"])
+def test_an_id_not_of_a_registered_ids_form_is_refused_by_name(env_id: str) -> None:
+    with pytest.raises(ConfigError, match="is not a registered Gymnasium id"):
+        _make_env(env_id, {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.data.offline import DatasetError, OfflineSource, collect_dataset, load_dataset, write_dataset
 
-from .conftest import MULTI_ID
+from .conftest import MULTI_ID, PLANTED_MODULE
 
 
 def columns(n: int = 12, f: int = 3, k: int = 2) -> dict[str, np.ndarray]:
@@ -299,3 +300,27 @@ def test_a_url_over_the_cap_is_refused_from_its_head_without_a_get(sets: Path) -
         with pytest.raises(DatasetError, match=f"is {len(payload)} bytes, over the limit of {len(payload) - 1}$"):
             load_dataset(f"{server.url}/x.npz", _access(schemes=("http",), max_bytes=len(payload) - 1))
         assert [method for method, _ in server.requests] == ["HEAD"]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "problem"),
+    [
+        (f"{PLANTED_MODULE}:Env", "metadata env_id is module-qualified (module:Name): Gymnasium would import"),
+        ("CartPole v1", "metadata env_id is not a registered Gymnasium id"),
+        ({"id": "CartPole-v1"}, "metadata env_id must be a Gymnasium id (a string), got dict"),
+    ],
+    ids=["module-qualified", "not-an-id", "not-a-string"],
+)
+def test_a_metadata_env_id_gymnasium_may_not_have_is_refused_before_it_is_used(
+    tmp_path: Path, planted: Path, env_id: object, problem: str
+) -> None:
+    """The file's env_id goes to gymnasium.make for its spec and evaluation: a `module:Name` id would import
+    that module in the trainer (issue 29). Refused as the file is loaded, the id itself not quoted."""
+    path = tmp_path / "data.npz"
+    path.write_bytes(npz_bytes(columns(), json.dumps({"num_actions": 5, "env_id": env_id})))
+    for load in (lambda: load_dataset(str(path)), lambda: OfflineSource(str(path), "cpu")):
+        with pytest.raises(DatasetError) as error:
+            load()
+        assert str(error.value).startswith(f"dataset {path}: {problem}"), error.value
+        assert PLANTED_MODULE not in str(error.value)
+    assert not planted.exists()
