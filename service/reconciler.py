@@ -233,7 +233,7 @@ class Reconciler:
         seen = {status.job_id: status for status in statuses}
         for job in self.store.active_jobs():  # a terminal job never changes: skip those statuses
             if job.id in seen:
-                self.store.apply_status(seen[job.id])
+                self.store.apply_status(seen[job.id], known=job)  # no read per job: O(N) statements per pass
         now = datetime.now(UTC)
         active = {job.id: job for job in self.store.active_jobs()}
         for status in statuses:

@@ -426,13 +426,15 @@ class Store:
             )
         )
 
-    def apply_status(self, status: BackendStatus) -> bool:
+    def apply_status(self, status: BackendStatus, *, known: JobRecord | None = None) -> bool:
         """Bring one job in step with the backend; True if its state changed.
 
         Statuses only move a job forward (QUEUED < PENDING < RUNNING < terminal); a terminal job is
-        never changed here, and a status about an older attempt is ignored.
+        never changed here, and a status about an older attempt is ignored. `known`: the job as the
+        caller read it moments ago (a reconcile pass reads every active job at once), which saves the
+        read that decides whether anything changes; a stale one costs a write transaction, never an update.
         """
-        if not self._would_change(status):  # most statuses of a pass: no write transaction, no write lock
+        if not self._would_change(status, known):  # most statuses of a pass: no write transaction, no write lock
             return False
         with self._tx(write=True) as s:
             row = s.get(JobRow, status.job_id, with_for_update=True)
@@ -482,13 +484,15 @@ class Store:
         self._event(s, row, now)
         return True
 
-    def _would_change(self, status: BackendStatus) -> bool:
-        """Whether `apply_status` would change the stored job, read without the write lock; the writing
-        transaction decides again, so a job changed in between is still handled right."""
-        c = _JOBS.c
-        query = select(c.state, c.attempt, c.breakdown_ms, c.epoch_seconds, c.step).where(c.id == status.job_id)
-        with self._tx() as s:
-            row = s.execute(query).first()
+    def _would_change(self, status: BackendStatus, known: JobRecord | None) -> bool:
+        """Whether `apply_status` would change the stored job, read without the write lock (or taken from
+        `known`); the writing transaction decides again, so a job changed in between is handled right."""
+        row: Any = known
+        if row is None:
+            c = _JOBS.c
+            query = select(c.state, c.attempt, c.breakdown_ms, c.epoch_seconds, c.step).where(c.id == status.job_id)
+            with self._tx() as s:
+                row = s.execute(query).first()
         if row is None or JobState(row.state).terminal:
             return False
         if status.attempt is not None and status.attempt < row.attempt:

@@ -104,6 +104,7 @@ class LocalBackend:
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._final: dict[str, tuple[int, BackendStatus]] = {}  # job id -> (job.json mtime, terminal status)
+        self._specs: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # job id -> (job.json version, spec)
         self._slots_held: list[tuple[Path, int]] | None = None  # (job dir, attempt) holding every slot at the last scan
 
     @classmethod
@@ -252,7 +253,7 @@ class LocalBackend:
         for job_dir in self._job_dirs():
             if self._cached(job_dir) is not None:
                 continue
-            spec = read_json_object(job_dir / "job.json")
+            spec = self._spec(job_dir)
             if spec is None:
                 continue
             attempt = int(spec.get("attempt", 0))
@@ -409,6 +410,23 @@ class LocalBackend:
             self._signal_group(job_dir, attempt, signal.SIGKILL)
         return True
 
+    def _spec(self, job_dir: Path) -> dict[str, Any] | None:
+        """job.json, parsed once per version (it is replaced by rename on a resubmit, so inode and mtime
+        name the version): every scan reads it for every job that has not ended."""
+        path = job_dir / "job.json"
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return None
+        version = (info.st_ino, info.st_mtime_ns)
+        cached = self._specs.get(job_dir.name)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        spec = read_json_object(path)
+        if spec is not None:
+            self._specs[job_dir.name] = (version, spec)
+        return spec
+
     def _cached(self, job_dir: Path) -> BackendStatus | None:
         """The terminal status of the current attempt, if known: it cannot change until a resubmit."""
         final = self._final.get(job_dir.name)
@@ -429,10 +447,17 @@ class LocalBackend:
         return status
 
     def _read_status(self, job_dir: Path) -> BackendStatus:
-        spec = read_json_object(job_dir / "job.json") or {}
+        spec = self._spec(job_dir) or {}
         attempt = int(spec.get("attempt", 0))
         run = read_json_object(job_dir / f"run-{attempt}.json")
-        alive = run is not None and self._live_pid(job_dir, attempt) is not None
+        if run is None:  # not launched: no exit file, no progress of this attempt (most jobs of a long queue)
+            status = BackendStatus(job_id=job_dir.name, state=JobState.PENDING, attempt=attempt)
+            if (job_dir / f"cancel-{attempt}").exists():
+                status.state, status.reason, status.phase = JobState.CANCELLED, "CancelledBeforeStart", "cancelled"
+            else:
+                status.phase = "waiting for a slot"
+            return status
+        alive = self._live_pid(job_dir, attempt) is not None
         # read after the liveness check: a supervisor writes its exit file before it exits
         finished = read_json_object(job_dir / f"exit-{attempt}.json")
         cancelled = (job_dir / f"cancel-{attempt}").exists()
@@ -445,19 +470,13 @@ class LocalBackend:
             epoch_seconds=progress.get("epoch_seconds"),
             step=progress.get("step"),
         )
-        if run is not None:
-            status.started_at = datetime.fromtimestamp(run["started_at"], UTC)
+        status.started_at = datetime.fromtimestamp(run["started_at"], UTC)
         if finished is not None:
             code = int(finished["code"])
             failed = finished.get("step")
             status.finished_at = datetime.fromtimestamp(finished["finished_at"], UTC)
             status.phase = f"{failed}: exit {code}" if failed and code else f"exit {code}"
             status.state, status.reason, status.message = self._exit_state(job_dir, finished, cancelled)
-        elif run is None:
-            if cancelled:
-                status.state, status.reason, status.phase = JobState.CANCELLED, "CancelledBeforeStart", "cancelled"
-            else:
-                status.phase = "waiting for a slot"
         elif alive:
             current = (read_json_object(state_file(job_dir, attempt)) or {}).get("current")
             status.state, status.phase = JobState.RUNNING, f"running: {current}" if current else "running"
