@@ -1,0 +1,124 @@
+"""Where a pack's step time goes, and when a pack first parts from its solo runs (issue 31).
+
+Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20]
+
+1. Kernels of one eager pack step (`trainer.execution.pack.PackPlan`, not captured, so each kernel is seen) on
+   `core` at each size K: the count, the CUDA time per step, and the costliest kernels by name, K against K = 1:
+   which kernels grow with K and by how much.
+2. When run i of a captured pack (K = 4, float32) first differs from its solo graph plan: the relative error of
+   `state.online` and of the replay's priorities after each graph replay (10 updates) for the first 100 updates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from contracts.config import TrainConfig
+from trainer.algo.model import ModelDims
+from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.state import TrainState
+from trainer.execution.pack import Pack, PackPlan, PackRun
+from trainer.execution.plans import make_plan
+from trainer.runtime.timing import StepTimer
+from trainer.tools.bench import BenchOptions, bench_spec, fill_with_random_transitions, method_config, preset_config
+
+
+def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> tuple[list[TrainConfig], Callable]:
+    configs = [
+        base.model_copy(
+            update={
+                "run": base.run.model_copy(update={"seed": i, "device": "cuda"}),
+                "optim": base.optim.model_copy(update={"lr": base.optim.lr * (1 + i % 4)}),
+            }
+        )
+        for i in range(size)
+    ]
+
+    def make(i: int, config: TrainConfig) -> PackRun:
+        spec = bench_spec(config)
+        dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+        replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
+        fill_with_random_transitions(replay, capacity, seed=i)
+        return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
+
+    return configs, make
+
+
+def kernels(size: int, base: TrainConfig, capacity: int, device: torch.device) -> dict[str, tuple[int, float]]:
+    """name -> (launches, CUDA ms) per pack step, over 3 profiled steps after 3 warm-up steps."""
+    configs, make = runs(base, size, capacity, device)
+    plan = PackPlan(Pack(configs, make))
+    for step in range(3):
+        plan.run(step)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for step in range(3, 6):
+            plan.run(step)
+        torch.cuda.synchronize()
+    table: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            row = table[event.name[:90]]
+            row[0] += 1 / 3
+            row[1] += event.device_time_total / 1e3 / 3
+    return {name: (round(n), ms) for name, (n, ms) in table.items()}
+
+
+def divergence(base: TrainConfig, capacity: int, device: torch.device) -> None:
+    configs, make = runs(base, 4, capacity, device)
+    solos = []
+    for i, config in enumerate(configs):
+        run = make(i, config)
+        plan = make_plan("graph", run.state, run.replay, config, StepTimer(device, enabled=False), run.generator)
+        solos.append((run, plan))
+    pack = Pack(configs, make)
+    packed = PackPlan(pack, graph=True)
+    print("updates  online rel. error per run (pack vs solo graph plan)      priorities rel. error per run")
+    for step in range(0, 100, packed.steps_per_call):
+        packed.run(step)
+        for _, plan in solos:
+            plan.run(step)
+        errs, prios = [], []
+        for i, (run, _) in enumerate(solos):
+            errs.append(float((pack.states[i].online - run.state.online).norm() / run.state.online.norm()))
+            mine, want = pack.replays[i].sampler.tree, run.replay.sampler.tree
+            prios.append(float((mine - want).norm() / want.norm()))
+        online, priorities = " ".join(f"{e:.2e}" for e in errs), " ".join(f"{p:.2e}" for p in prios)
+        print(f"{step + packed.steps_per_call:>7}  {online}      {priorities}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,16")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--capacity", type=int, default=100_000)
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    options = BenchOptions(capacity=args.capacity)
+    base = method_config(preset_config("core", options), f"graph-{args.precision}")
+    sizes = [int(k) for k in args.sizes.split(",")]
+    tables = {k: kernels(k, base, args.capacity, device) for k in sizes}
+    first = tables[sizes[0]]
+    for k, table in tables.items():
+        total = sum(ms for _, ms in table.values())
+        print(
+            f"\nK={k} ({args.precision}, eager pack): {sum(n for n, _ in table.values())} kernels, {total:.3f} ms "
+            f"of kernel time per pack step"
+        )
+    last = tables[sizes[-1]]
+    print(f"\ncostliest kernels at K={sizes[-1]} (launches, ms per pack step; at K={sizes[0]}):")
+    for name, (n, ms) in sorted(last.items(), key=lambda item: -item[1][1])[: args.top]:
+        n0, ms0 = first.get(name, (0, 0.0))
+        print(f"  {ms:8.3f} ms {n:4d}x  (K={sizes[0]}: {ms0:7.3f} ms {n0:4d}x)  {name}")
+    print()
+    divergence(preset_config("core", BenchOptions(batch_size=256, capacity=20_000)), 20_000, device)
+
+
+if __name__ == "__main__":
+    main()
