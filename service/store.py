@@ -224,9 +224,9 @@ class Store:
         self._write_sessions = sessionmaker(self.engine.execution_options(**{_WRITE: True}), expire_on_commit=False)
         self._sqlite = sqlite
         self._write_lock = threading.Lock()
-        self._batch_lock = threading.Lock()  # held by the caller whose transaction inserts the waiting jobs
-        self._pending_lock = threading.Lock()
-        self._pending: list[_Submission] = []
+        self._batching = threading.Condition()  # guards the two below; notified when a batch has committed
+        self._pending: list[_Submission] = []  # submissions waiting for the next batch
+        self._batch_in_flight = False
 
     def migrate(self) -> None:
         """`alembic upgrade head` on this database."""
@@ -273,21 +273,27 @@ class Store:
         on PostgreSQL, BEGIN IMMEDIATE on SQLite), so two submissions cannot both pass a check that only
         one of them fits, also from two controller processes.
 
-        Group commit: concurrent calls share one transaction. The first caller to find no batch in
-        flight inserts every submission waiting by then, in arrival order, each admitted against the
-        GPU use including those before it; the others wait for that commit. A transaction per
+        Group commit: concurrent calls share one transaction. A caller that finds no batch in flight
+        inserts every submission waiting by then, in arrival order, each admitted against the GPU use
+        including those before it; the others wait for that commit (or lead the next batch). A transaction per
         submission left the writers queueing behind one another (and behind the GIL, once per
         statement), at about 30 submissions/s. The record is built from the values inserted rather
         than read back; a replay reads the stored job.
         """
         mine = _Submission(job, admit, _new_row(job, utcnow()))
-        with self._pending_lock:
+        with self._batching:
             self._pending.append(mine)
-        with self._batch_lock:
+            while self._batch_in_flight and not mine.done:
+                self._batching.wait()  # woken when a batch commits: ours, or the chance to lead the next
             if not mine.done:
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
+                batch, self._pending, self._batch_in_flight = self._pending, [], True
+        if not mine.done:
+            try:
                 self._insert_batch(batch)
+            finally:
+                with self._batching:
+                    self._batch_in_flight = False
+                    self._batching.notify_all()
         if mine.error is not None:
             raise mine.error
         if mine.stored_hash is not None:  # the key's job was there already
