@@ -370,6 +370,9 @@ def sweep(
         float | None, typer.Option(help="Every seed's final greedy mean return must reach this, e.g. 475.")
     ] = None,
     poll: Annotated[float, typer.Option(min=0.1, help="Seconds between progress lines.")] = 10.0,
+    pack: Annotated[
+        int, typer.Option(min=1, max=64, help="Seeds per process, trained as one pack (trainer train-pack).")
+    ] = 1,
 ) -> None:
     """Train the config once per seed in parallel processes (run.cpu_threads=1 unless overridden) and write
     a table of each seed's final greedy return, best-policy step, training return, wall time and command.
@@ -390,7 +393,7 @@ def sweep(
             raise ConfigError("--config is required: the recipe to train on every seed")
         options = SweepOptions(
             config=config, seeds=parse_seeds(seeds), out=out, jobs=jobs, overrides=override or [],
-            threshold=threshold, poll_seconds=poll,
+            threshold=threshold, poll_seconds=poll, pack=pack,
         )  # fmt: skip
         document = run_sweep(options, lambda line: typer.echo(line, err=True), install_stop_signals())
     except ConfigError as error:
@@ -400,6 +403,31 @@ def sweep(
     if code:
         typer.echo(f"error: {document['verdict']['text']}", err=True)
         raise typer.Exit(code)
+
+
+@app.command("train-pack")
+def train_pack(
+    seeds: Annotated[str, typer.Option(help="Seeds to train as one pack, e.g. 4,5,6,7 or 4-7 (at most 64).")],
+    out: Annotated[Path, typer.Option(help="Folder: seed-<n>/ per run, as `trainer sweep` lays it out.")],
+    config: ConfigOption = None,
+    override: OverrideOption = None,
+) -> None:
+    """Train the config once per seed as ONE pack (issue 31): one process, each update one batched step of every
+    seed. Each seed-<n>/ holds what `trainer train` writes; a seed whose guard skips is frozen and reported."""
+    from trainer.execution.pack import PackError
+    from trainer.runtime.pack_train import run_pack_training
+    from trainer.runtime.train import RunDirBusy
+    from trainer.tools.sweep import SEED_DIR, parse_seeds
+
+    try:
+        if config is None:
+            raise ConfigError("--config is required: the recipe to train on every seed")
+        chosen = parse_seeds(seeds)
+        configs = [load_config(config, [*(override or []), f"run.seed={seed}"]) for seed in chosen]
+        dirs = [out / SEED_DIR.format(seed=seed) for seed in chosen]
+        run_pack_training(configs, dirs, out=lambda line: typer.echo(line, err=True))
+    except (ConfigError, PackError, RunDirBusy) as error:
+        raise fail(str(error)) from None
 
 
 hyperopt_app = typer.Typer(no_args_is_help=True, help="Optuna hyper-parameter search (docs/hyperopt.md).")

@@ -11,6 +11,9 @@ training return of the last 20 episodes, the wall time, and the exact command th
 A seed whose process fails (non-zero exit, or no summary.json) is a row marked failed; the sweep
 goes on with the others and then exits EXIT_SEED_FAILED. With a threshold, every seed that ran
 must reach it (mean over the final episodes >= threshold), or the sweep exits EXIT_BELOW_THRESHOLD.
+With `--pack K` (issue 31) the seeds are trained K at a time in one process each, as one pack (`trainer
+train-pack`: one batched step for all K, each seed's folder as `trainer train` writes it); `--jobs` then counts
+packs. A seed whose guard skips is frozen by its pack (its summary's `diverged_at_step`) and its row says so.
 Imports no torch: the trainers are child processes.
 """
 
@@ -74,6 +77,8 @@ class SweepOptions:
     threshold: float | None = None
     poll_seconds: float = 10.0
     python: str = sys.executable
+    pack: int = 1
+    """Seeds per process, trained as one pack (`trainer train-pack`); 1: one `trainer train` process per seed."""
 
 
 def seed_overrides(seed: int, overrides: Sequence[str]) -> list[str]:
@@ -90,6 +95,22 @@ def seed_argv(options: SweepOptions, seed: int) -> list[str]:
     for item in seed_overrides(seed, options.overrides):
         argv += ["-o", item]
     return argv
+
+
+def group_argv(options: SweepOptions, seeds: Sequence[int]) -> list[str]:
+    """The command line of one process: `seed_argv` for a lone seed, `trainer train-pack` for a pack of seeds."""
+    if options.pack == 1:
+        return seed_argv(options, seeds[0])
+    argv = [options.python, "-m", "trainer", "train-pack", "--config", str(options.config)]
+    argv += ["--seeds", ",".join(str(seed) for seed in seeds), "--out", str(options.out)]
+    for item in options.overrides:
+        argv += ["-o", item]
+    return argv
+
+
+def groups(options: SweepOptions) -> list[list[int]]:
+    """The seeds of each process, in order: one each, or packs of `options.pack`."""
+    return [options.seeds[i : i + options.pack] for i in range(0, len(options.seeds), options.pack)]
 
 
 def display_command(argv: Sequence[str]) -> str:
@@ -117,17 +138,22 @@ class Row:
     reached: bool | None = None
     stopped: Literal["return reached", "time limit"] | None = None  # why a run ended before run.steps
     error: str | None = None
+    diverged_at_step: int | None = None
+    """In a pack: the step by which the guard had skipped this seed's update, which froze it (None: it did not)."""
 
 
 def _finite(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def read_row(seed: int, command: str, run_dir: Path, exit_code: int, wall_seconds: float) -> Row:
-    """The row of a finished process: its summary.json if it exited 0 and wrote one, else a failed row."""
+def read_row(
+    seed: int, command: str, run_dir: Path, exit_code: int, wall_seconds: float, log: Path | None = None
+) -> Row:
+    """The row of a finished process: its summary.json if it exited 0 and wrote one, else a failed row
+    (`log`: the process's log, where it is not run_dir's own: a pack's)."""
     row = Row(seed, "failed", command, exit_code=exit_code, wall_seconds=wall_seconds)
     if exit_code != 0:
-        row.error = f"exit code {exit_code}: {log_tail(run_dir / LOG_NAME)}"
+        row.error = f"exit code {exit_code}: {log_tail(log or run_dir / LOG_NAME)}"
         return row
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -144,6 +170,9 @@ def read_row(seed: int, command: str, run_dir: Path, exit_code: int, wall_second
     row.best_eval_step = summary.get("best_eval_step")
     row.best_eval_return = _finite(summary.get("best_eval_return"))
     row.train_return_mean = _finite(summary.get("train_return_mean"))
+    row.diverged_at_step = summary.get("diverged_at_step")
+    if row.diverged_at_step is not None:
+        row.status, row.error = "failed", f"diverged: frozen by its pack at step {row.diverged_at_step}"
     if summary.get("stopped_at_return"):
         row.stopped = "return reached"
     elif summary.get("stopped_by_time_limit"):
@@ -162,23 +191,26 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass
 class _Running:
-    seed: int
+    seeds: list[int]
     argv: list[str]
-    run_dir: Path
+    log_path: Path
     process: subprocess.Popen[bytes]
     log: IO[bytes]
     started: float
     stop_sent: float | None = None
 
 
-def _status_line(elapsed: float, seeds: list[int], running: dict[int, _Running], rows: dict[int, Row]) -> str:
+def _status_line(
+    elapsed: float, out: Path, seeds: list[int], running: dict[int, _Running], rows: dict[int, Row]
+) -> str:
     parts = []
     for seed in seeds:
+        run_dir = out / SEED_DIR.format(seed=seed)
         if seed in rows:
             row = rows[seed]
             parts.append(f"{seed}: done" if row.status == "ok" else f"{seed}: FAILED")
-        elif seed in running:
-            parts.append(f"{seed}: {_progress(running[seed].run_dir)}")
+        elif any(seed in item.seeds for item in running.values()):
+            parts.append(f"{seed}: {_progress(run_dir)}")
         else:
             parts.append(f"{seed}: queued")
     return f"[{elapsed:6.0f} s] " + ", ".join(parts)
@@ -225,37 +257,45 @@ def run_sweep(options: SweepOptions, log: Log, should_stop: Callable[[], bool] =
     options.out.mkdir(parents=True, exist_ok=True)
     started_at = datetime.now(UTC)
     started = time.monotonic()
-    queue = list(options.seeds)
-    running: dict[int, _Running] = {}
+    if not 1 <= options.pack <= 64:
+        raise ConfigError(f"--pack must be 1 to 64 seeds per process, got {options.pack}")
+    queue = groups(options)
+    running: dict[int, _Running] = {}  # by the first seed of each process's group
     rows: dict[int, Row] = {}
     last_status = started
     stopping = False
     while queue or running:
         if not stopping and should_stop():
             stopping = True
-            log(f"stopping: SIGTERM to seeds {sorted(running)}, seeds {queue} not started")
+            waiting = [seed for group in queue for seed in group]
+            stopped = sorted(seed for item in running.values() for seed in item.seeds)
+            log(f"stopping: SIGTERM to seeds {stopped}, seeds {waiting} not started")
             for item in running.values():
                 item.process.terminate()
                 item.stop_sent = time.monotonic()
-            for seed in queue:
-                rows[seed] = Row(seed, "failed", display_command(seed_argv(options, seed)), error="not started")
+            for group in queue:
+                for seed in group:
+                    rows[seed] = Row(seed, "failed", display_command(group_argv(options, group)), error="not started")
             queue.clear()
         while queue and len(running) < options.jobs:
-            seed = queue.pop(0)
-            argv = seed_argv(options, seed)
-            run_dir = options.out / SEED_DIR.format(seed=seed)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            handle = (run_dir / LOG_NAME).open("wb")
+            group = queue.pop(0)
+            argv = group_argv(options, group)
+            for seed in group:
+                (options.out / SEED_DIR.format(seed=seed)).mkdir(parents=True, exist_ok=True)
+            log_path = options.out / SEED_DIR.format(seed=group[0]) / LOG_NAME
+            if len(group) > 1 or options.pack > 1:
+                log_path = options.out / f"pack-{group[0]}-{group[-1]}.log"
+            handle = log_path.open("wb")
             child = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env=_child_env(configs[seed].run.cpu_threads),
+                env=_child_env(configs[group[0]].run.cpu_threads),
             )
-            running[seed] = _Running(seed, argv, run_dir, child, handle, time.monotonic())
-            log(f"seed {seed} started: {display_command(argv)}")
-        for seed, item in list(running.items()):
+            running[group[0]] = _Running(group, argv, log_path, child, handle, time.monotonic())
+            log(f"seed{'s' if len(group) > 1 else ''} {','.join(map(str, group))} started: {display_command(argv)}")
+        for first, item in list(running.items()):
             code = item.process.poll()
             if code is None and item.stop_sent is not None and time.monotonic() - item.stop_sent > STOP_GRACE_SECONDS:
                 item.process.kill()
@@ -263,12 +303,15 @@ def run_sweep(options: SweepOptions, log: Log, should_stop: Callable[[], bool] =
             if code is None:
                 continue
             item.log.close()
-            del running[seed]
-            rows[seed] = read_row(seed, display_command(item.argv), item.run_dir, code, time.monotonic() - item.started)
-            log(_finished_line(rows[seed]))
+            del running[first]
+            wall = time.monotonic() - item.started
+            for seed in item.seeds:
+                run_dir = options.out / SEED_DIR.format(seed=seed)
+                rows[seed] = read_row(seed, display_command(item.argv), run_dir, code, wall, item.log_path)
+                log(_finished_line(rows[seed]))
         now = time.monotonic()
         if running and now - last_status >= options.poll_seconds:
-            log(_status_line(now - started, options.seeds, running, rows))
+            log(_status_line(now - started, options.out, options.seeds, running, rows))
             last_status = now
         if running:
             time.sleep(min(0.2, options.poll_seconds))

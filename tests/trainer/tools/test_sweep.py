@@ -83,6 +83,32 @@ def test_a_sweep_trains_every_seed_and_records_each_row(tmp_path: Path, recipe: 
     assert "seed 4 started" in result.stderr and "seed 5 finished" in result.stderr
 
 
+def test_a_packed_sweep_trains_its_seeds_in_one_process_and_records_each_row(tmp_path: Path, recipe: Path) -> None:
+    """`--pack 2`: seeds 4 and 5 as one `trainer train-pack` process, each seed's folder and row as in a sweep of
+    processes. Then a sweep whose rewards overflow float32: its pack freezes both seeds at their first report,
+    their rows are failed and say so, and the sweep exits 1 (one run frozen among others: test_pack_train.py)."""
+    out = tmp_path / "sweep"
+    overrides = ["--override", "run.plan=eager"]
+    result = sweep_cli(
+        "--config", str(recipe), "--seeds", "4,5", "--pack", "2", "--out", str(out), "--poll", "1", *overrides
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {row["seed"]: row for row in json.loads((out / "sweep.json").read_text())["rows"]}
+    assert sorted(rows) == [4, 5]
+    for seed, row in rows.items():
+        assert row["status"] == "ok" and row["steps"] == 20 and row["eval_episodes"] == 2
+        assert row["command"].startswith(f"python -m trainer train-pack --config {recipe} --seeds 4,5 --out {out}")
+        assert json.loads((out / f"seed-{seed}" / "config.json").read_text())["run"]["seed"] == seed
+    assert (out / "pack-4-5.log").exists()
+    diverging = sweep_cli(
+        "--config", str(recipe), "--seeds", "6,7", "--pack", "2", "--out", str(tmp_path / "b"), "--poll", "1",
+        "-o", "run.plan=eager", "-o", "loss.reward_scale=1e39",
+    )  # fmt: skip
+    assert diverging.returncode == 1  # EXIT_SEED_FAILED
+    rows = {row["seed"]: row for row in json.loads((tmp_path / "b" / "sweep.json").read_text())["rows"]}
+    assert all(row["status"] == "failed" and row["diverged_at_step"] == 10 for row in rows.values())
+
+
 def test_a_seed_whose_process_fails_fails_the_sweep_loudly(tmp_path: Path, recipe: Path) -> None:
     out = tmp_path / "sweep"
     (out / "seed-5" / "config.json").mkdir(parents=True)  # the trainer cannot write its resolved config: it crashes
