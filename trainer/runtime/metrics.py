@@ -2,9 +2,10 @@
 
 Nothing is registered at import: `TrainerMetrics(registry, ...)` builds the families into the
 registry it is given (tests pass a fresh `CollectorRegistry`). Labels are bounded (plan, component,
-head, stat, kind, group, feature index); the job id appears only on `foxhunt_train_info`, which the
-dashboards join on `(job, instance)`. Costly readings happen at scrape time in Collectors: GPU memory,
-and the step timer's CUDA events (`attach_timer`), so the training step never waits for a scrape.
+head, stat, kind, group, feature index; `run`, a pack's run index, at most 64); the job id appears only on
+`foxhunt_train_info`, which the dashboards join on `(job, instance)`. Costly readings happen at scrape time
+in Collectors: GPU memory, and the step timer's CUDA events (`attach_timer`), so the training step never
+waits for a scrape.
 
 The HTTP exporter (`serve`) is for running pods; `push` sends a final snapshot to a Pushgateway
 for short jobs; `export_bench` exports each plan's benchmarked step time so the speed-up over
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -272,6 +273,40 @@ class _StepSeconds(Collector):
         if timer is not None:
             self.metrics.observe_step_times(timer.drain(reader=METRICS_READER))
         yield from self.metrics.step_seconds.collect()
+
+
+RUNS_MAX = 64
+"""At most this many `run` series per family: the runs of one pack (`trainer.execution.pack.MAX_PACK`)."""
+
+
+class RunLabelled(Collector):
+    """The runs of a pack on one `/metrics`: each run's own registry (`TrainerMetrics`), every sample with a `run`
+    label, the run's index in its pack (bounded: at most `RUNS_MAX` runs). Read at scrape time, as each run's
+    own collectors are."""
+
+    def __init__(self, registries: Sequence[CollectorRegistry]) -> None:
+        if not 1 <= len(registries) <= RUNS_MAX:
+            raise ValueError(f"a pack's metrics label 1 to {RUNS_MAX} runs, got {len(registries)}")
+        self.registries = list(registries)
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for run, registry in enumerate(self.registries):
+            for metric in registry.collect():
+                into = merged.setdefault(
+                    metric.name, Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                )
+                into.samples += [
+                    sample._replace(labels={**sample.labels, "run": str(run)}) for sample in metric.samples
+                ]
+        yield from merged.values()
+
+
+def pack_registry(registries: Sequence[CollectorRegistry]) -> CollectorRegistry:
+    """A registry that serves (`serve`) or pushes (`push`) every run of a pack under its `run` label."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunLabelled(registries))
+    return registry
 
 
 def resolve_metrics_port(config_port: int | None, environ: Mapping[str, str] | None = None) -> int | None:

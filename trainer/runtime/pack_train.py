@@ -5,6 +5,7 @@ folder) and warmed up on its own; then one `Pack` stacks their tensors and one `
 all of them (graph plans: the packed graph; eager: the vmapped eager step). Between updates each run collects
 from its own environment with its own policy, and at its own points evaluates (best-policy selection), reports
 (progress.json), checkpoints, and at the end writes its summary.json, exactly as a solo run's folder holds them.
+Their metrics are served (`run.metrics_port`) and pushed as one registry, each sample labelled with its `run`.
 
 A run whose update the guard skipped (a non-finite loss or gradient) is reported at the next report and frozen:
 its parameters stay as they were before the skipped update, it no longer collects or evaluates, and its summary
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ from contracts.config import TrainConfig, dump_config
 from contracts.jsonfile import write_json_atomic
 from trainer.algo.step import StepOutput
 from trainer.execution.pack import Pack, PackError, PackOutput, PackPlan, PackRun
+from trainer.runtime.metrics import pack_registry, push, resolve_metrics_port, serve
 from trainer.runtime.train import (
     FINAL_EVAL_SEED,
     Run,
@@ -105,6 +108,11 @@ def _train(
     diverged_at: dict[int, int] = {}
     skips = [0] * len(runs)  # each run's guard skips at the last report
     say = [functools.partial(_tagged, out, f"[run {i} seed {c.run.seed}]") for i, c in enumerate(configs)]
+    registry = pack_registry([run.metrics.registry for run in runs])  # every run's families, labelled `run`
+    port = resolve_metrics_port(config.run.metrics_port)
+    exporter = serve(registry, port) if port is not None else None
+    if exporter is not None:
+        out(f"serving the pack's metrics on :{exporter.port}/metrics (label run = 0..{len(runs) - 1})")
     started = time.perf_counter()
     step = 0
     while step < config.run.steps:
@@ -132,6 +140,7 @@ def _train(
                 continue
             run.step, run.wall_seconds = step, wall
             run.timer.end_step()
+            run.metrics.steps_done(advanced)
             evaluating = crossed(step, advanced, config.run.eval_every) or finishing
             if config.run.eval_every and evaluating and i not in frozen:
                 evaluate_for_selection(run, say[i])
@@ -139,7 +148,16 @@ def _train(
                 report(run, run_losses(output, i), say[i])
             if crossed(step, advanced, config.run.checkpoint_every) and not finishing:
                 save_checkpoint(run)
-    return [finish_run(run, diverged_at.get(i), say[i]) for i, run in enumerate(runs)]
+    summaries = [finish_run(run, diverged_at.get(i), say[i]) for i, run in enumerate(runs)]
+    pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
+    if pushgateway:  # as `trainer train` does: an unreachable Pushgateway must not fail finished runs
+        try:
+            push(registry, pushgateway, runs[0].metrics.info_labels["job_id"])
+        except OSError as error:
+            out(f"warning: metrics not pushed to {pushgateway}: {error}")
+    if exporter is not None:
+        exporter.close()
+    return summaries
 
 
 def finish_run(run: Run, diverged_at: int | None, out: Callable[[str], None]) -> dict[str, Any]:

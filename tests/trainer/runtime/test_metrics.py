@@ -16,6 +16,7 @@ from trainer.runtime.metrics import (
     TrainerMetrics,
     build_info,
     export_bench,
+    pack_registry,
     push,
     resolve_metrics_port,
     serve,
@@ -110,6 +111,24 @@ def test_loop_verbs(registry: CollectorRegistry, metrics: TrainerMetrics) -> Non
         metrics.steps_done(-1)
     with pytest.raises(ValueError, match="non-negative"):
         metrics.epoch_done(-1.0)
+
+
+def test_a_packs_runs_share_one_registry_under_a_run_label() -> None:
+    """Each run of a pack keeps its own families; the pack's registry serves them all, each sample with its run."""
+    runs = [CollectorRegistry() for _ in range(3)]
+    for i, registry in enumerate(runs):
+        metrics = TrainerMetrics(registry, plan="graph", info=build_info(plan="graph", device="cpu", environ=ENV))
+        metrics.steps_done(10 * (i + 1))
+        metrics.set_losses({"c51": float(i)})
+    packed = pack_registry(runs)
+    for i in range(3):
+        assert packed.get_sample_value("foxhunt_train_steps_total", {"plan": "graph", "run": str(i)}) == 10 * (i + 1)
+        assert packed.get_sample_value("foxhunt_train_loss", {"head": "c51", "run": str(i)}) == float(i)
+    text = generate_latest(packed).decode()
+    assert text.count("# TYPE foxhunt_train_loss gauge") == 1  # one family, three runs' samples
+    assert "foxhunt_train_info{" in text and 'run="2"' in text
+    with pytest.raises(ValueError, match="1 to 64 runs"):
+        pack_registry([CollectorRegistry() for _ in range(65)])
 
 
 def test_guard_skips_follow_the_device_total(registry: CollectorRegistry, metrics: TrainerMetrics) -> None:
