@@ -259,41 +259,24 @@ def pod_labels(step: str, *, job: bool, queue: bool) -> dict[str, str]:
     return labels
 
 
-def container(
-    step: Step,
-    *,
-    args: list[str],
-    env: list[m.EnvVar],
-    retry: m.RetryStrategy,
-    labels: dict[str, str],
-    inputs: m.Inputs | None = None,
-    image_pull_policy: str = "IfNotPresent",
-    synchronization: m.Synchronization | None = None,
-    mounts: list[m.VolumeMount] = MOUNTS,
-) -> Container:
-    """The template running `trainer <args>` for `step`. A GPU step is placed on the gpu-pool's nodes by
+def container(step: Step, **fields: Any) -> Container:
+    """The template running `trainer <args>` for `step`, with `fields` (args, env, labels, retry_strategy,
+    inputs, synchronization, …) as Hera names them. A GPU step is placed on the gpu-pool's nodes by
     convention, then by the pod spec patch over that (the pool's config, from the controller)."""
     gpu = step.resources == "gpu"
-    return Container(
-        name=step.name,
-        active_deadline_seconds=int_or_string(step.deadline_seconds),
-        labels=labels,
-        node_selector=POOL_SELECTOR if gpu else None,
-        tolerations=POOL_TOLERATIONS if gpu else None,
-        pod_spec_patch=param("pod-spec-patch") if gpu else None,
-        synchronization=synchronization,
-        retry_strategy=retry,
-        inputs=inputs,
-        image=TRAINER_IMAGE,
-        image_pull_policy=image_pull_policy,
-        command=TRAINER_COMMAND,
-        args=args,
-        env=env,
-        ports=METRICS_PORTS if gpu else None,
-        resources=RESOURCES[step.resources],
-        security_context=CONTAINER_SECURITY,
-        volume_mounts=mounts,
-    )
+    common: dict[str, Any] = {
+        "image": TRAINER_IMAGE,
+        "image_pull_policy": "IfNotPresent",
+        "command": TRAINER_COMMAND,
+        "resources": RESOURCES[step.resources],
+        "security_context": CONTAINER_SECURITY,
+        "volume_mounts": MOUNTS,
+    }
+    if gpu:
+        placement = {"node_selector": POOL_SELECTOR, "tolerations": POOL_TOLERATIONS, "ports": METRICS_PORTS}
+        common |= placement | {"pod_spec_patch": param("pod-spec-patch")}
+    deadline = int_or_string(step.deadline_seconds)
+    return Container(name=step.name, active_deadline_seconds=deadline, **common | fields)
 
 
 def pipeline_template(step: Step, pipeline: Pipeline) -> Container:
@@ -311,13 +294,13 @@ def pipeline_template(step: Step, pipeline: Pipeline) -> Container:
         step,
         args=step.command(values),
         env=step_env(step, values),
-        retry=PIPELINE_RETRY[step.retry],
+        retry_strategy=PIPELINE_RETRY[step.retry],
         labels=pod_labels(step.name, job=True, queue=step.resources == "gpu"),
         inputs=inputs if inputs.parameters or inputs.artifacts else None,
         # Trials of every job share the pools: a semaphore in the foxhunt-workflow-limits ConfigMap
         # bounds how many run at once (Argo takes no `parallelism` from a parameter, argo-workflows#1780).
         synchronization=m.Synchronization(semaphores=[semaphore]) if fanned else None,
-        mounts=[*MOUNTS, POOLS_MOUNT] if "pools" in used else MOUNTS,
+        volume_mounts=[*MOUNTS, POOLS_MOUNT] if "pools" in used else MOUNTS,
     )
 
 
@@ -414,7 +397,7 @@ def bench() -> WorkflowTemplate:
             HOME,
         ],
         # A failing benchmark is a result, not something to hide behind a retry.
-        retry=retry_strategy("infrastructure", limit=2, backoff=("1m", 2, "20m")),
+        retry_strategy=retry_strategy("infrastructure", limit=2, backoff=("1m", 2, "20m")),
         labels=pod_labels(BENCH.name, job=False, queue=False),
         image_pull_policy="Always",  # `main` moves
     )

@@ -229,100 +229,99 @@ class Pipeline:
 SEARCH = When("trials", ">", 0)
 NO_SEARCH = When("trials", "==", 0)
 
-RESOLVE_STEP = Step(
-    name=RESOLVE,
-    argv=(
+
+def gpu_step(
+    name: str, argv: tuple[str, ...], deadline_seconds: int, description: str, *, checkpoint: str | None = None,
+    optuna: bool = False,
+) -> Step:  # fmt: skip
+    """A GPU step: the trainer's identity in its environment; retried on infrastructure failures only."""
+    return Step(name, argv, "gpu", deadline_seconds, "infrastructure", checkpoint, JOB_ENV, optuna, description)
+
+
+def cpu_step(
+    name: str, argv: tuple[str, ...], resources: Resources, deadline_seconds: int, description: str, *,
+    optuna: bool = False,
+) -> Step:  # fmt: skip
+    """A CPU step: retried only when its pod never ran to an exit (Argo's Error phase)."""
+    return Step(name, argv, resources, deadline_seconds, "on-error", optuna=optuna, description=description)
+
+
+RESOLVE_STEP = cpu_step(
+    RESOLVE,
+    (
         "resolve",
         *("--config", "{config}", "--model", "{model}", "--train-epochs", "{train_epochs}"),
         *("--pool", "{pool}", "--pools-file", "{pools}", "--out", RESOLVED_CONFIG),
     ),
-    resources="tiny",
-    deadline_seconds=300,
-    retry="on-error",
-    description=(
-        "Checks what the job asks (the model, the pool, epochs or run.steps but not both) and writes its "
-        "resolved config, which every later step reads. It needs no GPU: a job that asks wrongly, or for a "
-        "pool the controller does not know, fails here at once with the reason, instead of waiting for a node."
-    ),
+    "tiny",
+    300,
+    "Checks what the job asks (the model, the pool, epochs or run.steps but not both) and writes its "
+    "resolved config, which every later step reads. It needs no GPU: a job that asks wrongly, or for a "
+    "pool the controller does not know, fails here at once with the reason, instead of waiting for a node.",
 )
-CHECK_STEP = Step(
-    name=CHECK,
-    argv=("check", "--config", RESOLVED_CONFIG, "--out", "{run}/check"),
-    resources="gpu",
-    deadline_seconds=3600,
-    retry="infrastructure",
-    env=JOB_ENV,
-    description=(
-        "A few updates of the resolved config's plan on this machine's device: warm-up, capture, graphs. A plan "
-        "that cannot run fails here in minutes instead of hours into train; on a cluster it also warms the "
-        "kernel caches that trials and train reuse."
-    ),
+CHECK_STEP = gpu_step(
+    CHECK,
+    ("check", "--config", RESOLVED_CONFIG, "--out", "{run}/check"),
+    3600,
+    "A few updates of the resolved config's plan on this machine's device: warm-up, capture, graphs. A plan "
+    "that cannot run fails here in minutes instead of hours into train; on a cluster it also warms the "
+    "kernel caches that trials and train reuse.",
 )
-SUGGEST_STEP = Step(
-    name=SUGGEST,
-    argv=(
+SUGGEST_STEP = cpu_step(
+    SUGGEST,
+    (
         *("hyperopt", "suggest", "--config", RESOLVED_CONFIG, "--trials", "{trials}"),
         *("--storage", "{storage}", "--study", "{study}"),
     ),
-    resources="cpu",
-    deadline_seconds=600,
-    retry="on-error",
+    "cpu",
+    600,
+    "Creates the study and prints the trial numbers to train as a JSON list on stdout.",
     optuna=True,
-    description="Creates the study and prints the trial numbers to train as a JSON list on stdout.",
 )
-TRIAL_STEP = Step(
-    name=TRIAL,
-    argv=(
+TRIAL_STEP = gpu_step(
+    TRIAL,
+    (
         *("hyperopt", "trial", "--trial", "{trial}", "--storage", "{storage}", "--study", "{study}"),
         *("--config", RESOLVED_CONFIG, "--run-dir", "{run}/hyperopt/trial-{trial}"),
     ),
-    resources="gpu",
-    deadline_seconds=21600,
-    retry="infrastructure",
+    21600,
+    "Trains one trial with its stored parameters and tells the study its objective.",
     checkpoint="{checkpoints}/trial-{trial}",
-    env=JOB_ENV,
     optuna=True,
-    description="Trains one trial with its stored parameters and tells the study its objective.",
 )
-BEST_STEP = Step(
-    name=BEST,
-    argv=(
+BEST_STEP = cpu_step(
+    BEST,
+    (
         *("hyperopt", "best", "--storage", "{storage}", "--study", "{study}"),
         *("--config", RESOLVED_CONFIG, "--out", BEST_CONFIG),
     ),
-    resources="cpu",
-    deadline_seconds=600,
-    retry="on-error",
+    "cpu",
+    600,
+    "Writes the base config with the best completed trial's parameters, for train.",
     optuna=True,
-    description="Writes the base config with the best completed trial's parameters, for train.",
 )
 # `--resume` continues from the job's checkpoint, so a retry after node loss or preemption picks up
 # where the last checkpoint left off. Its config is the node's: the resolved one, or the search's best.
-TRAIN_STEP = Step(
-    name=TRAIN,
-    argv=("train", "--config", "{config_file}", "--run-dir", TRAIN_RUN_DIR, "--resume", "--no-progress"),
-    resources="gpu",
-    deadline_seconds=172800,
-    retry="infrastructure",
+TRAIN_STEP = gpu_step(
+    TRAIN,
+    ("train", "--config", "{config_file}", "--run-dir", TRAIN_RUN_DIR, "--resume", "--no-progress"),
+    172800,
+    "The full training run.",
     checkpoint="{checkpoints}/train",
-    env=JOB_ENV,
-    description="The full training run.",
 )
-REPORT_STEP = Step(
-    name=REPORT,
-    argv=("report", "--run-dir", TRAIN_RUN_DIR),
-    resources="tiny",
-    deadline_seconds=300,
-    retry="on-error",
-    description="Prints the run's breakdown, then its summary as one JSON line: the step's result.",
+REPORT_STEP = cpu_step(
+    REPORT,
+    ("report", "--run-dir", TRAIN_RUN_DIR),
+    "tiny",
+    300,
+    "Prints the run's breakdown, then its summary as one JSON line: the step's result.",
 )
-EXIT_STEP = Step(
-    name=EXIT,
-    argv=("finish", "--run", "{run}", "--status", "{status}", "--duration", "{duration}", "--failures", "{failures}"),
-    resources="tiny",
-    deadline_seconds=300,
-    retry="on-error",
-    description="Runs on success, failure and stop: writes status.json beside the run, outliving the job.",
+EXIT_STEP = cpu_step(
+    EXIT,
+    ("finish", "--run", "{run}", "--status", "{status}", "--duration", "{duration}", "--failures", "{failures}"),
+    "tiny",
+    300,
+    "Runs on success, failure and stop: writes status.json beside the run, outliving the job.",
 )
 # Not part of a job: the benchmark operators and the nightly CronWorkflow run on one GPU of a pool.
 BENCH_STEP = Step(

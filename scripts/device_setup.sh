@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by the device machine's scripts (recipes_gpu.sh, market_gpu.sh) after they set `start` (epoch
 # seconds), OUT, WORK, LOG (their log under $OUT) and INSTALL (0: use the python3 on PATH as it is, a
-# smoke test on a dev machine): the environment, the log helpers, and the install of the carried wheels
-# (.whl/: what the machine's image lacks) and of the project on the image's torch.
+# smoke test on a dev machine): the environment, the log helpers, the install of the carried wheels
+# (.whl/: what the machine's image lacks) and of the project on the image's torch; then the log's first lines.
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 elapsed() { echo $(( $(date +%s) - start )); }
 say() { echo "[$(elapsed) s] $*" | tee -a "$LOG"; }
@@ -17,3 +17,8 @@ if [ "$INSTALL" = 1 ] && ! python3 -m pip install -q --no-index --no-deps --no-b
   say "editable install failed ($(tail -1 "$WORK/install.log")); running from the source tree"
   export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 fi
+# The log's first lines: that the trainer imports (exit 3 if not), its torch and the host.
+python3 -c 'import trainer.runtime.train, gymnasium, torch; print("torch", torch.__version__, "gymnasium",
+gymnasium.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tee -a "$LOG" || { say "the trainer does not import"; exit 3; }
+say "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(python3 --version)"
+say "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep . || echo none)"

@@ -32,10 +32,7 @@ OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
 WORK="${WORK:-/tmp/foxhunt-market}"; rm -rf "$WORK"; mkdir -p "$WORK"; touch "$WORK/install.log"
 LOG="$OUT/market.log"
 # shellcheck source=scripts/device_setup.sh
-source "$(dirname "$0")/device_setup.sh"  # env, elapsed, say, the install
-python3 -c 'import trainer.runtime.train, gymnasium, torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
-  2>&1 | tee -a "$OUT/market.log" || { say "the trainer does not import"; exit 3; }
-say "host: $(nproc) CPUs, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'no GPU'), $(python3 --version)"
+source "$(dirname "$0")/device_setup.sh"  # env, elapsed, say, the install, the import check and host lines
 jobs=$(( $(tr -cd , <<<"$SEEDS" | wc -c) + 1 ))
 extra=(); [ -n "$DEVICE" ] && extra=(-o "run.device=$DEVICE")
 for o in $EXTRA; do extra+=(-o "$o"); done

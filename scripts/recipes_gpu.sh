@@ -29,11 +29,7 @@ OUT="${OUT:-/tmp/foxhunt-out}"; mkdir -p "$OUT"
 WORK="${WORK:-/tmp/foxhunt-recipes}"; rm -rf "$WORK"; mkdir -p "$WORK"; touch "$WORK/install.log"
 LOG="$OUT/recipes.log"
 # shellcheck source=scripts/device_setup.sh
-source "$(dirname "$0")/device_setup.sh"  # env, elapsed, say, the install
-python3 -c 'import trainer.runtime.train, gymnasium, torch; print("torch", torch.__version__, "gymnasium", gymnasium.__version__)' \
-  2>&1 | tee -a "$LOG" || { say "the trainer does not import"; exit 3; }
-say "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(python3 --version)"
-say "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo none)"
+source "$(dirname "$0")/device_setup.sh"  # env, elapsed, say, the install, the import check and host lines
 
 gpu="run.device=cuda run.plan=$GPU_PLAN"
 declare -A config=([cartpole]=examples/cartpole.yaml [cartpole-gpu]=examples/cartpole.yaml

@@ -330,8 +330,8 @@ def script_evaluations(
     seen: list[Seen] = []
     scripted = iter(means)
 
-    def build_scripted(config: TrainConfig, run_dir: Path) -> Run:
-        run = build_run(config, run_dir)
+    def build_scripted(config: TrainConfig, run_dir: Path, checkpoint_url: str | None = None) -> Run:
+        run = build_run(config, run_dir, checkpoint_url)
 
         def evaluate(greedy_fn: Callable[[torch.Tensor], torch.Tensor], episodes: int, seed: int) -> list[float]:
             if (
