@@ -62,6 +62,7 @@ QUOTA_GPUS = 10_000_000
 class Results:
     latencies: list[float] = field(default_factory=list)
     errors: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -86,8 +87,9 @@ async def submit(http: httpx.AsyncClient, results: Results, since: float) -> Non
     try:
         response = await http.post("/v1/jobs", json=BODY, headers={"Idempotency-Key": uuid.uuid4().hex})
         status = response.status_code
-    except httpx.HTTPError:
+    except httpx.HTTPError as error:  # no answer: counted as status 0, its kind kept for the summary
         status = 0
+        results.failures.append(type(error).__name__)
     results.latencies.append(time.perf_counter() - since)
     if status != 201:
         results.errors.append(status)
@@ -136,20 +138,20 @@ def preload(store: Store, count: int) -> None:
         store.insert_job(NewJob.model_validate({"id": job_id, "idempotency_key": job_id, "request_hash": "", **fields}))
 
 
-def drain(store: Store, count: int, duration: float) -> tuple[float | None, float]:
-    """(seconds until no job is QUEUED, or None; jobs ended per second over the run)."""
+def drain(store: Store, count: int, duration: float) -> tuple[float | None, int, int, float]:
+    """(seconds until no job is QUEUED, or None; jobs still QUEUED at the end; jobs ended; seconds run)."""
     started = time.perf_counter()
     handed: float | None = None
-    ended = 0
+    counts = store.counts_by_state()
     while time.perf_counter() - started < duration:
         time.sleep(1.0)
         counts = store.counts_by_state()
         if handed is None and counts[JobState.QUEUED] == 0:
             handed = time.perf_counter() - started
-        ended = sum(n for state, n in counts.items() if state.terminal)
-        if ended == count:
+        if sum(n for state, n in counts.items() if state.terminal) == count:
             break
-    return handed, ended / (time.perf_counter() - started)
+    ended = sum(n for state, n in counts.items() if state.terminal)
+    return handed, counts[JobState.QUEUED], ended, time.perf_counter() - started
 
 
 def machine() -> str:
@@ -244,10 +246,11 @@ def main() -> int:
                 return 1
             cpu_before = cpu_seconds(server.pid)
             if args.drain is not None:
-                handed, pace = drain(store, args.drain, args.duration)
+                handed, queued, ended, seconds = drain(store, args.drain, args.duration)
                 print(
                     f"{args.drain} queued jobs: all handed to the backend after "
-                    f"{'-' if handed is None else f'{handed:.0f}'} s; {pace:.2f} jobs ended per second over the run; "
+                    f"{'-' if handed is None else f'{handed:.0f}'} s ({queued} still QUEUED at the end); {ended} ended "
+                    f"in {seconds:.0f} s, {ended / seconds:.2f} per second; "
                     f"server CPU {cpu_seconds(server.pid) - cpu_before:.1f} s; load average {load_before} before, "
                     f"{load_average()} after"
                 )
@@ -273,10 +276,11 @@ def main() -> int:
     ms = [x * 1000 for x in results.latencies]
     p50, p90, p99 = (percentile(ms, q) for q in (0.5, 0.9, 0.99))
     mode = f"open {args.rate:g}/s x {args.duration:g} s" if args.rate is not None else f"closed, {args.clients} clients"
-    queued = "" if backlog is None else f", {backlog} QUEUED {args.settle:g} s after"
+    kinds = sorted({str(status) for status in results.errors if status} | set(results.failures))
+    after = "" if backlog is None else f", {backlog} QUEUED {args.settle:g} s after"
     summary = (
         f"{len(ms)} submissions, {mode}: p50 {p50:.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms, max {max(ms):.1f} ms, "
-        f"{len(ms) / wall:.0f} submissions/s, {len(results.errors)} errors {sorted(set(results.errors))}{queued}; "
+        f"{len(ms) / wall:.0f} submissions/s, {len(results.errors)} errors {kinds}{after}; "
         f"server CPU {1000 * server_cpu / len(ms):.2f} ms per submission; "
         f"load average {load_before} before, {load_after} after"
     )
@@ -297,6 +301,7 @@ def main() -> int:
             f"{len(ms) / wall:.0f}",
             str(len(results.errors)),
             "" if backlog is None else str(backlog),
+            f"{1000 * server_cpu / len(ms):.1f}",
             f"{load_before} / {load_after}",
             f"`{shlex.join(['python', *sys.argv])}`",
         ]

@@ -275,10 +275,9 @@ class Store:
 
         Group commit: concurrent calls share one transaction. A caller that finds no batch in flight
         inserts every submission waiting by then, in arrival order, each admitted against the GPU use
-        including those before it; the others wait for that commit (or lead the next batch). A transaction per
-        submission left the writers queueing behind one another (and behind the GIL, once per
-        statement), at about 30 submissions/s. The record is built from the values inserted rather
-        than read back; a replay reads the stored job.
+        including those before it; the others wait for that commit (or lead the next batch), instead
+        of queueing for the write lock one transaction each. The record is built from the values
+        inserted rather than read back; a replay reads the stored job.
         """
         mine = _Submission(job, admit, _new_row(job, utcnow()))
         with self._batching:
