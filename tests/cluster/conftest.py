@@ -1,6 +1,10 @@
 """The cluster tests' cluster: a real kube-apiserver, scheduler, controller-manager and Argo
-workflow-controller (scripts/cluster.sh), with kwok's fake nodes labelled like our pools, and our own
-manifests (k8s/base, argo/) applied as an operator applies them.
+workflow-controller (scripts/cluster.sh), and our own manifests (k8s/base, argo/) applied as an
+operator applies them. Two kinds of nodes take the pods, one kind at a time (the other cordoned):
+- stage 1, kwok's fake nodes labelled and tainted like our pools, whose pods' commands run as
+  processes of this machine (the `pods` fixture, tests/cluster/pods.py);
+- stage 2, the real node: a kubelet on containerd running the trainer image that scripts/images.sh
+  builds from this checkout, and Argo's own argoexec (the `real_node` fixture).
 
 `make test-cluster` runs these (marker `cluster`, off in `make test`). The session starts the cluster
 when it is not up (the first time it builds it from source: scripts/cluster.sh) and stops it again if
@@ -15,6 +19,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ from service.app import create_app
 from service.auth import create_token
 from service.settings import Settings
 from tests.cluster.pods import PodRunner
+from tests.docker_engine import DOCKER, docker_engine
 from tests.polling import wait_until
 from tests.service.factories import live_server, make_settings
 from tests.upstream import versions
@@ -39,6 +45,9 @@ OVERLAY = Path(__file__).with_name("overlay")
 PERSISTENT_VOLUME = "foxhunt-data-cluster-tests"
 NAMESPACE = "foxhunt"
 OPTUNA_STORAGE = "sqlite:////data/optuna.db"  # on the shared volume: one file per job's study
+CACHE = Path(os.environ.get("FOXHUNT_CLUSTER_CACHE", "/var/cache/foxhunt-cluster"))
+NODE_IP = "10.88.0.1"  # the real node's address (scripts/cluster.sh): where its pods reach this machine
+REAL_NODE = "foxhunt-node-0"
 
 pytestmark = pytest.mark.cluster
 
@@ -94,11 +103,10 @@ def cluster() -> Iterator[Cluster]:
     up = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, env=env, timeout=3600)
     if up.returncode != 0:
         pytest.fail(f"scripts/cluster.sh up failed:\n{up.stderr[-4000:]}")
-    cache = Path("/var/cache/foxhunt-cluster")
     yield Cluster(
         kubeconfig=Path(up.stdout.strip().splitlines()[-1]),
-        bin=cache / f"kubernetes-{versions()['KUBERNETES_VERSION']}" / "bin",
-        argo_bin=cache / f"argo-{versions()['ARGO_VERSION']}" / "bin" / "argo",
+        bin=CACHE / f"kubernetes-{versions()['KUBERNETES_VERSION']}" / "bin",
+        argo_bin=CACHE / f"argo-{versions()['ARGO_VERSION']}" / "bin" / "argo",
     )
     if not was_up:
         subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=300)
@@ -156,12 +164,49 @@ def foxhunt(cluster: Cluster, data_dir: Path) -> Iterator[Cluster]:
     cluster.kubectl("delete", "pv", PERSISTENT_VOLUME, "--ignore-not-found", "--wait=false", check=False)
 
 
+def use_nodes(kind: str) -> None:
+    """`real` or `kwok`: which nodes take new pods (scripts/cluster.sh cordons the others)."""
+    subprocess.run([str(SCRIPT), "use", kind], check=True, capture_output=True, timeout=120)
+
+
 @pytest.fixture
 def pods(foxhunt: Cluster, data_dir: Path, tmp_path: Path) -> Iterator[PodRunner]:
     """The stand-in for kubelet and argoexec on the fake nodes (tests/cluster/pods.py)."""
+    use_nodes("kwok")
     reporter = foxhunt.api_client(token=foxhunt.token("foxhunt-workflow"))
     with PodRunner(foxhunt.api_client(), reporter, NAMESPACE, tmp_path) as runner:
         yield runner
+
+
+@pytest.fixture(scope="session")
+def trainer_image(cluster: Cluster) -> str:
+    """The trainer image of this checkout on the real node; returns its tag, which jobs give as their commit.
+
+    scripts/images.sh builds it on the tests' own Docker engine (tests/docker_engine.py: after the images
+    tests, only what changed is rebuilt), and `scripts/cluster.sh load` copies it into the
+    node's containerd. The tag is the image's own id: a changed checkout is a new image, never a stale one.
+    """
+    with docker_engine() as engine:
+        env = {**os.environ, "DOCKER": DOCKER, "DOCKER_HOST": engine.host, "TAG": "cluster-tests"}
+        built = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "images.sh")], env=env, capture_output=True, text=True, timeout=1800
+        )
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
+        image_id = engine("image", "inspect", "--format", "{{.Id}}", "foxhunt-trainer:cluster-tests").stdout
+        tag = image_id.strip().removeprefix("sha256:")[:12]
+        engine("tag", "foxhunt-trainer:cluster-tests", f"foxhunt-trainer:{tag}")
+        loaded = subprocess.run(
+            [str(SCRIPT), "load", f"foxhunt-trainer:{tag}"], env=env, capture_output=True, text=True, timeout=1800
+        )
+        assert loaded.returncode == 0, loaded.stderr[-3000:]
+    return tag
+
+
+@pytest.fixture
+def real_node(foxhunt: Cluster, trainer_image: str) -> str:
+    """Stage 2: new pods go to the real node, which holds the trainer image; returns the image's tag."""
+    use_nodes("real")
+    return trainer_image
 
 
 def workflow(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -232,14 +277,28 @@ def controller_settings(foxhunt: Cluster, folder: Path, **overrides: Any) -> Set
     return make_settings(folder, **fields)
 
 
-@pytest.fixture
-def controller(foxhunt: Cluster, tmp_path: Path) -> Iterator[Controller]:
-    app = create_app(controller_settings(foxhunt, tmp_path / "controller"))
+@contextmanager
+def serve_controller(foxhunt: Cluster, folder: Path, host: str = "127.0.0.1", **overrides: Any) -> Iterator[Controller]:
+    app = create_app(controller_settings(foxhunt, folder, **overrides))
     secret, _ = create_token(app.state.services.store, name="alice", tenant="team-a")
-    with live_server(app) as url:
+    with live_server(app, host) as url:
         foxhunt.kubectl(
             "patch", "configmap", "foxhunt-trainer-env", "-n", NAMESPACE, "--type", "merge",
             "-p", json.dumps({"data": {"FOXHUNT_PROGRESS_URL": url}}),
         )  # fmt: skip
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as api:
             yield Controller(url, api, app)
+
+
+@pytest.fixture
+def controller(foxhunt: Cluster, tmp_path: Path) -> Iterator[Controller]:
+    with serve_controller(foxhunt, tmp_path / "controller") as served:
+        yield served
+
+
+@pytest.fixture
+def real_controller(foxhunt: Cluster, real_node: str, tmp_path: Path) -> Iterator[Controller]:
+    """The controller where the real node's pods reach it (the bridge's address), for their progress reports;
+    a step waits 20 s for an image it cannot pull before its job fails."""
+    with serve_controller(foxhunt, tmp_path / "controller", NODE_IP, image_pull_grace_seconds=20.0) as served:
+        yield served

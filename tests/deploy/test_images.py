@@ -1,7 +1,7 @@
 """Both images built and run for real, with no registry of images (marker `images`: `make test-images`, CI).
 
-A Docker engine of our own (Debian's docker.io, data under a temporary folder, no bridge, no iptables)
-builds both targets with scripts/images.sh, on local stand-ins for the two base images. Then:
+A Docker engine of our own (Debian's docker.io, its data cached in /var/cache/foxhunt-docker, no bridge,
+no iptables) builds both targets with scripts/images.sh, on local stand-ins for the two base images. Then:
 - the service image serves /healthz and takes a job from `foxhunt submit` on the local backend, as
   k8s/base's Deployment runs it: user 10001, read-only root filesystem, no capabilities, /tmp a volume;
 - the trainer image runs every step of the job pipeline (contracts/pipeline.py) on a tiny CPU config as
@@ -21,7 +21,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +42,14 @@ from contracts.pipeline import (
     Step,
 )
 from tests.deploy.conftest import ARGO_DIR, K8S_DIR, ROOT, load_docs
+from tests.docker_engine import DOCKER, Engine, docker_engine
 from tests.polling import wait_until
 from tests.ports import free_port
-from tests.system_packages import ensure_debian_packages
 
 # The first test builds both images in its setup (3 to 6 minutes on 2 cores, more on a loaded machine: the
 # PyTorch stand-in downloads PyPI's CUDA build of torch, 2.6 GB with its nvidia-* wheels).
 pytestmark = [pytest.mark.images, pytest.mark.timeout(1800)]
 
-# Debian docker.io's own client: it builds with the engine's BuildKit. A newer client elsewhere on PATH
-# needs the buildx plugin for that, which Debian bookworm does not package.
-DOCKER = "/usr/bin/docker"
 TAG = "images-test"
 SERVICE, TRAINER = f"foxhunt-service:{TAG}", f"foxhunt-trainer:{TAG}"
 USER = "10001:10001"  # runAsUser/runAsGroup of k8s/base's Deployment and of the Argo templates
@@ -98,22 +94,6 @@ TINY: dict[str, Any] = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Engine:
-    """A docker client bound to our own engine."""
-
-    host: str
-
-    def __call__(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [DOCKER, *args], env={**os.environ, "DOCKER_HOST": self.host}, capture_output=True, text=True,
-            timeout=timeout,
-        )  # fmt: skip
-        if check:
-            assert result.returncode == 0, f"docker {' '.join(args)}: {result.stdout[-3000:]}{result.stderr[-3000:]}"
-        return result
-
-
 def _terminal(config: pytest.Config, line: str) -> None:
     """One line on the terminal, whatever pytest captures (the build times and sizes are the report)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -124,48 +104,10 @@ def _terminal(config: pytest.Config, line: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    """dockerd as the issue runs it, its data under a temporary folder; stopped and removed at the end."""
-    dockerd = ensure_debian_packages("dockerd", "docker.io")
-    ensure_debian_packages("debootstrap", "debootstrap")
-    root = tmp_path_factory.mktemp("docker")
-    socket = f"unix://{root}/engine.sock"
-    log = (root / "dockerd.log").open("w")
-    process = subprocess.Popen(
-        [
-            dockerd, "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=overlay2",
-            f"--data-root={root}/data", f"--exec-root={root}/exec", f"--pidfile={root}/dockerd.pid", f"--host={socket}",
-        ],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    client = Engine(socket)
-    try:
-
-        def up() -> bool:
-            if process.poll() is not None:
-                log_tail = (root / "dockerd.log").read_text()[-3000:]
-                raise AssertionError(f"dockerd exited {process.returncode}: {log_tail}")
-            return client("version", timeout=30, check=False).returncode == 0
-
-        wait_until(up, timeout=120, interval=0.5, what="dockerd to answer")
+def engine() -> Iterator[Engine]:
+    """dockerd as the issue runs it (its layers cached for the next run, and for the cluster tests)."""
+    with docker_engine() as client:
         yield client
-    finally:
-        for container in client("ps", "-aq", check=False).stdout.split():
-            client("rm", "-f", container, check=False)
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-        # The engine leaves its netns mounted under the exec root; unmount what is ours, deepest first.
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        for mount in sorted((m for m in mounts if m.startswith(f"{root}/")), reverse=True):
-            subprocess.run(["umount", mount], capture_output=True, timeout=60)
-        # Gigabytes of layers in many small files: rm is several times faster than shutil.rmtree here.
-        # Not checked: a mount the engine left behind (its netns) must not fail the run.
-        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], capture_output=True, timeout=900)
 
 
 @pytest.fixture(scope="module")

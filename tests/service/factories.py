@@ -91,10 +91,10 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 
 @contextmanager
-def live_server(app: FastAPI) -> Iterator[str]:
-    """Serve `app` with uvicorn on a free port in a thread; yields the base URL."""
+def live_server(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `app` with uvicorn on a free port of `host` in a thread; yields the base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
 
@@ -105,7 +105,7 @@ def live_server(app: FastAPI) -> Iterator[str]:
 
     wait_until(started, timeout=30, interval=0.02, what="uvicorn to start")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
