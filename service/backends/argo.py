@@ -339,18 +339,8 @@ class ArgoBackend:
         current = (obj.get("spec") or {}).get("shutdown")
         if status_from_workflow(obj).state.terminal or current == "Terminate" or (current and not force):
             return
-        name = obj["metadata"]["name"]
-        patch = {"spec": {"shutdown": "Terminate" if force else "Stop"}}
-        self._call(
-            f"cancel Workflow {name}",
-            self._custom.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            name,
-            patch,
-        )
+        shutdown = "Terminate" if force else "Stop"
+        self._patch_workflow("cancel", obj["metadata"]["name"], {"spec": {"shutdown": shutdown}})
 
     def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
         """The `main` container's lines of each of the workflow's pods, in creation order."""
@@ -452,18 +442,15 @@ class ArgoBackend:
         verdict = stuck_image_pull(obj.get("status") or {}, self._clock(), self.image_pull_grace_seconds)
         if verdict is None:
             return obj
-        name = obj["metadata"]["name"]
         patch = {"metadata": {"annotations": {FAILURE_ANNOTATION: verdict}}, "spec": {"shutdown": "Terminate"}}
-        return self._call(
-            f"fail Workflow {name}",
-            self._custom.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            name,
-            patch,
-        )
+        return self._patch_workflow("fail", obj["metadata"]["name"], patch)
+
+    def _patch_workflow(self, what: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (custom resources take no strategic merge); returns the patched object."""
+        return self._call(  # type: ignore[no-any-return]
+            f"{what} Workflow {name}", self._custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace,
+            PLURAL, name, patch,
+        )  # fmt: skip
 
     def _read_workflow(self, name: str) -> dict[str, Any]:
         return self._call(

@@ -89,6 +89,14 @@ class Cluster:
         configuration.retries = 0
         return client.ApiClient(configuration)
 
+    def measure(self, pod: str) -> subprocess.CompletedProcess[str]:
+        """The seed's measure command, as a shell runs it: the pod's log through grep."""
+        return subprocess.run(
+            f"{self.bin}/kubectl --kubeconfig {self.kubeconfig} logs {pod} -n {NAMESPACE} -c main"
+            ' | grep "Training step breakdown"',
+            shell=True, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
     def token(self, service_account: str, namespace: str = NAMESPACE) -> str:
         """A short-lived token of a service account (TokenRequest), as a pod of it would hold."""
         return self.kubectl("create", "token", service_account, "-n", namespace, "--duration", "1h").stdout.strip()

@@ -9,7 +9,6 @@ and an image that is not there is the kubelet's ImagePullBackOff, not something 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -110,14 +109,7 @@ def test_the_seeds_deploy_command_trains_train_epochs_epochs_in_real_pods_and_it
     assert (data_dir / "runs" / name / "train" / "summary.json").exists()  # written by the pod, on the volume
 
     train_pod = _pod_of(foxhunt, name, "train")
-    measured = subprocess.run(
-        f"{foxhunt.bin}/kubectl --kubeconfig {foxhunt.kubeconfig} logs {train_pod} -n {NAMESPACE} -c main"
-        ' | grep "Training step breakdown"',
-        shell=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    measured = foxhunt.measure(train_pod)
     assert measured.returncode == 0, measured.stderr
     assert measured.stdout.startswith("Training step breakdown: sample=")
 

@@ -9,7 +9,6 @@ reads what they printed through kwok's kubelet API (a `Logs` object per pod writ
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -69,14 +68,7 @@ def test_the_seeds_deploy_command_trains_train_epochs_epochs_and_its_measure_com
     )
     main = next(c for c in spec["containers"] if c["name"] == "main")
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    measured = subprocess.run(
-        f"{foxhunt.bin}/kubectl --kubeconfig {foxhunt.kubeconfig} logs {train_pod} -n {NAMESPACE} -c main"
-        ' | grep "Training step breakdown"',
-        shell=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    measured = foxhunt.measure(train_pod)
     assert measured.returncode == 0, measured.stderr
     assert measured.stdout.startswith("Training step breakdown: sample=")
 
