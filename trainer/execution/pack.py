@@ -21,6 +21,10 @@ same config (seed, hyper-parameters). What differs is rounding where a batched k
 - `PackPlan` runs a pack step eagerly or, like the graph plan, captured in one CUDA graph per pattern of
   periodic flags, K = `run.steps_per_replay` updates per replay. The fused plans' Triton kernels have no
   vmap rule, so a pack runs eager's kernels, in the precision `run.precision` gives (bf16 autocast too).
+- Every op of the vmapped step has a batching rule (`tests/trainer/execution/test_pack.py` fails on any op that
+  takes vmap's fallback, which loops over the runs with one kernel per run and op). The one op of the step
+  that had none is attention (`scaled_dot_product_attention`: its CUDA backward, and both directions on the
+  CPU); the pack runs it as `PackedAttention`, whose vmap rule hands all K runs' rows to one call.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as fn
 from torch import Tensor
 
 from contracts.config import TrainConfig
@@ -191,6 +196,75 @@ def hyper_values(hypers: Sequence[Hyper]) -> dict[str, list[float]]:
     return {name: [row[name] for row in rows] for name in differing}
 
 
+# ---- attention with a batching rule -----------------------------------------------------------------------
+
+
+def runs_first(tensor: Tensor, dim: int | None, size: int) -> Tensor:
+    """`tensor` with vmap's run dimension `dim` moved to the front (expanded to `size` runs if it has none)."""
+    return tensor.expand(size, *tensor.shape) if dim is None else tensor.movedim(dim, 0)
+
+
+class PackedAttention(torch.autograd.Function):
+    """`scaled_dot_product_attention(q, k, v)` with a vmap rule: vmap has no batching rule for its CUDA backward
+    (nor for either direction on the CPU) and would loop over the runs, one attention kernel per run. Here the
+    runs become one more leading batch dimension of the same kernel (attention takes any leading dimensions).
+    The backward is `AttentionBackward`, batched the same way; it recomputes the forward for its gradients."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return fn.scaled_dot_product_attention(q, k, v)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = ctx.saved_tensors
+        grads: tuple[Tensor, Tensor, Tensor] = AttentionBackward.apply(grad, q, k, v)
+        return grads
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, int]:
+        q, k, v = (runs_first(t, d, info.batch_size) for t, d in zip((q, k, v), in_dims, strict=True))
+        out: Tensor = PackedAttention.apply(q, k, v)
+        return out, 0
+
+
+class AttentionBackward(torch.autograd.Function):
+    """The gradients of `PackedAttention` for q, k, v from the output's, by attention's own backward
+    (`torch.func.vjp`), with the same vmap rule. Not differentiable again (the step takes first derivatives)."""
+
+    @staticmethod
+    def forward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        pull = torch.func.vjp(fn.scaled_dot_product_attention, q, k, v)[1]  # (output, its pull-back)
+        grads: tuple[Tensor, ...] = pull(grad)
+        return grads[0], grads[1], grads[2]
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor, ...]:
+        raise RuntimeError("the pack's attention backward is not differentiable again")
+
+    @staticmethod
+    def vmap(
+        info: Any, in_dims: tuple[int | None, ...], grad: Tensor, q: Tensor, k: Tensor, v: Tensor
+    ) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[int, int, int]]:
+        moved = [runs_first(t, d, info.batch_size) for t, d in zip((grad, q, k, v), in_dims, strict=True)]
+        grads: tuple[Tensor, Tensor, Tensor] = AttentionBackward.apply(*moved)
+        return grads, (0, 0, 0)
+
+
+def packed_self_attention(qkv: Tensor) -> Tensor:
+    """`trainer.algo.model.self_attention` through `PackedAttention`: the pack's `Hyper.attend`."""
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × [B, h, W, d]
+    out: Tensor = PackedAttention.apply(q, k, v)
+    return out.transpose(1, 2)  # [B, W, h, d]
+
+
 # ---- the pack ---------------------------------------------------------------------------------------------
 
 
@@ -292,7 +366,7 @@ class PackPlan:
         self.device = pack.device
         self.graph = graph
         self.tf32 = uses_tf32(self.config.run.precision, False)
-        self.hp = Hyper.from_config(self.config)
+        self.hp = dataclasses.replace(Hyper.from_config(self.config), attend=packed_self_attention)
         self.batch_size = self.config.run.batch_size
         template = pack.replays[0].empty_batch(self.batch_size)
         self.batch = {name: torch.stack([t] * pack.size) for name, t in vars(template).items()}  # name -> [K, ...]
