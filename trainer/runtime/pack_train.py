@@ -22,16 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from contracts.config import TrainConfig, dump_config
-from contracts.jsonfile import write_json_atomic
 from trainer.algo.step import StepOutput
 from trainer.execution.pack import Pack, PackError, PackOutput, PackPlan, PackRun
 from trainer.runtime.metrics import pack_registry, push, resolve_metrics_port, serve
 from trainer.runtime.train import (
-    FINAL_EVAL_SEED,
     Run,
     build_run,
     collect,
@@ -39,9 +36,9 @@ from trainer.runtime.train import (
     evaluate_for_selection,
     fill_replay,
     hold_run_dir,
-    market_baselines,
     report,
     save_checkpoint,
+    write_summary,
 )
 
 
@@ -163,29 +160,12 @@ def _train(
 def finish_run(run: Run, diverged_at: int | None, out: Callable[[str], None]) -> dict[str, Any]:
     """A packed run's last checkpoint, best-policy selection, final evaluation and summary.json."""
     save_checkpoint(run)
-    if run.best.online is not None:
-        with torch.no_grad():
-            run.state.online.copy_(run.best.online)
-        out(f"selected the policy of step {run.best.step} (mean return {run.best.mean_return:.2f})")
-    config = run.config
-    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
-    summary = {
-        **run.last_report,
-        "step": run.step,
-        "eval_returns": returns,
-        "eval_return_mean": float(np.mean(returns)) if returns else None,
-        "best_eval_step": run.best.step,
-        "best_eval_return": run.best.mean_return,
-        "wall_seconds": run.wall_seconds,
-        "device": str(run.device),
-        "parameters": run.state.parameter_count(),
-        "stopped_by_time_limit": False,
-        "stopped_at_return": False,
-        "packed": True,
-        "diverged_at_step": diverged_at,
-        **market_baselines(run, returns),
-    }
-    write_json_atomic(run.run_dir / "summary.json", summary, indent=2)
+    summary = write_summary(
+        run,
+        out,
+        {"stopped_by_time_limit": False, "stopped_at_return": False, "packed": True, "diverged_at_step": diverged_at},
+    )
+    returns = summary["eval_returns"]
     if returns:
         out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
     return summary

@@ -420,6 +420,35 @@ def market_baselines(run: Run, returns: list[float]) -> dict[str, Any]:
     }
 
 
+def write_summary(run: Run, out: Callable[[str], None], outcome: dict[str, Any]) -> dict[str, Any]:
+    """Select the best policy seen, evaluate it, and write summary.json: one place for `train` and a pack's runs.
+
+    `outcome` says how the run ended (time limit, return reached, pack divergence); the market's
+    baselines, where there are any, come last.
+    """
+    if run.best.online is not None:
+        with torch.no_grad():
+            run.state.online.copy_(run.best.online)
+        out(f"selected the policy of step {run.best.step} (mean return {run.best.mean_return:.2f})")
+    config = run.config
+    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
+    summary = {
+        **run.last_report,
+        "step": run.step,
+        "eval_returns": returns,
+        "eval_return_mean": float(np.mean(returns)) if returns else None,
+        "best_eval_step": run.best.step,
+        "best_eval_return": run.best.mean_return,
+        "wall_seconds": run.wall_seconds,
+        "device": str(run.device),
+        "parameters": run.state.parameter_count(),
+        **outcome,
+        **market_baselines(run, returns),
+    }
+    write_json_atomic(run.run_dir / "summary.json", summary, indent=2)
+    return summary
+
+
 def crossed(step: int, advanced: int, every: int) -> bool:
     """Whether going from step - advanced to step passed a multiple of `every` (plans may advance > 1)."""
     return step // every > (step - advanced) // every
@@ -526,27 +555,7 @@ def _run_training(
     if solved:
         out(f"return reached: stopped at step {run.step} of {config.run.steps} (run.stop_at_return={target:g})")
 
-    if run.best.online is not None:
-        with torch.no_grad():
-            run.state.online.copy_(run.best.online)
-        out(f"selected the policy of step {run.best.step} (mean return {run.best.mean_return:.2f})")
-    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
-    baselines = market_baselines(run, returns)
-    summary = {
-        **run.last_report,
-        "step": run.step,
-        "eval_returns": returns,
-        "eval_return_mean": float(np.mean(returns)) if returns else None,
-        "best_eval_step": run.best.step,
-        "best_eval_return": run.best.mean_return,
-        "wall_seconds": run.wall_seconds,
-        "device": str(run.device),
-        "parameters": run.state.parameter_count(),
-        "stopped_by_time_limit": timed_out,
-        "stopped_at_return": solved,
-        **baselines,
-    }
-    write_json_atomic(run_dir / "summary.json", summary, indent=2)
+    summary = write_summary(run, out, {"stopped_by_time_limit": timed_out, "stopped_at_return": solved})
     pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
     if pushgateway:  # the run's last figures; a Pushgateway that cannot be reached must not fail a finished run
         try:
@@ -555,13 +564,13 @@ def _run_training(
             print(f"warning: metrics not pushed to {pushgateway}: {error}", file=sys.stderr)
     if exporter is not None:
         exporter.close()
-    if returns:
-        out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
-    if baselines:
-        means = baselines["baseline_means"]
+    if summary["eval_returns"]:
+        out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(summary['eval_returns'])} episodes")
+    if "baseline_means" in summary:
+        means = summary["baseline_means"]
         out(
             f"baselines on the same episodes: heuristic {means['heuristic']:.2f}, random {means['random']:.2f}; "
-            f"margin over the heuristic {baselines['margin_over_heuristic']:+.2f}"
+            f"margin over the heuristic {summary['margin_over_heuristic']:+.2f}"
         )
     return summary
 
