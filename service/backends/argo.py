@@ -393,11 +393,7 @@ class ArgoBackend:
                             yield from changed
                     baseline = False
                 stream = watch.Watch().stream(
-                    self._custom.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    PLURAL,
+                    self._list_workflows,
                     label_selector=SELECTOR,
                     resource_version=rv,
                     allow_watch_bookmarks=True,
@@ -425,13 +421,16 @@ class ArgoBackend:
     def ping(self) -> None:
         """One cheap list (limit 1), no retries: readiness must answer fast."""
         try:
-            self._custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, limit=1, _request_timeout=self.request_timeout
-            )
+            self._list_workflows(limit=1, _request_timeout=self.request_timeout)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             raise BackendUnavailable(f"Kubernetes API not usable: {_describe(error)}") from error
 
     # ---- helpers ------------------------------------------------------------------------------
+    def _list_workflows(self, **query: Any) -> Any:
+        """The Workflows of our namespace; `query` narrows it (selector, paging, watch). Its docstring has no
+        `:return:` line, so a watch over it hands back raw objects, which is all we read."""
+        return self._custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, **query)
+
     def _judged(self, obj: dict[str, Any]) -> dict[str, Any]:
         """The Workflow, failed and terminated first if a step's image cannot be pulled (see the module
         docstring): one merge patch records the verdict and stops the pods that wait."""
@@ -471,15 +470,7 @@ class ArgoBackend:
         selector = f"{SELECTOR},{LABEL_JOB}={job_id}" if _LABEL_VALUE.match(job_id) else None
         if selector is None:
             raise BackendNotFound(f"no Workflow for job {job_id!r}")
-        found = self._call(
-            f"list Workflows of job {job_id}",
-            self._custom.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            label_selector=selector,
-        )
+        found = self._call(f"list Workflows of job {job_id}", self._list_workflows, label_selector=selector)
         latest = _latest_per_job(found.get("items") or [])
         if job_id not in latest:
             raise BackendNotFound(f"no Workflow for job {job_id!r}")
@@ -492,11 +483,7 @@ class ArgoBackend:
         while True:
             page = self._call(
                 "list Workflows",
-                self._custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
+                self._list_workflows,
                 label_selector=SELECTOR,
                 limit=self.page_size,
                 _continue=token,
