@@ -12,6 +12,9 @@ from typing import Any
 
 from trainer.runtime.timing import COLLECT_COMPONENTS
 
+Row = dict[str, Any]
+"""One row of bench.json: a `train`, `pack` or plain bench result."""
+
 
 def row_label(row: dict[str, Any]) -> str:
     """A result row's method, with its source and round in an A/B document (`trainer.tools.bench_isolated`)."""
@@ -52,53 +55,53 @@ def format_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """The `train` rows: updates/s of real training and its per-update split into collection and update."""
+def format_rows(header: str, rows: list[Row], head: Callable[[Row], str], body: Callable[[Row], str]) -> list[str]:
+    """A table of bench rows: `header`, then a line a row, `head` (what it ran) then `body` or its error."""
     if not rows:
         return []
-    lines = [
-        f"{'train':<8} {'plan':<9} {'K':>3} {'updates':>7} {'updates/s':>10} {'ms/update':>10} "
-        f"{'collect ms':>10} {'update ms':>10} {'x update':>8}"
-    ]
-    for r in rows:
-        head = f"{r['recipe']:<8} {r['plan']:<9} {r['steps_per_replay']:>3} {r['updates']:>7}"
-        if r["error"]:
-            lines.append(f"{head} failed: {r['error']}")
-            continue
+    return [header] + [f"{head(r)} failed: {r['error']}" if r["error"] else f"{head(r)} {body(r)}" for r in rows]
+
+
+def format_train_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The `train` rows: updates/s of real training and its per-update split into collection and update."""
+
+    def body(r: dict[str, Any]) -> str:
         parts = {name: ms for name, ms in r["breakdown_ms"].items() if name != "step"}
         collect = sum(ms for name, ms in parts.items() if name in COLLECT_COMPONENTS)
         update = sum(ms for name, ms in parts.items() if name not in COLLECT_COMPONENTS)
         ratio = r["ms_per_update"] / update if update > 0 else float("nan")  # the epoch over its updates alone
-        lines.append(
-            f"{head} {r['updates_per_s']:>10.1f} {r['ms_per_update']:>10.3f} {collect:>10.3f} {update:>10.3f} "
-            f"{ratio:>8.2f}"
-        )
-    return lines
+        return f"{r['updates_per_s']:>10.1f} {r['ms_per_update']:>10.3f} {collect:>10.3f} {update:>10.3f} {ratio:>8.2f}"
+
+    return format_rows(
+        f"{'train':<8} {'plan':<9} {'K':>3} {'updates':>7} {'updates/s':>10} {'ms/update':>10} "
+        f"{'collect ms':>10} {'update ms':>10} {'x update':>8}",
+        rows,
+        lambda r: f"{r['recipe']:<8} {r['plan']:<9} {r['steps_per_replay']:>3} {r['updates']:>7}",
+        body,
+    )
 
 
 def format_pack_rows(rows: list[dict[str, Any]]) -> list[str]:
     """The `pack` rows: K runs as one pack, its step, updates/s of all runs and the speed-up over one solo run."""
-    if not rows:
-        return []
-    lines = [
-        f"{'pack':<6} {'method':<14} {'K':>3} {'ms/step':>9} {'spread (min-max)':>18} {'updates/s':>10} "
-        f"{'solo ms':>8} {'aggregate':>9} {'GiB/run':>8} {'solo GiB':>8}"
-    ]
-    for r in rows:
-        head = f"{r['config']:<6} {r['method']:<14} {r['pack']:>3}"
-        if r["error"]:
-            lines.append(f"{head} failed: {r['error']}")
-            continue
+
+    def body(r: dict[str, Any]) -> str:
         speed = f"{r['aggregate_speedup']:.2f}x" if r["aggregate_speedup"] else "-"
         solo = f"{r['solo_ms']:.3f}" if r["solo_ms"] else "-"
         per_run = f"{r['peak_mem_per_run_gib']:.3f}" if r["peak_mem_per_run_gib"] is not None else "-"
         solo_mem = f"{r['solo_peak_mem_gib']:.3f}" if r["solo_peak_mem_gib"] is not None else "-"
         spread = f"{r['ms_min']:.3f}-{r['ms_max']:.3f}"
-        lines.append(
-            f"{head} {r['ms_median']:>9.3f} {spread:>18} {r['updates_per_s']:>10.0f} {solo:>8} {speed:>9} "
+        return (
+            f"{r['ms_median']:>9.3f} {spread:>18} {r['updates_per_s']:>10.0f} {solo:>8} {speed:>9} "
             f"{per_run:>8} {solo_mem:>8}"
         )
-    return lines
+
+    return format_rows(
+        f"{'pack':<6} {'method':<14} {'K':>3} {'ms/step':>9} {'spread (min-max)':>18} {'updates/s':>10} "
+        f"{'solo ms':>8} {'aggregate':>9} {'GiB/run':>8} {'solo GiB':>8}",
+        rows,
+        lambda r: f"{r['config']:<6} {r['method']:<14} {r['pack']:>3}",
+        body,
+    )
 
 
 def plot(document: dict[str, Any], path: Path) -> bool:
