@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -109,14 +108,6 @@ def relative_errors(pack: Pack, solos: list[Solo]) -> Iterator[tuple[int, str, f
                 yield i, name, float(diff)
 
 
-def quiet_vmap() -> warnings.catch_warnings[None]:
-    """vmap warns where an op has no batching rule (CPU attention) and loops over the runs: slower, same maths."""
-    context = warnings.catch_warnings()
-    context.__enter__()
-    warnings.filterwarnings("ignore", message=".*batching rule.*")
-    return context
-
-
 @pytest.mark.parametrize("full", [False, True], ids=["core", "full"])
 def test_each_run_of_a_pack_is_its_solo_run(full: bool) -> None:
     """Two runs differing in seed, lr, γ and α (with vaccine, causal, ensemble, HER and the sum-tree's descent in
@@ -128,14 +119,10 @@ def test_each_run_of_a_pack_is_its_solo_run(full: bool) -> None:
     assert set(pack.hyper) == {"gamma", "lr"} and set(pack.sampler_scalars) == {"alpha"}
     assert (pack.replays[0].her is not None) == full
     plan = PackPlan(pack)
-    context = quiet_vmap()
-    try:
-        for step in range(3):
-            for solo in solos:
-                solo.step(step)
-            output = plan.run(step)
-    finally:
-        context.__exit__(None, None, None)
+    for step in range(3):
+        for solo in solos:
+            solo.step(step)
+        output = plan.run(step)
     assert output.ok.tolist() == [True, True]
     assert [float(s.updates) for s in pack.states] == [3.0, 3.0]
     errors = list(relative_errors(pack, solos))
@@ -194,11 +181,7 @@ def test_a_pack_steps_ops_do_not_grow_with_its_runs() -> None:
         plan = PackPlan(Pack(configs, solo_run))
         drawn = plan.draw()
         plan.draw = functools.partial(tuple.__getitem__, (drawn,), 0)  # type: ignore[method-assign]
-        context = quiet_vmap()
-        try:
-            counts[size] = aten_ops(functools.partial(plan.run, 1))
-        finally:
-            context.__exit__(None, None, None)
+        counts[size] = aten_ops(functools.partial(plan.run, 1))
     assert counts[6] - counts[3] < 6 - 3, counts
 
 
@@ -210,14 +193,10 @@ def test_a_run_that_diverges_is_skipped_alone() -> None:
     pack.replays[1].storage.reward.fill_(float("nan"))
     online = pack.states[1].online.clone()
     plan = PackPlan(pack)
-    context = quiet_vmap()
-    try:
-        for step in range(2):
-            for i in (0, 2):
-                solos[i].step(step)
-            output = plan.run(step)
-    finally:
-        context.__exit__(None, None, None)
+    for step in range(2):
+        for i in (0, 2):
+            solos[i].step(step)
+        output = plan.run(step)
     assert output.ok.tolist() == [True, False, True]
     assert [int(s.guard_skips) for s in pack.states] == [0, 2, 0]
     assert torch.equal(pack.states[1].online, online)
