@@ -64,20 +64,9 @@ def test_compile_and_train_declares_exactly_the_controllers_parameters() -> None
 
 def test_the_workflow_the_controller_generates_passes_exactly_the_templates_parameters() -> None:
     from service.backends.argo import workflow_manifest
-    from service.domain import JobSpec
+    from tests.service.factories import job_spec
 
-    spec = JobSpec(
-        job_id="j-1",
-        tenant="research",
-        pool="h100",
-        queue_name="foxhunt-h100",
-        plan="graph",
-        model="dqn",
-        commit_sha="0123abc",
-        epochs=2,
-        hyperopt_trials=3,
-        config={"run": {"seed": 1}},
-    )
+    spec = job_spec(hyperopt_trials=3)
     workflow = workflow_manifest(spec, progress_secret="s" * 32)
     template = argo_doc("compile-and-train")
     assert workflow["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]

@@ -1,4 +1,4 @@
-"""Builders for service tests: settings, configs, pools files, tokens, a live uvicorn server."""
+"""Builders for service tests: settings, configs, pools files, tokens, jobs, a live uvicorn server."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from service.domain import JobSpec, Placement
 from service.settings import Settings
 from tests.polling import wait_until
 from tests.ports import free_port
@@ -109,3 +110,28 @@ def live_server(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+H100_PLACEMENT = Placement(
+    node_selector={"foxhunt.io/pool": "h100"},
+    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    gpus=8,
+)
+
+
+def job_spec(job_id: str = "job-1", **overrides: object) -> JobSpec:
+    """A valid job as the API builds it."""
+    fields: dict[str, object] = {
+        "job_id": job_id,
+        "tenant": "acme",
+        "pool": "h100",
+        "queue_name": "h100-acme",
+        "placement": H100_PLACEMENT,
+        "plan": "graph",
+        "model": "c51",
+        "commit_sha": "0123abcd",
+        "epochs": 3,
+        "hyperopt_trials": 0,
+        "config": {"run": {"steps": 100}, "lr": 0.001},
+    }
+    return JobSpec.model_validate({**fields, **overrides})

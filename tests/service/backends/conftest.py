@@ -8,7 +8,6 @@ import pytest
 from kubernetes import client
 
 from service.backends.argo import ArgoBackend
-from service.domain import JobSpec, Placement
 from tests.service.fake_kube import FakeKube
 
 
@@ -19,11 +18,6 @@ def fake_kube() -> Iterator[FakeKube]:
 
 
 PROGRESS_SECRET = "progress-secret-of-the-tests-0123456789abcdef"
-H100_PLACEMENT = Placement(
-    node_selector={"foxhunt.io/pool": "h100"},
-    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    gpus=8,
-)
 
 
 def kube_client(fake: FakeKube) -> client.ApiClient:
@@ -47,21 +41,3 @@ def argo_backend(fake: FakeKube, **kwargs: float) -> ArgoBackend:
 @pytest.fixture
 def argo(fake_kube: FakeKube) -> ArgoBackend:
     return argo_backend(fake_kube)
-
-
-def job_spec(job_id: str = "job-1", **overrides: object) -> JobSpec:
-    """A valid job as the API builds it."""
-    fields: dict[str, object] = {
-        "job_id": job_id,
-        "tenant": "acme",
-        "pool": "h100",
-        "queue_name": "h100-acme",
-        "placement": H100_PLACEMENT,
-        "plan": "graph",
-        "model": "c51",
-        "commit_sha": "0123abcd",
-        "epochs": 3,
-        "hyperopt_trials": 0,
-        "config": {"run": {"steps": 100}, "lr": 0.001},
-    }
-    return JobSpec.model_validate({**fields, **overrides})

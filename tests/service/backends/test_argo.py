@@ -37,8 +37,8 @@ from service.domain import BackendStatus, JobSpec, JobState, Placement
 from service.progress import progress_token
 from service.settings import Settings
 from tests.polling import wait_until
-from tests.service.backends.conftest import PROGRESS_SECRET, argo_backend, job_spec, kube_client
-from tests.service.factories import live_server, make_settings, tiny_train_config
+from tests.service.backends.conftest import PROGRESS_SECRET, argo_backend, kube_client
+from tests.service.factories import job_spec, live_server, make_settings, tiny_train_config
 from tests.service.fake_kube import FakeKube
 
 WORKFLOWS = "/apis/argoproj.io/v1alpha1/namespaces/foxhunt/workflows"

@@ -25,7 +25,8 @@ from service.backends.base import Backend, BackendNotFound
 from service.backends.local import LocalBackend
 from service.domain import BackendStatus, JobSpec, JobState
 from tests.polling import wait_until
-from tests.service.backends.conftest import argo_backend, job_spec
+from tests.service.backends.conftest import argo_backend
+from tests.service.factories import job_spec
 from tests.service.fake_kube import FakeKube
 
 TRAINER = """
