@@ -111,15 +111,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty database of each kind the store supports."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
-    import sqlalchemy
+    from tests.service.postgres import create_database
 
     admin_url: str = request.getfixturevalue("postgres_admin_url")
-    name = f"t{next(_databases)}"
-    engine = sqlalchemy.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as connection:
-        connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    engine.dispose()
-    return admin_url.rsplit("/", 1)[0] + f"/{name}"
+    return create_database(admin_url, f"t{next(_databases)}")
 
 
 @pytest.fixture

@@ -79,3 +79,14 @@ def postgres_server() -> Iterator[str]:
             capture_output=True,
         )
         shutil.rmtree(root, ignore_errors=True)
+
+
+def create_database(admin_url: str, name: str) -> str:
+    """A new, empty database `name` on the server of `admin_url`; its URL (same server and user)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return admin_url.rsplit("/", 1)[0] + f"/{name}"

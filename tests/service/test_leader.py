@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy
-import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +26,7 @@ from tests.service.backends.conftest import argo_backend, kube_client
 from tests.service.conftest import Controller
 from tests.service.factories import make_settings, stand_in_command
 from tests.service.fake_kube import FakeKube
+from tests.service.postgres import create_database
 from tests.service.test_store import new_job
 
 LEASE = "foxhunt-controller"
@@ -43,29 +42,12 @@ def fake() -> Iterator[FakeKube]:
 @pytest.fixture
 def shared_database(postgres_admin_url: str) -> str:
     """One PostgreSQL database both replicas use, as in a cluster."""
-    name = f"leader_{uuid.uuid4().hex[:12]}"
-    engine = sqlalchemy.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as connection:
-        connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    engine.dispose()
-    return postgres_admin_url.rsplit("/", 1)[0] + f"/{name}"
+    return create_database(postgres_admin_url, f"leader_{uuid.uuid4().hex[:12]}")
 
 
 def _replica(tmp_path: Path, fake: FakeKube, database_url: str) -> Controller:
     tmp_path.mkdir()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-                "users": [{"name": "controller", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "controller"}}],
-                "current-context": "fake",
-            }
-        )
-    )
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
     settings = make_settings(
         tmp_path,
         database_url=database_url,

@@ -647,19 +647,7 @@ def test_a_new_backend_over_the_same_cluster_lists_every_job(fake_kube: FakeKube
 
 # ---- configuration -----------------------------------------------------------------------------
 def test_from_settings_uses_the_kubeconfig(fake_kube: FakeKube, tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": fake_kube.url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+    kubeconfig = fake_kube.write_kubeconfig(tmp_path / "config")
     argo = ArgoBackend.from_settings(
         Settings(kubeconfig=kubeconfig, argo_namespace="foxhunt", progress_secret=PROGRESS_SECRET)
     )

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -50,6 +51,22 @@ class FakeKube:
     def url(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig at `path` whose one context points at this server (token auth, as a controller's)."""
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "controller", "user": {"token": "t"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "controller"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
 
     def __enter__(self) -> FakeKube:
         self._thread.start()
