@@ -35,6 +35,17 @@ SMALL_MODEL = [
     "model.attn_window=2",
 ]
 """Overrides for the smallest model the plan and bench tests build (capture and compilation stay quick)."""
+SMALL_CARTPOLE = [
+    "model.hidden=16",
+    "model.head_hidden=8",
+    "model.iqn_hidden=8",
+    "model.iqn_embed=8",
+    "model.iqn_taus=2",
+    "model.iqn_target_taus=2",
+    "data.learning_starts=32",
+    "run.batch_size=16",
+]
+"""Overrides for a real training (examples/cartpole.yaml) small enough for the CPU: the bench's and the pack's."""
 
 
 def tiny_config(overrides: list[str] | None = None, **sections: dict[str, Any]) -> TrainConfig:

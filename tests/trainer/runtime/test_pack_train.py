@@ -9,19 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from contracts.config import TrainConfig, load_config
+from tests.factories import SMALL_CARTPOLE
 from trainer.runtime.pack_train import run_pack_training
 
 CARTPOLE = Path(__file__).resolve().parents[3] / "examples" / "cartpole.yaml"
 SMALL = [
-    "model.hidden=16",
-    "model.head_hidden=8",
-    "model.iqn_hidden=8",
-    "model.iqn_embed=8",
-    "model.iqn_taus=2",
-    "model.iqn_target_taus=2",
+    *SMALL_CARTPOLE,
     "model.atoms=11",
-    "data.learning_starts=32",
-    "run.batch_size=16",
     "run.steps=12",
     "run.log_every=6",
     "run.checkpoint_every=6",

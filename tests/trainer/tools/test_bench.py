@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.factories import SMALL_MODEL
+from tests.factories import SMALL_CARTPOLE, SMALL_MODEL
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.cli import app
 from trainer.runtime.timing import COLLECT_COMPONENTS
@@ -239,18 +239,6 @@ def test_the_torch_compile_baseline_runs_the_eager_step() -> None:
         for name, tensor in eager.items()
     }
     assert {name: error for name, error in errors.items() if error > 1e-4} == {}
-
-
-SMALL_CARTPOLE = [
-    "model.hidden=16",
-    "model.head_hidden=8",
-    "model.iqn_hidden=8",
-    "model.iqn_embed=8",
-    "model.iqn_taus=2",
-    "model.iqn_target_taus=2",
-    "data.learning_starts=32",
-    "run.batch_size=16",
-]
 
 
 def test_train_rows_time_real_training_with_collection_on_cpu(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service.api.routes import jobs as job_routes
 from service.domain import BackendStatus, JobState
@@ -372,6 +373,16 @@ def _progress(c: Controller, job_id: str, body: object, token: str | None = None
     return c.client.put(f"/v1/jobs/{job_id}/progress", json=body, headers={"Authorization": f"Bearer {token}"})
 
 
+@pytest.fixture
+def reporting(
+    tmp_path: Path, database_url: str, controller_factory: Callable[[Settings], Controller]
+) -> tuple[Controller, str]:
+    """A controller that takes progress reports, on each database, and a job on it (no reconciler: it stays QUEUED)."""
+    settings = make_settings(tmp_path, database_url=database_url, run_reconciler=False, progress_secret=PROGRESS_SECRET)
+    c = controller_factory(settings)
+    return c, _submit(c).json()["id"]
+
+
 def test_a_progress_report_shows_on_the_job_and_survives_statuses_without_figures(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:
@@ -414,13 +425,9 @@ def test_progress_reports_need_the_jobs_own_token_and_a_live_job(
     assert c.request("GET", f"/v1/jobs/{job_id}").json()["step"] is None
 
 
-def test_progress_reports_take_strict_types(
-    tmp_path: Path, database_url: str, controller_factory: Callable[[Settings], Controller]
-) -> None:
+def test_progress_reports_take_strict_types(reporting: tuple[Controller, str]) -> None:
     """A string, a boolean or a float is not a step, a string is not a figure: 422, nothing stored."""
-    settings = make_settings(tmp_path, database_url=database_url, run_reconciler=False, progress_secret=PROGRESS_SECRET)
-    c = controller_factory(settings)
-    job_id = _submit(c).json()["id"]
+    c, job_id = reporting
     coerced: list[dict[str, object]] = [
         {"step": "5"},
         {"step": True},
@@ -443,11 +450,9 @@ def test_progress_reports_take_strict_types(
 
 
 def test_a_retry_gets_a_new_progress_token_and_the_previous_attempts_is_refused(
-    tmp_path: Path, database_url: str, controller_factory: Callable[[Settings], Controller]
+    reporting: tuple[Controller, str],
 ) -> None:
-    settings = make_settings(tmp_path, database_url=database_url, run_reconciler=False, progress_secret=PROGRESS_SECRET)
-    c = controller_factory(settings)
-    job_id = _submit(c).json()["id"]
+    c, job_id = reporting
     first = progress_token(PROGRESS_SECRET, job_id, 0)
     assert _progress(c, job_id, {"step": 5}, first).status_code == 204
     assert _progress(c, job_id, {"step": 5}, progress_token(PROGRESS_SECRET, job_id, 1)).status_code == 403  # not yet
