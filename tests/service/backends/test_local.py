@@ -273,13 +273,20 @@ def kill_supervisor(backend: LocalBackend, job_dir: Path, attempt: int = 0) -> i
     return pid
 
 
+def lose_supervisor(
+    tmp_path: Path, backends: list[LocalBackend], *extra: str, grace: float = 5.0
+) -> tuple[LocalBackend, int]:
+    """A backend running job-1 with the stand-in's `extra` knobs, whose supervisor was killed; the group id it led."""
+    backend = make_backend(tmp_path, *extra, grace=grace)
+    backends.append(backend)
+    backend.submit(spec())
+    return backend, kill_supervisor(backend, tmp_path / "job-1")
+
+
 def test_a_lost_supervisors_trainer_is_stopped_before_the_job_is_an_error(
     tmp_path: Path, backends: list[LocalBackend]
 ) -> None:
-    backend = make_backend(tmp_path, "--sleep", "60")
-    backends.append(backend)
-    backend.submit(spec())
-    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    backend, pgid = lose_supervisor(tmp_path, backends, "--sleep", "60")
     status = wait_state(backend, "job-1", TERMINAL)
     assert (status.state, status.reason) == (JobState.ERROR, "ProcessLost")
     assert status.message is not None and "stopped" in status.message
@@ -289,10 +296,7 @@ def test_a_lost_supervisors_trainer_is_stopped_before_the_job_is_an_error(
 def test_a_job_dir_from_before_pgid_files_finds_its_group_by_the_supervisors_pid(
     tmp_path: Path, backends: list[LocalBackend]
 ) -> None:
-    backend = make_backend(tmp_path, "--sleep", "60")
-    backends.append(backend)
-    backend.submit(spec())
-    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    backend, pgid = lose_supervisor(tmp_path, backends, "--sleep", "60")
     (tmp_path / "job-1" / "pgid-0").unlink()  # as a controller without them left it: the leader's pid is the group
     assert wait_state(backend, "job-1", TERMINAL).reason == "ProcessLost"
     assert job_processes(pgid) == []
@@ -301,10 +305,7 @@ def test_a_job_dir_from_before_pgid_files_finds_its_group_by_the_supervisors_pid
 def test_a_lost_supervisors_trainer_that_ignores_sigterm_is_killed(
     tmp_path: Path, backends: list[LocalBackend]
 ) -> None:
-    backend = make_backend(tmp_path, "--sleep", "60", "--ignore-term", grace=0.3)
-    backends.append(backend)
-    backend.submit(spec())
-    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    backend, pgid = lose_supervisor(tmp_path, backends, "--sleep", "60", "--ignore-term", grace=0.3)
     assert backend.status("job-1").phase == "stopping: the supervisor is gone"
     assert wait_state(backend, "job-1", TERMINAL).reason == "ProcessLost"
     assert job_processes(pgid) == []
@@ -313,10 +314,7 @@ def test_a_lost_supervisors_trainer_that_ignores_sigterm_is_killed(
 def test_a_retry_after_a_lost_supervisor_never_runs_beside_the_orphan(
     tmp_path: Path, backends: list[LocalBackend]
 ) -> None:
-    backend = make_backend(tmp_path, "--sleep", "60")
-    backends.append(backend)
-    backend.submit(spec())
-    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    backend, pgid = lose_supervisor(tmp_path, backends, "--sleep", "60")
     wait_state(backend, "job-1", TERMINAL)  # what lets the controller accept a retry
     backend.submit(spec(attempt=1))
     wait_log(backend, "job-1", "stand-in: train env job=job-1 pool=cpu commit=HEAD attempt=1")
@@ -327,10 +325,7 @@ def test_an_earlier_attempts_survivor_is_killed_before_the_next_attempt_starts(
     tmp_path: Path, backends: list[LocalBackend]
 ) -> None:
     """Even when the next attempt comes while the orphan still runs (a controller that marked it lost)."""
-    backend = make_backend(tmp_path, "--sleep", "60", "--ignore-term", grace=60)
-    backends.append(backend)
-    backend.submit(spec())
-    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    backend, pgid = lose_supervisor(tmp_path, backends, "--sleep", "60", "--ignore-term", grace=60)
     job = json.loads((tmp_path / "job-1" / "job.json").read_text())
     (tmp_path / "job-1" / "job.json").write_text(json.dumps({**job, "attempt": 1}))  # as submit writes it
     run = tmp_path / "job-1" / "run-1.json"
@@ -340,10 +335,7 @@ def test_an_earlier_attempts_survivor_is_killed_before_the_next_attempt_starts(
 
 
 def test_cancel_stops_a_lost_supervisors_trainer(tmp_path: Path, backends: list[LocalBackend]) -> None:
-    backend = make_backend(tmp_path, "--sleep", "60")
-    backends.append(backend)
-    backend.submit(spec())
-    pgid = kill_supervisor(backend, tmp_path / "job-1")
+    backend, pgid = lose_supervisor(tmp_path, backends, "--sleep", "60")
     backend.cancel("job-1")
     status = wait_state(backend, "job-1", TERMINAL)
     assert status.state is JobState.CANCELLED
