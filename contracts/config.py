@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from contracts.datasets import DatasetAccess
 from contracts.plans import PlanName
+from contracts.yamlfile import read_yaml
 
 STEPS_PER_EPOCH = 2000
 INT32_MAX = 2**31 - 1
@@ -469,12 +470,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path} is not valid YAML/JSON: {str(error).splitlines()[0]}") from None
+        loaded = read_yaml(path, "config file", ConfigError)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = loaded or {}

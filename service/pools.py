@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contracts.yamlfile import read_yaml
 from service.domain import Placement
 from service.errors import QuotaExceeded, UnknownPool
 
@@ -92,13 +92,9 @@ class Pools:
     @classmethod
     def load(cls, path: Path) -> Pools:
         """Read and validate a pools file; one-line ValueError on bad input."""
-        if not path.is_file():
-            raise ValueError(f"pools file not found: {path}")
+        data = read_yaml(path, "pools file")
         try:
-            data = yaml.safe_load(path.read_text())
             return cls(PoolsFile.model_validate(data).pools)
-        except yaml.YAMLError as error:
-            raise ValueError(f"pools file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"])

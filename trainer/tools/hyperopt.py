@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from sqlalchemy.exc import SQLAlchemyError
 
 from contracts.config import ConfigError, TrainConfig, build_config, dump_config, format_validation_error
+from contracts.yamlfile import read_yaml
 
 Log = Callable[[str], None]
 Choice = None | bool | int | float | str
@@ -110,13 +110,7 @@ def load_space(path: Path | None) -> dict[str, BaseDistribution]:
     """The --space YAML file, or DEFAULT_SPACE when none is given."""
     if path is None:
         return parse_space(DEFAULT_SPACE)
-    if not path.is_file():
-        raise HyperoptError(f"space file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise HyperoptError(f"space file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
-    return parse_space(data)
+    return parse_space(read_yaml(path, "space file", HyperoptError))
 
 
 def with_params(document: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
