@@ -87,6 +87,22 @@ class JobCreate(BaseModel):
         return self
 
 
+LABEL_SELECTOR = r"^[^,=\s\x00]+=[^,=\s\x00]*(,[^,=\s\x00]+=[^,=\s\x00]*)*$"
+
+
+class JobQuery(BaseModel):
+    """GET /v1/jobs's query: filters (all must match), then the page."""
+
+    state: JobState | None = None
+    pool: str | None = Field(None, max_length=63, pattern=POOL_NAME)
+    label_selector: str | None = Field(
+        None, max_length=1024, pattern=LABEL_SELECTOR, description="key=value[,key=value]"
+    )
+    submitter: str | None = Field(None, max_length=128, pattern=NO_NUL)
+    limit: int = Field(50, ge=1, le=500)
+    cursor: str | None = Field(None, max_length=1024)
+
+
 class PhaseEvent(BaseModel):
     state: JobState
     reason: str | None = None

@@ -14,13 +14,20 @@ from pydantic import ValidationError
 from service.api.deps import BackendDep, JobsDep, ProgressJobDep, StoreDep, TenantDep
 from service.api.errors import problems
 from service.api.routes import V1
-from service.api.schemas import NO_NUL, POOL_NAME, JobCreate, JobDetail, JobPage, JobPublic, PhaseEvent, ProgressReport
+from service.api.schemas import (
+    JobCreate,
+    JobDetail,
+    JobPage,
+    JobPublic,
+    JobQuery,
+    PhaseEvent,
+    ProgressReport,
+)
 from service.backends.base import Backend, BackendError, BackendNotFound
 from service.domain import JobState
 from service.errors import JobNotFound
 from service.store import JobRecord, Store, parse_label_selector
 
-LABEL_SELECTOR = r"^[^,=\s\x00]+=[^,=\s\x00]*(,[^,=\s\x00]+=[^,=\s\x00]*)*$"
 JOB_ID_MAX = 64
 QUEUED_POLL_SECONDS = 0.2
 """How often a log follower of a queued job checks whether it has started."""
@@ -105,28 +112,11 @@ def submit_job(
 
 
 @router.get("", responses=problems(400))
-def list_jobs(
-    principal: TenantDep,
-    store: StoreDep,
-    state: JobState | None = None,
-    pool: Annotated[str | None, Query(max_length=63, pattern=POOL_NAME)] = None,
-    label_selector: Annotated[
-        str | None, Query(max_length=1024, pattern=LABEL_SELECTOR, description="key=value[,key=value]")
-    ] = None,
-    submitter: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=1024)] = None,
-) -> JobPage:
+def list_jobs(principal: TenantDep, store: StoreDep, query: Annotated[JobQuery, Query()]) -> JobPage:
     """Newest first; pages are stable under concurrent submissions."""
-    labels = parse_label_selector(label_selector) if label_selector else None
+    labels = parse_label_selector(query.label_selector) if query.label_selector else None
     items, next_cursor = store.list_jobs(
-        tenant=principal.visible_tenant,
-        state=state,
-        pool=pool,
-        labels=labels,
-        submitter=submitter,
-        limit=limit,
-        cursor=cursor,
+        tenant=principal.visible_tenant, labels=labels, **query.model_dump(exclude={"label_selector"})
     )
     return JobPage(items=[_public(j) for j in items], next_cursor=next_cursor)
 
