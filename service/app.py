@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api import errors
 from service.api.body_limit import BodyLimit
 from service.api.deps import Services
+from service.api.middleware import HttpMiddleware
 from service.api.routes import health, jobs, pools
 from service.backends.base import Backend
 from service.jobs import JobService
@@ -45,17 +46,14 @@ def build_pools(settings: Settings, backend: Backend) -> Pools:
     return Pools.local(int(getattr(backend, "gpus", 0)))
 
 
-class _RequestMetrics:
-    """Pure ASGI middleware (streams pass through untouched): latency by route template."""
+class _RequestMetrics(HttpMiddleware):
+    """Latency by route template."""
 
     def __init__(self, app: ASGIApp, metrics: ControllerMetrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500
 

@@ -13,10 +13,11 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
+from service.api.middleware import HttpMiddleware
 from service.errors import BodyTimeout, BodyTooLarge, DomainError
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """Pure ASGI middleware: a body longer than `max_bytes` is 413, one slower than `timeout_seconds` 408.
 
     A declared Content-Length over the limit is refused before a byte of the body is read; a chunked
@@ -27,14 +28,11 @@ class BodyLimit:
     is never parsed as a next request."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int, timeout_seconds: float) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
         self.timeout_seconds = timeout_seconds
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
