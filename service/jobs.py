@@ -7,6 +7,7 @@ import json
 import math
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from contracts.config import STEPS_PER_EPOCH, ConfigError, TrainConfig, check_job_settings
 from contracts.datasets import DatasetAccess, DatasetRefused, check_local_file, locate
@@ -58,23 +59,16 @@ def admit_settings(config: TrainConfig) -> None:
         raise SettingNotAllowed(str(error)) from None
 
 
+@dataclass(eq=False)  # one per controller: compared and hashed by identity
 class JobService:
     """The rules; `wake` nudges the reconciler so a new job reaches the backend at once."""
 
-    def __init__(
-        self,
-        store: Store,
-        pools: Pools,
-        metrics: ControllerMetrics,
-        wake: Callable[[], None],
-        *,
-        datasets: DatasetAccess | None = None,
-    ) -> None:
-        self.store = store
-        self.pools = pools
-        self.metrics = metrics
-        self.wake = wake
-        self.datasets = datasets if datasets is not None else DatasetAccess()  # none allowed
+    store: Store
+    pools: Pools
+    metrics: ControllerMetrics
+    wake: Callable[[], None]
+    datasets: DatasetAccess = field(default_factory=DatasetAccess, kw_only=True)
+    """The datasets a job may name (the controller's settings); by default none."""
 
     def submit(self, principal: Principal, body: JobCreate, idempotency_key: str | None) -> tuple[JobRecord, bool]:
         """(job with history, created). The same key and body return the stored job; another body conflicts."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -72,33 +73,27 @@ def spec_for(job: JobRecord, pools: Pools) -> JobSpec:
     )
 
 
+@dataclass(eq=False)  # one per controller: compared and hashed by identity
 class Reconciler:
-    def __init__(
-        self,
-        store: Store,
-        backend: Backend,
-        pools: Pools,
-        metrics: ControllerMetrics,
-        *,
-        interval_seconds: float,
-        grace_seconds: float,
-        leader: Leadership | None = None,
-    ) -> None:
-        self.store = store
-        self.backend = backend
-        self.pools = pools
-        self.metrics = metrics
-        self.interval = interval_seconds
-        self.grace = grace_seconds
-        self.leader = leader
-        self.last_success: float | None = None
-        self.failed_passes = 0
-        self.last_error: str | None = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._cancel_sent: set[tuple[str, int]] = set()
-        self._pass_lock = threading.Lock()
+    """Brings the backend in step with the store: submits, cancels and times out jobs, and records what the
+    backend says of them, every `interval_seconds` and on every watch event."""
+
+    store: Store
+    backend: Backend
+    pools: Pools
+    metrics: ControllerMetrics
+    interval_seconds: float = field(kw_only=True)
+    grace_seconds: float = field(kw_only=True)
+    """How long a cancel may take before the job is forced to CANCELLED."""
+    leader: Leadership | None = field(default=None, kw_only=True)
+    last_success: float | None = field(default=None, init=False)
+    failed_passes: int = field(default=0, init=False)
+    last_error: str | None = field(default=None, init=False)
+    _wake: threading.Event = field(default_factory=threading.Event, init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _threads: list[threading.Thread] = field(default_factory=list, init=False)
+    _cancel_sent: set[tuple[str, int]] = field(default_factory=set, init=False)
+    _pass_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def wake(self) -> None:
         self._wake.set()
@@ -128,7 +123,7 @@ class Reconciler:
         self._stop.set()
         self._wake.set()
         for thread in self._threads:
-            thread.join(timeout=self.interval + 5)
+            thread.join(timeout=self.interval_seconds + 5)
         self._threads = []
 
     # ---- one pass ---------------------------------------------------------------------------------
@@ -252,7 +247,7 @@ class Reconciler:
                     self.metrics.record_recovery("lost")
                 continue
             if job.cancel_requested_at is not None and not listed.state.terminal:
-                overdue = (now - job.cancel_requested_at).total_seconds() > self.grace
+                overdue = (now - job.cancel_requested_at).total_seconds() > self.grace_seconds
                 self._send_cancel(job, force=overdue)
 
     def _send_cancel(self, job: JobRecord, *, force: bool) -> None:
@@ -281,7 +276,7 @@ class Reconciler:
             self.metrics.record_recovery("cancel_forced")
         elif job.state is not JobState.QUEUED and job.cancel_requested_at is not None:
             age = (datetime.now(UTC) - job.cancel_requested_at).total_seconds()
-            if age > self.interval * 2:
+            if age > self.interval_seconds * 2:
                 self.metrics.record_recovery("cancel_resent")
 
     # ---- threads ----------------------------------------------------------------------------------
@@ -293,17 +288,17 @@ class Reconciler:
                     self.reconcile_once()
                 except Exception:  # a bug in one pass must not stop reconciliation for good
                     log.exception("reconcile pass failed")
-            self._wake.wait(self.interval)
+            self._wake.wait(self.interval_seconds)
             self._wake.clear()
 
     def _watch_loop(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
             if not self.leading:
-                self._stop.wait(self.interval)
+                self._stop.wait(self.interval_seconds)
                 continue
             try:
-                for status in self.backend.watch(timeout_seconds=self.interval):
+                for status in self.backend.watch(timeout_seconds=self.interval_seconds):
                     if self._stop.is_set() or not self.leading:
                         break
                     self.store.apply_status(status)
