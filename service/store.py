@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, Engine, Table, create_engine, event, exists, func, insert, or_, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -212,6 +213,8 @@ class Store:
         # one pooled connection per thread that may hold one at once, kept open: a pool smaller than that
         # closed and reopened its overflow connections under load (PostgreSQL: a new backend process each)
         kwargs: dict[str, Any] = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
+        if sqlite and make_url(database_url).database in (None, "", ":memory:"):
+            kwargs = {}  # an in-memory database lives in one connection (SingletonThreadPool): no pool to size
         if sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
