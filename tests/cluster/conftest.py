@@ -211,9 +211,12 @@ def trainer_image(cluster: Cluster) -> str:
 
 
 @pytest.fixture
-def real_node(foxhunt: Cluster, trainer_image: str) -> str:
+def real_node(foxhunt: Cluster, trainer_image: str, data_dir: Path) -> str:
     """Stage 2: new pods go to the real node, which holds the trainer image; returns the image's tag."""
     use_nodes("real")
+    # Stage 1's stand-in runs the steps as root on this machine, the real pods as the templates' user
+    # 10001: what the stand-in left on the shared volume (runs/, the Optuna database) is opened to them.
+    subprocess.run(["chmod", "-R", "a+rwX", str(data_dir)], check=True, timeout=60)
     return trainer_image
 
 
