@@ -77,8 +77,25 @@ def _print_job(job: dict[str, Any], as_json: bool) -> None:
     if job.get("breakdown_ms"):
         parts = " ".join(f"{k}={v:.3f}ms" for k, v in job["breakdown_ms"].items())
         typer.echo(f"{'breakdown':>14}: {parts}")
+    _print_runs(job.get("runs") or [])
     for event in job.get("history", []):
         typer.echo(f"{'':>14}  {event['at']} {event['state']} {event.get('reason') or ''}")
+
+
+def _figure(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _print_runs(runs: list[dict[str, Any]]) -> None:
+    """A pack's runs, one line each: where every trial (or seed) of the pack stands, and which diverged."""
+    if not runs:
+        return
+    typer.echo(f"{'runs':>14}: {'run':>3} {'seed':>6} {'trial':>5} {'step':>8} {'train':>9} {'eval':>9}")
+    for run in runs:
+        seed, trial = ("" if run.get(key) is None else run[key] for key in ("seed", "trial"))
+        line = f"{run['run']:>3} {seed:>6} {trial:>5} {run['step']:>8}"
+        line += f" {_figure(run.get('train_return')):>9} {_figure(run.get('eval_return')):>9}"
+        typer.echo(f"{'':>14}  {line}{'  diverged (frozen)' if run.get('diverged') else ''}")
 
 
 @app.command()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from contracts.config import INT32_MAX
 
 
 class JobState(enum.StrEnum):
@@ -83,6 +85,37 @@ class JobSpec(BaseModel):
     attempt: int = Field(0, description="Retry number; the checkpoint location does not depend on it.")
 
 
+MAX_RUNS = 64
+"""The most runs one progress report describes: a pack's bound (trainer/execution/pack.py MAX_PACK), which
+also bounds what one job row keeps."""
+
+
+class RunProgress(BaseModel):
+    """One run of a pack (a seed of a sweep, a trial of a search) as its trainer last reported it.
+
+    Strict as the rest of a progress report (`"5"` is no step, `1` no flag), and bounded: a pod reports it."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+
+    run: int = Field(ge=0, lt=MAX_RUNS, description="The run's index in its pack (the metrics' `run` label).")
+    seed: int | None = Field(None, ge=0, le=INT32_MAX, description="The run's run.seed.")
+    trial: int | None = Field(None, ge=0, le=INT32_MAX, description="The Optuna trial it trains, in a search.")
+    step: int = Field(ge=0, le=INT32_MAX, description="Training steps the run has done.")
+    train_return: float | None = Field(None, description="Mean return of its last 20 training episodes.")
+    eval_return: float | None = Field(None, description="Mean return of its last greedy evaluation.")
+    diverged: bool = Field(False, description="The guard skipped an update: the run is frozen, the others go on.")
+
+
+def _distinct_runs(runs: list[RunProgress] | None) -> list[RunProgress] | None:
+    if runs is not None and len({r.run for r in runs}) != len(runs):
+        raise ValueError("each run appears once (its index `run` is unique in the report)")
+    return runs
+
+
+PackRuns = Annotated[list[RunProgress] | None, AfterValidator(_distinct_runs)]
+"""A pack's per-run progress: at most MAX_RUNS entries, one per run index."""
+
+
 class BackendStatus(BaseModel):
     """A backend's view of one job at one moment."""
 
@@ -96,4 +129,5 @@ class BackendStatus(BaseModel):
     breakdown_ms: dict[str, float] | None = Field(None, description="Last per-step breakdown, if known.")
     epoch_seconds: float | None = None
     step: int | None = None
+    runs: PackRuns = Field(None, max_length=MAX_RUNS, description="Per-run progress of a pack, if known.")
     attempt: int | None = Field(None, description="Which attempt (JobSpec.attempt) this status describes, if known.")

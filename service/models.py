@@ -58,6 +58,7 @@ class JobRow(Base):
     breakdown_ms: Mapped[dict[str, float] | None] = mapped_column(JSON)
     epoch_seconds: Mapped[float | None] = mapped_column(Float)
     step: Mapped[int | None] = mapped_column(Integer)
+    runs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # a pack's per-run progress (RunProgress)
 
     events: Mapped[list[JobEventRow]] = relationship(
         back_populates="job", order_by="JobEventRow.id", cascade="all, delete-orphan"

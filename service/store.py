@@ -7,7 +7,7 @@ import binascii
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.domain import TERMINAL_STATES, BackendStatus, JobFields, JobState
+from service.domain import TERMINAL_STATES, BackendStatus, JobFields, JobState, RunProgress
 from service.errors import Forbidden, IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
 from service.models import JobEventRow, JobLabelRow, JobRow, TokenRow
 
@@ -45,6 +45,13 @@ def utcnow() -> datetime:
 
 def _aware(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _runs_json(runs: Sequence[RunProgress | dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """A pack's runs as the jobs.runs column holds them (JSON objects), from the models or the column itself."""
+    if runs is None:
+        return None
+    return [run.model_dump() if isinstance(run, RunProgress) else run for run in runs]
 
 
 def _naive(value: datetime | None) -> datetime | None:
@@ -88,6 +95,7 @@ class JobRecord(NewJob):
     breakdown_ms: dict[str, float] | None
     epoch_seconds: float | None
     step: int | None
+    runs: list[RunProgress] | None = None
     events: list[JobEvent] = Field(default_factory=list)
 
 
@@ -170,7 +178,8 @@ def _sqlite_begin(connection: Connection) -> None:
 
 
 def _new_row(job: NewJob, now: datetime) -> dict[str, Any]:
-    """The jobs row of a new submission, every column given."""
+    """The jobs row of a new submission, every column of migration 0001 given (later ones default to null, so
+    a test can insert into a database it has migrated that far)."""
     return {
         **job.model_dump(exclude={"deadline"}),
         "deadline": _naive(job.deadline),
@@ -476,6 +485,8 @@ class Store:
             row.epoch_seconds = status.epoch_seconds
         if status.step is not None:
             row.step = status.step
+        if status.runs is not None:
+            row.runs = _runs_json(status.runs)
         if not forward:
             return False
         deadline_hit = status.state is JobState.CANCELLED and row.reason == "DeadlineExceeded"
@@ -498,7 +509,9 @@ class Store:
         row: Any = known
         if row is None:
             c = _JOBS.c
-            query = select(c.state, c.attempt, c.breakdown_ms, c.epoch_seconds, c.step).where(c.id == status.job_id)
+            query = select(c.state, c.attempt, c.breakdown_ms, c.epoch_seconds, c.step, c.runs).where(
+                c.id == status.job_id
+            )
             with self._tx() as s:
                 row = s.execute(query).first()
         if row is None or JobState(row.state).terminal:
@@ -508,7 +521,8 @@ class Store:
         if status.state.terminal or _RANK[status.state] > _RANK[JobState(row.state)]:
             return True
         figures = ((status.breakdown_ms, row.breakdown_ms), (status.epoch_seconds, row.epoch_seconds))
-        return any(new is not None and new != old for new, old in (*figures, (status.step, row.step)))
+        runs = (None if status.runs is None else _runs_json(status.runs), _runs_json(row.runs))
+        return any(new is not None and new != old for new, old in (*figures, (status.step, row.step), runs))
 
     def record_progress(
         self,
@@ -518,8 +532,9 @@ class Store:
         step: int,
         breakdown_ms: dict[str, float] | None,
         epoch_seconds: float | None,
+        runs: list[RunProgress] | None = None,
     ) -> None:
-        """A running job's own report (step, breakdown, epoch time); the state is left to the backend.
+        """A running job's own report (step, breakdown, epoch time, a pack's runs); the state is left to the backend.
 
         Only the job's current attempt reports (checked under the row lock, so a retry in between wins);
         figures missing from the report keep their last value; a terminal job takes no more reports."""
@@ -536,6 +551,8 @@ class Store:
                 row.breakdown_ms = breakdown_ms
             if epoch_seconds is not None:
                 row.epoch_seconds = epoch_seconds
+            if runs is not None:
+                row.runs = _runs_json(runs)
             row.updated_at = utcnow()
 
     def set_state(self, job_id: str, state: JobState, *, reason: str | None, message: str | None = None) -> None:

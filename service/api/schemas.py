@@ -16,7 +16,7 @@ from contracts.config import (
     check_steps_or_epochs,
 )
 from contracts.plans import PlanName
-from service.domain import JobFields, JobState
+from service.domain import MAX_RUNS, JobFields, JobState, PackRuns
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$")]
 LabelValue = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
@@ -139,6 +139,12 @@ class JobDetail(JobPublic):
 
     config: dict[str, Any] = Field(description="The resolved TrainConfig the job runs.")
     history: list[PhaseEvent]
+    runs: PackRuns = Field(
+        description=(
+            "Per-run progress of the last pack that reported (a search's trials packed into one process): "
+            "each run's index, seed, trial, step, returns and whether it diverged. Kept once the pack ends."
+        )
+    )
 
 
 class ProgressReport(BaseModel):
@@ -157,6 +163,9 @@ class ProgressReport(BaseModel):
         dict[Annotated[str, StringConstraints(max_length=64, pattern=NO_NUL)], Annotated[float, Field(ge=0)]] | None
     ) = Field(None, max_length=64, description="Mean milliseconds per step by component.")
     losses: dict[str, float | None] | None = Field(None, max_length=64, description="Last losses by name.")
+    runs: PackRuns = Field(
+        None, max_length=MAX_RUNS, description="A pack's trainer: each run's progress (at most 64, one per index)."
+    )
 
 
 class JobPage(BaseModel):

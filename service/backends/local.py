@@ -39,10 +39,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from contracts.jsonfile import read_json_object, write_json_atomic
 from service.backends.base import BackendNotFound, BackendUnavailable
-from service.backends.local_pipeline import POOLS_FILE, state_file, train_progress
-from service.domain import BackendStatus, JobSpec, JobState
+from service.backends.local_pipeline import POOLS_FILE, search_progress, state_file, train_progress
+from service.domain import MAX_RUNS, BackendStatus, JobSpec, JobState, RunProgress
 from service.pools import Pools
 
 if TYPE_CHECKING:
@@ -52,6 +54,18 @@ _SUPERVISOR = "service.backends.local_supervisor"
 _CANCEL_CODES = {143, -signal.SIGTERM, 137, -signal.SIGKILL}
 _LOST_PHASE = "stopping: the supervisor is gone"
 _LAST_LINE_CHARS = 300
+
+
+def pack_runs(value: Any) -> list[RunProgress] | None:
+    """A progress file's per-run entries, or None when it has none or they are not valid: the file is the
+    trainer's, and a bad one must not break the job's status (its step and breakdown still count)."""
+    if not isinstance(value, list) or len(value) > MAX_RUNS:
+        return None
+    try:
+        runs = [RunProgress.model_validate(entry) for entry in value]
+    except ValidationError:
+        return None
+    return runs if len({run.run for run in runs}) == len(runs) else None
 
 
 def detect_gpus() -> int:
@@ -461,7 +475,7 @@ class LocalBackend:
         # read after the liveness check: a supervisor writes its exit file before it exits
         finished = read_json_object(job_dir / f"exit-{attempt}.json")
         cancelled = (job_dir / f"cancel-{attempt}").exists()
-        progress = read_json_object(train_progress(job_dir)) or {}
+        progress = read_json_object(train_progress(job_dir)) or read_json_object(search_progress(job_dir)) or {}
         status = BackendStatus(
             job_id=job_dir.name,
             state=JobState.PENDING,
@@ -469,6 +483,7 @@ class LocalBackend:
             breakdown_ms=progress.get("breakdown_ms"),
             epoch_seconds=progress.get("epoch_seconds"),
             step=progress.get("step"),
+            runs=pack_runs(progress.get("runs")),
         )
         status.started_at = datetime.fromtimestamp(run["started_at"], UTC)
         if finished is not None:

@@ -68,6 +68,12 @@ def train_progress(job_dir: Path) -> Path:
     return job_dir / RUN / "train" / "progress.json"
 
 
+def search_progress(job_dir: Path) -> Path:
+    """The search's progress.json: the last report of a pack of trials, with its runs (`trainer hyperopt trial`
+    writes it into its --run-dir, the pipeline's {run}/hyperopt)."""
+    return job_dir / RUN / "hyperopt" / "progress.json"
+
+
 def state_file(job_dir: Path, attempt: int) -> Path:
     return job_dir / f"pipeline-{attempt}.json"
 

@@ -146,3 +146,18 @@ def test_bad_input_and_unreachable_api_fail_in_one_line(served: tuple[Controller
 def test_python_dash_m_service_is_the_cli() -> None:
     result = subprocess.run([sys.executable, "-m", "service", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "serve" in result.stdout and "token" in result.stdout
+
+
+def test_the_job_view_shows_each_run_of_a_pack(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli import _print_job
+
+    runs = [
+        {"run": 0, "seed": 7, "trial": 4, "step": 300, "train_return": 21.5, "eval_return": 30.25, "diverged": False},
+        {"run": 1, "seed": 7, "trial": 5, "step": 100, "train_return": None, "eval_return": None, "diverged": True},
+    ]
+    _print_job({"id": "job-1", "state": "RUNNING", "step": 300, "runs": runs, "history": []}, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("runs:"))
+    assert lines[start].split(":", 1)[1].split() == ["run", "seed", "trial", "step", "train", "eval"]
+    assert lines[start + 1].split() == ["0", "7", "4", "300", "21.50", "30.25"]
+    assert lines[start + 2].split() == ["1", "7", "5", "100", "diverged", "(frozen)"]

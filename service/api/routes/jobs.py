@@ -47,7 +47,7 @@ JobId = Annotated[str, Depends(_job_id)]
 
 def _public(job: JobRecord) -> JobPublic:
     return JobPublic(
-        **job.model_dump(exclude={"events", "config"}), cancel_requested=job.cancel_requested_at is not None
+        **job.model_dump(exclude={"events", "config", "runs"}), cancel_requested=job.cancel_requested_at is not None
     )
 
 
@@ -154,7 +154,7 @@ def retry_job(job_id: JobId, principal: TenantDep, jobs: JobsDep) -> JobDetail:
 def report_progress(
     job: ProgressJobDep, body: Annotated[ProgressReport, Depends(_progress_body)], store: StoreDep
 ) -> Response:
-    """The trainer's progress (step, breakdown, epoch time) while the job runs, sent from its pod.
+    """The trainer's progress (step, breakdown, epoch time; a pack's runs) while the job runs, sent from its pod.
 
     The bearer token is the job's progress token (the Workflow's `progress-token` parameter), not a
     user's token: it is good for the reports of this job's current attempt and nothing else."""
@@ -164,6 +164,7 @@ def report_progress(
         step=body.step,
         breakdown_ms=body.breakdown_ms,
         epoch_seconds=body.epoch_seconds,
+        runs=body.runs,
     )
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

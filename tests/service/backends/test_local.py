@@ -439,3 +439,12 @@ def test_supervisor_records_a_broken_executor_as_a_failure(tmp_path: Path) -> No
     subprocess.run(run, check=True, capture_output=True)
     record = json.loads((tmp_path / "exit-0.json").read_text())
     assert record["code"] == 1 and "the local pipeline executor failed" in record["last_line"]
+
+
+def test_a_progress_files_runs_reach_the_status_only_when_valid() -> None:
+    from service.backends.local import pack_runs
+
+    entry = {"run": 0, "seed": 1, "trial": 2, "step": 5, "train_return": 1.0, "eval_return": None, "diverged": False}
+    assert [r.trial for r in pack_runs([entry, {**entry, "run": 1, "trial": 3}]) or []] == [2, 3]
+    for bad in (None, {"0": entry}, [{**entry, "step": "5"}], [entry, entry], [{**entry, "run": i} for i in range(65)]):
+        assert pack_runs(bad) is None, bad

@@ -474,3 +474,49 @@ def test_without_a_progress_secret_no_report_is_taken(controller: Controller) ->
     job_id = _submit(controller).json()["id"]
     response = _progress(controller, job_id, {"step": 1})
     assert response.status_code == 403 and "FOXHUNT_PROGRESS_SECRET is not set" in response.json()["detail"]
+
+
+RUNS = [
+    {"run": 0, "seed": 3, "trial": 0, "step": 40, "train_return": 12.5, "eval_return": None, "diverged": False},
+    {"run": 1, "seed": 3, "trial": 1, "step": 20, "train_return": None, "eval_return": 9, "diverged": True},
+]
+
+
+def test_a_packs_per_run_progress_shows_on_the_job_and_a_report_without_it_keeps_it(
+    reporting: tuple[Controller, str],
+) -> None:
+    c, job_id = reporting
+    assert c.request("GET", f"/v1/jobs/{job_id}").json()["runs"] is None  # no pack reported yet
+    assert _progress(c, job_id, {"step": 40, "runs": RUNS}).status_code == 204
+    job = c.request("GET", f"/v1/jobs/{job_id}").json()
+    assert job["runs"] == [RUNS[0], {**RUNS[1], "eval_return": 9.0}]
+    assert _progress(c, job_id, {"step": 41}).status_code == 204  # a solo report keeps the pack's runs
+    assert c.request("GET", f"/v1/jobs/{job_id}").json()["runs"][1]["diverged"] is True
+    listed = c.request("GET", "/v1/jobs").json()["items"]
+    assert "runs" not in listed[0]  # up to 64 entries a job: the job's own GET shows them, not every list page
+
+
+def test_per_run_entries_take_strict_types_and_stay_bounded(reporting: tuple[Controller, str]) -> None:
+    c, job_id = reporting
+    entry = RUNS[0]
+    bad: list[object] = [
+        [{**entry, "step": "5"}],
+        [{**entry, "step": -1}],
+        [{**entry, "diverged": 1}],
+        [{**entry, "run": 64}],
+        [{**entry, "run": True}],
+        [{**entry, "seed": -1}],
+        [{**entry, "eval_return": "1.5"}],
+        [{k: v for k, v in entry.items() if k != "step"}],
+        [entry, {**RUNS[1], "run": 0}],  # one index twice
+        [{**entry, "run": i} for i in range(64)] + [{**entry, "run": 0}],  # 65 entries
+        {"0": entry},
+    ]
+    for runs in bad:
+        response = _progress(c, job_id, {"step": 1, "runs": runs})
+        assert (response.status_code, response.headers["content-type"]) == (422, PROBLEM), runs
+    job = c.request("GET", f"/v1/jobs/{job_id}").json()
+    assert (job["step"], job["runs"]) == (None, None)
+    full = [{**entry, "run": i} for i in range(64)]
+    assert _progress(c, job_id, {"step": 1, "runs": full}).status_code == 204
+    assert len(c.request("GET", f"/v1/jobs/{job_id}").json()["runs"]) == 64
