@@ -21,9 +21,16 @@ $(STAMP): pyproject.toml requirements/dev.txt
 	$(PY) -m pip check
 	touch $(STAMP)
 
-# requirements/{dev,service,trainer}.txt from pyproject.toml (scripts/lock.py; needs the package index).
-lock: setup
+# requirements/{dev,service,trainer}.txt from pyproject.toml (scripts/lock.py; needs the package index). It needs
+# only uv, from the committed lock, not `setup`: after a dependency is added to pyproject.toml the project does not
+# install (offline, from the lock) until the lock has it.
+lock: $(VENV)/bin/uv
 	$(PY) scripts/lock.py
+
+$(VENV)/bin/uv:
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q pip==26.3
+	$(PY) -m pip install -q --require-hashes -r requirements/dev.txt
 
 # The main job on the embedded default: a short training run, printing its step breakdown.
 run: setup
