@@ -17,6 +17,7 @@ from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.api.middleware import HttpMiddleware
 from service.api.routes import health, jobs, pools
+from service.auth import TokenCache
 from service.backends.base import Backend
 from service.jobs import JobService
 from service.metrics import ControllerMetrics, CountsApiCalls
@@ -107,6 +108,7 @@ def create_app(
         metrics=metrics,
         reconciler=reconciler,
         jobs=JobService(store, pools_config, metrics, reconciler.wake, datasets=settings.dataset_access),
+        tokens=TokenCache(store, settings.token_cache_seconds),
     )
 
     @asynccontextmanager

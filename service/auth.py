@@ -5,6 +5,10 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
@@ -49,14 +53,52 @@ def create_token(store: Store, *, name: str, tenant: str, admin: bool = False) -
     return secret, store.add_token(token_hash=hash_token(secret), name=name, tenant=tenant, admin=admin)
 
 
-def authenticate(store: Store, authorization: str | None) -> Principal:
-    """Principal for an `Authorization: Bearer <token>` header, or Unauthorized."""
+@dataclass(eq=False)
+class TokenCache:
+    """Live tokens as the store last answered for them, each for `ttl_seconds` (`FOXHUNT_TOKEN_CACHE_SECONDS`).
+
+    Every request asked the database for its token: a query per request on the hot path. A token found live
+    is taken from here until its entry is `ttl_seconds` old, so a token revoked meanwhile (`foxhunt token
+    revoke` writes the database, from any process) keeps working for at most that long. An unknown or revoked
+    token is never cached: it is asked for each time, and guessing fills nothing. 0 turns the cache off."""
+
+    store: Store
+    ttl_seconds: float
+    max_entries: int = 10_000
+    """Past this many tokens the cache starts over (a bound, not an LRU: it is refilled within one TTL)."""
+    clock: Callable[[], float] = time.monotonic
+    _entries: dict[str, tuple[float, TokenInfo]] = field(default_factory=dict, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def find(self, token_hash: str) -> TokenInfo | None:
+        """The live token with this hash, from the cache while its entry is younger than the TTL."""
+        if self.ttl_seconds <= 0:
+            return self.store.find_token(token_hash)
+        now = self.clock()
+        hit = self._entries.get(token_hash)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+        info = self.store.find_token(token_hash)
+        with self._lock:
+            if info is None:
+                self._entries.pop(token_hash, None)
+            else:
+                if len(self._entries) >= self.max_entries:
+                    self._entries.clear()
+                self._entries[token_hash] = (now + self.ttl_seconds, info)
+        return info
+
+
+def authenticate(tokens: Store | TokenCache, authorization: str | None) -> Principal:
+    """Principal for an `Authorization: Bearer <token>` header, or Unauthorized (the store asked directly, or
+    through a TokenCache)."""
     if not authorization:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     scheme, _, secret = authorization.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise Unauthorized("malformed Authorization header: expected 'Bearer <token>'")
-    info = store.find_token(hash_token(secret.strip()))
+    digest = hash_token(secret.strip())
+    info = tokens.find(digest) if isinstance(tokens, TokenCache) else tokens.find_token(digest)
     if info is None:
         raise Unauthorized("unknown or revoked token")
     return Principal(tenant=info.tenant, name=info.name, admin=info.admin)

@@ -42,6 +42,15 @@ class Settings(BaseSettings):
     )
     reconcile_interval_seconds: float = Field(5.0, gt=0.0, description="Period of the full list reconcile.")
     run_reconciler: bool = Field(True, description="Start the reconciler threads with the app.")
+    token_cache_seconds: float = Field(
+        5.0,
+        ge=0.0,
+        le=300.0,
+        description=(
+            "How long a live bearer token is taken from the process's cache instead of the database: a revoked "
+            "token keeps working for at most this long. 0: every request asks the database."
+        ),
+    )
     migrate_on_start: bool = Field(True, description="Run `alembic upgrade head` when the app is created.")
     argo_namespace: str = Field("foxhunt", description="Namespace of the Workflows (argo backend).")
     argo_workflow_template: str = Field("compile-and-train", description="WorkflowTemplate jobs reference.")

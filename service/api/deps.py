@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.auth import Principal, authenticate
+from service.auth import Principal, TokenCache, authenticate
 from service.backends.base import Backend
 from service.errors import Forbidden, Unauthorized
 from service.jobs import JobService
@@ -31,6 +31,7 @@ class Services:
     metrics: ControllerMetrics
     reconciler: Reconciler
     jobs: JobService
+    tokens: TokenCache
 
 
 def _services(request: Request) -> Services:
@@ -64,7 +65,7 @@ def _principal(
     if services.settings.auth_disabled:
         return Principal(tenant=services.settings.default_tenant, name=services.settings.default_tenant)
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
-    return authenticate(services.store, header)
+    return authenticate(services.tokens, header)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.auth import Principal, authenticate, create_token, hash_token
+from service.auth import Principal, TokenCache, authenticate, create_token, hash_token
 from service.errors import Unauthorized
 from service.store import Store
 
@@ -51,6 +51,72 @@ def test_revoked_tokens_stop_working(store: Store) -> None:
     store.revoke_token(info.id)
     with pytest.raises(Unauthorized, match="unknown or revoked"):
         authenticate(store, f"Bearer {secret}")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_cached_token_revoked_works_until_its_ttl_has_passed_and_no_longer(store: Store) -> None:
+    secret, info = create_token(store, name="ci", tenant="team-a")
+    clock = FakeClock()
+    cache = TokenCache(store, ttl_seconds=5.0, clock=clock)
+    header = f"Bearer {secret}"
+    assert authenticate(cache, header).tenant == "team-a"
+    store.revoke_token(info.id)
+    clock.now += 4.9
+    assert authenticate(cache, header).tenant == "team-a"  # the documented window: at most the TTL
+    clock.now += 0.2
+    with pytest.raises(Unauthorized, match="unknown or revoked"):
+        authenticate(cache, header)
+    clock.now = 0.0  # a revoked token is not cached either: refused whatever the clock says
+    with pytest.raises(Unauthorized, match="unknown or revoked"):
+        authenticate(cache, header)
+
+
+def test_an_unknown_token_is_not_cached_and_a_zero_ttl_asks_the_store_every_time(store: Store) -> None:
+    cache = TokenCache(store, ttl_seconds=60.0, clock=FakeClock())
+    secret = "fxh_made_later"
+    with pytest.raises(Unauthorized):
+        authenticate(cache, f"Bearer {secret}")
+    store.add_token(token_hash=hash_token(secret), name="late", tenant="team-b", admin=False)
+    assert authenticate(cache, f"Bearer {secret}").tenant == "team-b"  # the miss was not remembered
+    uncached = TokenCache(store, ttl_seconds=0.0, clock=FakeClock())
+    other, info = create_token(store, name="ci", tenant="team-a")
+    assert authenticate(uncached, f"Bearer {other}").tenant == "team-a"
+    store.revoke_token(info.id)
+    with pytest.raises(Unauthorized):
+        authenticate(uncached, f"Bearer {other}")
+
+
+def test_the_cache_asks_the_store_once_per_ttl_and_stays_bounded(store: Store) -> None:
+    asked: list[str] = []
+    find = store.find_token
+
+    def counting(token_hash: str) -> object:
+        asked.append(token_hash)
+        return find(token_hash)
+
+    store.find_token = counting  # type: ignore[method-assign]
+    secret, _ = create_token(store, name="ci", tenant="team-a")
+    clock = FakeClock()
+    cache = TokenCache(store, ttl_seconds=5.0, clock=clock, max_entries=2)
+    for _ in range(3):
+        authenticate(cache, f"Bearer {secret}")
+    assert len(asked) == 1
+    clock.now += 5.0
+    authenticate(cache, f"Bearer {secret}")
+    assert len(asked) == 2
+    for i in range(5):
+        create_token(store, name=f"t{i}", tenant="team-a")
+    others = [create_token(store, name=f"u{i}", tenant="team-a")[0] for i in range(5)]
+    for other in others:
+        authenticate(cache, f"Bearer {other}")
+    assert len(cache._entries) <= 2
 
 
 def test_empty_names_are_refused(store: Store) -> None:

@@ -24,7 +24,8 @@ runner = CliRunner()
 def served(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Controller, str]]:
-    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "0.5"))
+    # no token cache: the revocation test expects a revoked token refused at once (auth's tests cover the TTL)
+    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "0.5"), token_cache_seconds=0)
     monkeypatch.setenv("FOXHUNT_DATABASE_URL", settings.database_url)
     controller = controller_factory(settings)
     with live_server(controller.app) as url:
