@@ -29,7 +29,8 @@ placeholder    meaning
 {storage}      the Optuna storage URL of the job's study
 {study}        the Optuna study name (one per job)
 {trials}       hyper-parameter trials to run (the search runs only when > 0)
-{trial}        one trial's number, an item of the suggest step's JSON output (a fan-out item)
+{pack}         one pack of trials, their numbers comma-separated ("0,1,2"; "3" alone): an item of the
+               suggest step's JSON output (a fan-out item), trained in one pod
 {status}       the pipeline's outcome, for the exit handler (Succeeded, Failed, Error)
 {duration}     seconds the pipeline ran, for the exit handler
 {failures}     the failed steps as JSON, for the exit handler
@@ -275,18 +276,21 @@ SUGGEST_STEP = cpu_step(
     ),
     "cpu",
     600,
-    "Creates the study and prints the trial numbers to train as a JSON list on stdout.",
+    "Creates the study, asks the trials and groups them into packs (trials whose configs differ only in the "
+    "seed and numeric hyper-parameters, up to 16 a pack; a searched shape or switch runs its trials one per pod, "
+    "and the log says so); prints the packs as a JSON list on stdout, one trial pod each.",
     optuna=True,
 )
 TRIAL_STEP = gpu_step(
     TRIAL,
     (
-        *("hyperopt", "trial", "--trial", "{trial}", "--storage", "{storage}", "--study", "{study}"),
-        *("--config", RESOLVED_CONFIG, "--run-dir", "{run}/hyperopt/trial-{trial}"),
+        *("hyperopt", "trial", "--trials", "{pack}", "--storage", "{storage}", "--study", "{study}"),
+        *("--config", RESOLVED_CONFIG, "--run-dir", "{run}/hyperopt"),
     ),
     21600,
-    "Trains one trial with its stored parameters and tells the study its objective.",
-    checkpoint="{checkpoints}/trial-{trial}",
+    "Trains one pack of trials (one process, one batched step) with their stored parameters, each into "
+    "hyperopt/trial-<n>, and tells the study each trial's objective; a diverged run fails its trial alone.",
+    checkpoint="{checkpoints}",  # trial n's: {checkpoints}/trial-<n>, fixed per job
     optuna=True,
 )
 BEST_STEP = cpu_step(
@@ -334,13 +338,13 @@ BENCH_STEP = Step(
     description="Every plan timed on one GPU of the pool; bench.json on the volume, the table to the Pushgateway.",
 )
 
-# The search: suggest prints the trial numbers, one trial per number (a crashed trial is recorded as
+# The search: suggest prints the packs of trials, one trial pod per pack (a crashed trial is recorded as
 # failed in the study and the search goes on without it), then the best trial's config.
 HYPEROPT = Graph(
     "hyperopt",
     (
         Node("suggest", SUGGEST_STEP),
-        Node("trial", TRIAL_STEP, after=("suggest",), fan_out=FanOut(source="suggest", item="trial")),
+        Node("trial", TRIAL_STEP, after=("suggest",), fan_out=FanOut(source="suggest", item="pack")),
         Node("best", BEST_STEP, after=("trial",)),
     ),
 )

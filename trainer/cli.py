@@ -7,6 +7,7 @@ Bad input (config, dataset, missing file) prints one line `error: …` and exits
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -416,18 +417,24 @@ def train_pack(
     seed. Each seed-<n>/ holds what `trainer train` writes; a seed whose guard skips is frozen and reported."""
     from trainer.execution.pack import PackError
     from trainer.runtime.pack_train import run_pack_training
+    from trainer.runtime.progress import ProgressReporter
     from trainer.runtime.train import RunDirBusy
     from trainer.tools.sweep import SEED_DIR, parse_seeds
 
+    reporter = ProgressReporter.from_env()  # in a pod: the pack's reports, each run's progress, to the controller
     try:
         if config is None:
             raise ConfigError("--config is required: the recipe to train on every seed")
         chosen = parse_seeds(seeds)
         configs = [load_config(config, [*(override or []), f"run.seed={seed}"]) for seed in chosen]
         dirs = [out / SEED_DIR.format(seed=seed) for seed in chosen]
-        run_pack_training(configs, dirs, out=lambda line: typer.echo(line, err=True))
+        on_report = reporter.update if reporter is not None else None
+        run_pack_training(configs, dirs, out=lambda line: typer.echo(line, err=True), on_report=on_report)
     except (ConfigError, PackError, RunDirBusy) as error:
         raise fail(str(error)) from None
+    finally:
+        if reporter is not None:
+            reporter.close()
 
 
 hyperopt_app = typer.Typer(no_args_is_help=True, help="Optuna hyper-parameter search (docs/hyperopt.md).")
@@ -488,40 +495,57 @@ def hyperopt_suggest(
     trials: Annotated[int, typer.Option(min=1, help="Trials the study should hold in total.")],
     config: ConfigOption = None,
     space: SpaceOption = None,
+    pack_size: Annotated[
+        int, typer.Option(min=1, max=64, help="Trials one pod trains as one pack at most (1: one trial per pod).")
+    ] = 16,
 ) -> None:
-    """Create the study if needed, ask the missing trials, print the unfinished trial numbers as JSON."""
-    from trainer.tools.hyperopt import check_space, load_space, open_study, suggest
+    """Create the study if needed, ask the missing trials, group the unfinished ones into packs and print the
+    packs as a JSON list of comma-separated trial numbers (["0,1,2", "3"]), one `trial --trials` each."""
+    from trainer.tools.hyperopt import check_space, format_pack, load_space, open_study, plan_packs, suggest
 
     def body() -> None:
         base = load_config(config)
         parsed = load_space(space)
         check_space(parsed, base)
         opened = open_study(storage, study, create=True, seed=base.run.seed)
-        numbers = suggest(opened, parsed, trials, lambda line: typer.echo(line, err=True))
-        typer.echo(json.dumps(numbers))
+        say = functools.partial(typer.echo, err=True)
+        numbers = suggest(opened, parsed, trials, say)
+        packs = plan_packs(opened, numbers, parsed, base, pack_size, say) if numbers else []
+        typer.echo(json.dumps([format_pack(pack) for pack in packs]))
 
     _hyperopt_call(body)
 
 
 @hyperopt_app.command("trial")
 def hyperopt_trial(
-    trial: Annotated[int, typer.Option(min=0, help="Trial number, as printed by suggest.")],
+    trials: Annotated[str, typer.Option(help="Trial numbers, one pack as suggest printed it: 3 or 0,1,2.")],
     storage: StorageOption,
     study: StudyOption,
     config: ConfigOption = None,
-    run_dir: Annotated[Path | None, typer.Option(help="Output folder (default runs/<study>-trial-<n>).")] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Folder of the trials: trial-<n>/ each, progress.json (default runs/<study>).")
+    ] = None,
     trial_steps: Annotated[int | None, typer.Option(min=1, help="run.steps of the trial (default: config's).")] = None,
     checkpoint_url: CheckpointOption = None,
 ) -> None:
-    """Train one trial with its stored parameters and tell the study its objective (or FAIL)."""
-    from trainer.tools.hyperopt import open_study, run_trial
+    """Train the trials with their stored parameters, several as one pack, and tell the study each objective (or
+    FAIL). One trial trains alone, checkpointing at CHECKPOINT_URL/trial-<n>; a pack in its trials' folders."""
+    from trainer.runtime.progress import ProgressReporter
+    from trainer.tools.hyperopt import open_study, parse_pack, run_pack
 
     def body() -> None:
+        numbers = parse_pack(trials)
         base = load_config(config)
         opened = open_study(storage, study, create=False)
         extra = [f"run.steps={trial_steps}"] if trial_steps is not None else []
-        trial_dir = run_dir or Path("runs") / f"{study}-trial-{trial}"
-        run_trial(opened, trial, base, trial_dir, typer.echo, extra, checkpoint_url=checkpoint_url)
+        folder = run_dir or Path("runs") / study
+        reporter = ProgressReporter.from_env()  # in a pod: a pack's reports also go to the controller
+        try:
+            on_report = reporter.update if reporter is not None else None
+            run_pack(opened, numbers, base, folder, typer.echo, extra, checkpoint_url, on_report)
+        finally:
+            if reporter is not None:
+                reporter.close()
 
     _hyperopt_call(body)
 

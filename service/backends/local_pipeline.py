@@ -74,6 +74,13 @@ def search_progress(job_dir: Path) -> Path:
     return job_dir / RUN / "hyperopt" / "progress.json"
 
 
+def _fan_out_item(item: object) -> bool:
+    """What a fan-out passes on as one argument: a whole number, or a string of one line (a pack: "0,1,2")."""
+    if isinstance(item, str):
+        return bool(item) and "\n" not in item and "\x00" not in item
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
 def state_file(job_dir: Path, attempt: int) -> Path:
     return job_dir / f"pipeline-{attempt}.json"
 
@@ -212,15 +219,15 @@ class PipelineRun:
             items = json.loads("".join(printed.get(source.name, [])).strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
             items = None
-        if not isinstance(items, list) or not all(isinstance(n, int) for n in items):
-            line = f"{source_name} printed no JSON list of {fan_out.item} numbers"
+        if not isinstance(items, list) or not all(_fan_out_item(n) for n in items):
+            line = f"{source_name} printed no JSON list of {fan_out.item} items (numbers or strings)"
             self._say(line)
             self._failures.append(_Failure(source_name, source_name, 1, line))
             return Outcome(1, source_name, line)
         started = iter(range(1, len(items) + 1))
         failed: list[tuple[str, int]] = []
 
-        def one(item: int) -> None:
+        def one(item: int | str) -> None:
             if self.stop.is_set():
                 return
             with self._lock:

@@ -36,6 +36,7 @@ from service.pools import Pools
 from service.progress import progress_token
 from tests.deploy.conftest import ARGO_DIR, K8S_DIR, ROOT, Doc
 from trainer.cli import app
+from trainer.tools.hyperopt import parse_pack
 
 JOB = "j-7f3a9c"
 POOL = "h100"
@@ -56,7 +57,9 @@ WORKFLOW_VARIABLES = {
     "workflow.duration": "812.402",
     "workflow.failures": '[{"displayName":"train","message":"OOMKilled","templateName":"train","phase":"Failed"}]',
 }
-STEP_OUTPUTS = {"{{steps.suggest.outputs.result}}": json.dumps(list(range(TRIALS)))}
+# suggest's packs of trials (trainer hyperopt suggest): a pack of several, and a trial alone (a shape it searched)
+PACKS = [",".join(str(n) for n in range(TRIALS - 1)), str(TRIALS - 1)]
+STEP_OUTPUTS = {"{{steps.suggest.outputs.result}}": json.dumps(PACKS)}
 # The pipeline's placeholders as they read inside a pod of job JOB (contracts/pipeline.py, issue 10).
 POD_VALUES = {
     "config": "/inputs/config.json",
@@ -252,10 +255,9 @@ def test_the_parsed_commands_carry_the_jobs_values(rendered_argo: dict[str, Doc]
     parsed: dict[str, list[dict[str, Any]]] = {}
     for name, template, variables in all_pods(rendered_argo):
         parsed.setdefault(name, []).append(parse(cli, pod_args(template, variables)))
-    assert [p["trial"] for p in parsed[TRIAL_STEP.name]] == list(range(TRIALS))
-    assert {str(p["run_dir"]) for p in parsed[TRIAL_STEP.name]} == {
-        f"/data/runs/{JOB}/hyperopt/trial-{n}" for n in range(TRIALS)
-    }
+    assert [p["trials"] for p in parsed[TRIAL_STEP.name]] == PACKS  # one pod per pack, its trials as suggest grouped
+    assert [parse_pack(p["trials"]) for p in parsed[TRIAL_STEP.name]] == [list(range(TRIALS - 1)), [TRIALS - 1]]
+    assert {str(p["run_dir"]) for p in parsed[TRIAL_STEP.name]} == {f"/data/runs/{JOB}/hyperopt"}  # trial-<n>/ each
     (suggest,) = parsed[SUGGEST_STEP.name]
     assert suggest["trials"] == TRIALS and suggest["storage"] == OPTUNA_STORAGE and suggest["study"] == f"foxhunt-{JOB}"
     (resolve,) = parsed[RESOLVE_STEP.name]
@@ -292,7 +294,7 @@ def test_the_command_check_fails_when_a_trainer_option_is_renamed(rendered_argo:
     ("args", "why"),
     [
         (["train", "--bogus", "1"], "No such option"),
-        (["hyperopt", "trial", "--trial", "x", "--storage", "s", "--study", "s"], "valid integer"),
+        (["hyperopt", "trial", "--trial", "1", "--storage", "s", "--study", "s"], "No such option: --trial"),
         (["finish", "--run", "/data/runs/j"], "Missing parameter: status"),
         (["hyperopt"], "names no trainer command"),
     ],
@@ -309,8 +311,8 @@ def test_a_reference_argo_cannot_resolve_fails_the_check() -> None:
 
 # ---- the pipeline in the template --------------------------------------------------------------
 def _pod_values(variables: dict[str, str]) -> dict[str, str]:
-    trial = variables.get("inputs.parameters.trial")
-    return POD_VALUES | ({"trial": trial} if trial is not None else {})
+    pack = variables.get("inputs.parameters.pack")
+    return POD_VALUES | ({"pack": pack} if pack is not None else {})
 
 
 def test_every_pipeline_step_runs_with_the_pipelines_exact_arguments(rendered_argo: dict[str, Doc]) -> None:
@@ -341,8 +343,8 @@ def test_each_step_keeps_its_deadline_retry_and_checkpoint(rendered_argo: dict[s
         assert policy == ("Always" if step.retry == "infrastructure" else "OnError"), step.name
         env = {e["name"]: e.get("value") for e in template["container"]["env"]}
         if step.checkpoint:
-            bound = step.checkpoint.format(checkpoints=f"/data/checkpoints/{JOB}", trial="1")
-            values = {"workflow.parameters.job-id": JOB, "inputs.parameters.trial": "1"}
+            bound = step.checkpoint.format(checkpoints=f"/data/checkpoints/{JOB}", pack="0,1")
+            values = {"workflow.parameters.job-id": JOB, "inputs.parameters.pack": "0,1"}
             assert substitute(env["FOXHUNT_CHECKPOINT_URL"], values) == bound, step.name
         else:
             assert "FOXHUNT_CHECKPOINT_URL" not in env, step.name

@@ -22,7 +22,7 @@ GPU_STEPS = {"compile", "hyperopt-trial", "train"}
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def test_two_trials_fanned_out_by_withparam_from_the_stand_in_executors_result_then_train_and_report(
+def test_two_trials_packed_into_one_pod_by_withparam_from_the_stand_in_executors_result_then_train_and_report(
     controller: Controller, pods: PodRunner, foxhunt: Cluster
 ) -> None:
     created = controller.api.post(
@@ -37,11 +37,12 @@ def test_two_trials_fanned_out_by_withparam_from_the_stand_in_executors_result_t
 
     steps = pods.steps(job_id)
     assert steps[:3] == ["resolve", "compile", "hyperopt-suggest"], steps
-    assert steps[3:5] == ["hyperopt-trial", "hyperopt-trial"], steps
-    assert steps[5:] == ["hyperopt-best", "train", "report", "on-exit"], steps
+    # The default space searches numbers only: suggest packs both trials, and one pod trains them as one pack.
+    assert steps[3:4] == ["hyperopt-trial"], steps
+    assert steps[4:] == ["hyperopt-best", "train", "report", "on-exit"], steps
     suggested = json.loads(next(run.stdout for run in pods.runs if run.template == "hyperopt-suggest"))
-    trials = sorted(run.argv[run.argv.index("--trial") + 1] for run in pods.runs if run.template == "hyperopt-trial")
-    assert trials == sorted(str(t) for t in suggested) and len(trials) == 2
+    packs = [run.argv[run.argv.index("--trials") + 1] for run in pods.runs if run.template == "hyperopt-trial"]
+    assert packs == suggested == ["0,1"]
 
     argo = workflow(foxhunt, job_id)
     assert argo["status"]["phase"] == "Succeeded"

@@ -47,7 +47,7 @@ def _result(foxhunt: Cluster, pod: str) -> dict[str, Any]:
     return json.loads(next(line for line in reversed(lines) if line.startswith("{")))  # type: ignore[no-any-return]
 
 
-def test_two_trials_fanned_out_by_withparam_from_argoexecs_own_output_train_and_report_in_real_pods(
+def test_two_trials_packed_by_withparam_from_argoexecs_own_output_train_and_report_in_real_pods(
     real_controller: Controller, real_node: str, foxhunt: Cluster
 ) -> None:
     created = real_controller.api.post(
@@ -65,14 +65,16 @@ def test_two_trials_fanned_out_by_withparam_from_argoexecs_own_output_train_and_
     nodes = workflow(foxhunt, job_id)["status"]["nodes"].values()
     suggest = next(node for node in nodes if node.get("templateName") == "hyperopt-suggest")
     suggested = json.loads(suggest["outputs"]["result"])  # what argoexec read from the step's stdout
-    trials = [
+    packs = [
         parameter["value"]
         for node in nodes
         if node.get("templateName") == "hyperopt-trial" and node.get("type") == "Pod"
         for parameter in node["inputs"]["parameters"]
-        if parameter["name"] == "trial"
+        if parameter["name"] == "pack"
     ]
-    assert sorted(trials) == sorted(str(trial) for trial in suggested) and len(trials) == 2
+    assert packs == suggested == ["0,1"]  # numbers only in the default space: both trials in one pod, one pack
+    # the pack's per-run progress, reported from its pod, is kept on the job after train's own reports
+    assert [(run["run"], run["trial"]) for run in job["runs"]] == [(0, 0), (1, 1)]
 
     pods = _pods(foxhunt, job_id)
     assert {pod["spec"]["nodeName"] for pod in pods} == {REAL_NODE}

@@ -7,11 +7,12 @@ CUDA_VISIBLE_DEVICES it got), then does the least the pipeline needs: resolve co
 --out as it is (the real `trainer resolve` applies the model, pool and epochs checks, which
 tests/trainer/test_cli.py and the real-trainer backend tests cover), check reads that config and
 writes check.json, train writes progress.json, summary.json and a checkpoint (in
-FOXHUNT_CHECKPOINT_URL) and prints the breakdown line; suggest prints a JSON list of trial numbers; a
-trial writes its objective; best writes the best trial's config.
+FOXHUNT_CHECKPOINT_URL) and prints the breakdown line; suggest prints a JSON list of packs of trials
+("0,1"); a trial (`--trials` one pack) writes each trial's objective; best writes the best trial's config.
 
 Knobs (before COMMAND): `--sleep S` (train sleeps), `--exit N` with `--exit-in CMD` (default train:
-that command exits N), `--fail-trial N` (repeatable: that trial exits 1), `--trials-together K` (a trial
+that command exits N), `--fail-trial N` (repeatable: that trial fails; its pack exits 1 when all of its
+trials failed, as the trainer's), `--pack K` (suggest packs K trials a pod; default 1), `--trials-together K` (a trial
 waits until K trials have started, and fails if they never do: proves they run at once),
 `--ignore-term` (SIGTERM ignored: a job that does not stop gracefully). SIGTERM otherwise exits 143
 like the trainer.
@@ -46,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--exit-in", default="train")
     parser.add_argument("--fail-trial", type=int, action="append", default=[])
     parser.add_argument("--trials-together", type=int, default=0)
+    parser.add_argument("--pack", type=int, default=1)
     parser.add_argument("--ignore-term", action="store_true")
     commands = parser.add_subparsers(dest="command", required=True)
     resolve = commands.add_parser("resolve")
@@ -78,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     suggest.add_argument("--trials", type=int, required=True)
     suggest.add_argument("--config")
     trial = hyperopt.add_parser("trial")
-    trial.add_argument("--trial", type=int, required=True)
+    trial.add_argument("--trials", required=True)
     trial.add_argument("--storage", required=True)
     trial.add_argument("--study", required=True)
     trial.add_argument("--config")
@@ -123,22 +125,27 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _trial(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "started").touch()
+    numbers = [int(n) for n in args.trials.split(",")]
+    folder = Path(args.run_dir)
+    for number in numbers:
+        (folder / f"trial-{number}").mkdir(parents=True, exist_ok=True)
+        (folder / f"trial-{number}" / "started").touch()
     if args.trials_together:
         deadline = time.monotonic() + TRIALS_TOGETHER_TIMEOUT
-        while len(list(run_dir.parent.glob("trial-*/started"))) < args.trials_together:
+        while len(list(folder.glob("trial-*/started"))) < args.trials_together:
             if time.monotonic() > deadline:
-                print(f"stand-in: trial {args.trial} never saw {args.trials_together} trials at once", flush=True)
+                print(f"stand-in: trials {args.trials} never saw {args.trials_together} trials at once", flush=True)
                 return 1
             time.sleep(0.02)
-    if args.trial in args.fail_trial:
-        print(f"stand-in: trial {args.trial} failed", flush=True)
-        return 1
-    _write(run_dir / "summary.json", {"trial": args.trial, "value": float(args.trial)})
-    print(f"stand-in: trial {args.trial} value={args.trial}", flush=True)
-    return 0
+    failed = 0
+    for number in numbers:
+        if number in args.fail_trial:
+            print(f"stand-in: trial {number} failed", flush=True)
+            failed += 1
+            continue
+        _write(folder / f"trial-{number}" / "summary.json", {"trial": number, "value": float(number)})
+        print(f"stand-in: trial {number} value={number}", flush=True)
+    return 1 if failed == len(numbers) else 0
 
 
 def _best(args: argparse.Namespace) -> int:
@@ -194,7 +201,8 @@ def main() -> int:
         _write(Path(args.run) / "status.json", record)
         print(json.dumps(record), flush=True)
     elif command == "suggest":
-        print(json.dumps(list(range(args.trials))), flush=True)
+        numbers = [str(n) for n in range(args.trials)]
+        print(json.dumps([",".join(numbers[i : i + args.pack]) for i in range(0, len(numbers), args.pack)]), flush=True)
     elif command == "trial":
         code = _trial(args)
     elif command == "best":

@@ -38,7 +38,7 @@ BOUND = {
     "storage": "sqlite:////jobs/j/optuna.db",
     "study": "foxhunt-j",
     "trials": "2",
-    "trial": "1",
+    "pack": "0,1",
     "status": "Succeeded",
     "duration": "12.5",
     "failures": "[]",

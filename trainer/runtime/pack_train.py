@@ -7,6 +7,10 @@ from its own environment with its own policy, and at its own points evaluates (b
 (progress.json), checkpoints, and at the end writes its summary.json, exactly as a solo run's folder holds them.
 Their metrics are served (`run.metrics_port`) and pushed as one registry, each sample labelled with its `run`.
 
+Every report also goes, as one pack report with a `runs` entry per run (index, seed, trial, step, returns,
+diverged), to `on_report`: the CLI sends it to the controller (`trainer/runtime/progress.py`), whose job shows
+each run's progress (`service.domain.RunProgress`).
+
 A run whose update the guard skipped (a non-finite loss or gradient) is reported at the next report and frozen:
 its parameters stay as they were before the skipped update, it no longer collects or evaluates, and its summary
 says so (`diverged_at_step`); the other runs go on.
@@ -18,7 +22,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +58,18 @@ class PackMember:
         raise PackError("a packed run's updates run through its pack (PackPlan.run), not one run at a time")
 
 
-def build_pack(configs: Sequence[TrainConfig], run_dirs: Sequence[Path]) -> tuple[list[Run], PackPlan]:
-    """Every run built and warmed up as `trainer train` does it, then packed (`PackError` if they cannot be)."""
+def build_pack(
+    configs: Sequence[TrainConfig], run_dirs: Sequence[Path], checkpoint_urls: Sequence[str | None] | None = None
+) -> tuple[list[Run], PackPlan]:
+    """Every run built and warmed up as `trainer train` does it, then packed (`PackError` if they cannot be).
+    Run i checkpoints at `checkpoint_urls[i]` when given (a search's trial location), else in its run folder."""
+    urls = list(checkpoint_urls) if checkpoint_urls is not None else [None] * len(configs)
     runs: list[Run] = []
 
     def make(i: int, config: TrainConfig) -> PackRun:
         run_dirs[i].mkdir(parents=True, exist_ok=True)
         dump_config(config, run_dirs[i] / "config.json")
-        run = build_run(config, run_dirs[i])  # checkpoints in run_dirs[i]/checkpoints
+        run = build_run(config, run_dirs[i], urls[i])
         if run.collect_in_graph:
             raise PackError("a packed run collects through its own objects: set run.collect_graph=false")
         fill_replay(run)
@@ -83,28 +91,78 @@ def run_losses(output: PackOutput, index: int) -> dict[str, float]:
     return {name: float(values[index]) for name, values in output.losses.items()}
 
 
+Report = Callable[[dict[str, Any]], None]
+
+
 def run_pack_training(
-    configs: Sequence[TrainConfig], run_dirs: Sequence[Path], out: Callable[[str], None] = print
+    configs: Sequence[TrainConfig],
+    run_dirs: Sequence[Path],
+    out: Callable[[str], None] = print,
+    *,
+    trials: Sequence[int] | None = None,
+    on_report: Report | None = None,
+    checkpoint_urls: Sequence[str | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train every run to its `run.steps` as one pack; each run's summary (also in its run_dir/summary.json)."""
+    """Train every run to its `run.steps` as one pack; each run's summary (also in its run_dir/summary.json).
+
+    `trials`: the Optuna trial each run trains (a search's pack), named in its log lines and its progress entry;
+    `on_report` gets each pack report (`pack_report`) as the runs' progress.json files are written;
+    `checkpoint_urls`: each run's checkpoint location (default: its run folder)."""
     if len(set(run_dirs)) != len(run_dirs):
         raise PackError("each run of a pack needs its own run folder")
+    if trials is not None and len(trials) != len(configs):
+        raise PackError(f"{len(configs)} runs and {len(trials)} trials: one trial per run")
     with contextlib.ExitStack() as held:
         for path in run_dirs:
             held.enter_context(hold_run_dir(path))
-        return _train(configs, run_dirs, out)
+        return _train(configs, run_dirs, out, trials, on_report, checkpoint_urls)
+
+
+def _tag(index: int, config: TrainConfig, trials: Sequence[int] | None) -> str:
+    return f"[run {index} seed {config.run.seed}" + (f" trial {trials[index]}]" if trials is not None else "]")
+
+
+def pack_report(
+    runs: Sequence[Run],
+    trials: Sequence[int] | None,
+    evaluations: dict[int, float],
+    frozen: Collection[int],
+) -> dict[str, Any]:
+    """The pack's progress as one report: a live run's plan and timings (one step serves every run), and per run
+    (`runs`) its index, seed, trial, step, last training and evaluation return, and whether it diverged."""
+    first = next((run.last_report for i, run in enumerate(runs) if i not in frozen), runs[0].last_report)
+    shared = {key: first.get(key) for key in ("steps", "plan", "step_ms", "epoch_seconds", "breakdown_ms")}
+    entries = [
+        {
+            "run": i,
+            "seed": run.config.run.seed,
+            "trial": None if trials is None else trials[i],
+            "step": run.step,
+            "train_return": run.last_report.get("train_return_mean"),
+            "eval_return": evaluations.get(i),
+            "diverged": i in frozen,
+        }
+        for i, run in enumerate(runs)
+    ]
+    return {**shared, "step": max(run.step for run in runs), "runs": entries}
 
 
 def _train(
-    configs: Sequence[TrainConfig], run_dirs: Sequence[Path], out: Callable[[str], None]
+    configs: Sequence[TrainConfig],
+    run_dirs: Sequence[Path],
+    out: Callable[[str], None],
+    trials: Sequence[int] | None,
+    on_report: Report | None,
+    checkpoint_urls: Sequence[str | None] | None,
 ) -> list[dict[str, Any]]:
-    runs, plan = build_pack(configs, run_dirs)
+    runs, plan = build_pack(configs, run_dirs, checkpoint_urls)
     config = configs[0]  # schedules (steps, log, eval, checkpoints) are shared by every run of a pack
     online = config.data.source != "offline"
     frozen: dict[int, dict[str, torch.Tensor]] = {}  # run -> its state when it was frozen
     diverged_at: dict[int, int] = {}
     skips = [0] * len(runs)  # each run's guard skips at the last report
-    say = [functools.partial(_tagged, out, f"[run {i} seed {c.run.seed}]") for i, c in enumerate(configs)]
+    say = [functools.partial(_tagged, out, _tag(i, c, trials)) for i, c in enumerate(configs)]
+    evaluations: dict[int, float] = {}  # run -> its last evaluation's mean return
     registry = pack_registry([run.metrics.registry for run in runs])  # every run's families, labelled `run`
     port = resolve_metrics_port(config.run.metrics_port)
     exporter = serve(registry, port) if port is not None else None
@@ -138,14 +196,20 @@ def _train(
             run.step, run.wall_seconds = step, wall
             run.timer.end_step()
             run.metrics.steps_done(advanced)
-            evaluating = crossed(step, advanced, config.run.eval_every) or finishing
-            if config.run.eval_every and evaluating and i not in frozen:
-                evaluate_for_selection(run, say[i])
+            periodic = config.run.eval_every > 0  # 0: no periodic evaluation (nor a division by it)
+            evaluating = periodic and (crossed(step, advanced, config.run.eval_every) or finishing)
+            if evaluating and i not in frozen:
+                evaluations[i] = evaluate_for_selection(run, say[i])
             if logging:
                 report(run, run_losses(output, i), say[i])
             if crossed(step, advanced, config.run.checkpoint_every) and not finishing:
                 save_checkpoint(run)
+        if logging and on_report is not None:
+            on_report(pack_report(runs, trials, evaluations, frozen))
     summaries = [finish_run(run, diverged_at.get(i), say[i]) for i, run in enumerate(runs)]
+    if on_report is not None:  # the last word: each run's final evaluation (a search's objective)
+        finals = {i: s["eval_return_mean"] for i, s in enumerate(summaries) if s.get("eval_return_mean") is not None}
+        on_report(pack_report(runs, trials, finals, frozen))
     pushgateway = config.run.pushgateway_url or os.environ.get("FOXHUNT_PUSHGATEWAY_URL")
     if pushgateway:  # as `trainer train` does: an unreachable Pushgateway must not fail finished runs
         try:

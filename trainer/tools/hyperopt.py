@@ -2,9 +2,11 @@
 
 Two ways to run the same study:
 
-* fan-out (Argo): `suggest` asks N trials (parameters sampled there by the study's sampler and
-  stored with the trial), one pod per trial runs `trial --trial n` and tells the study its
-  objective, then `best` writes base config + best parameters for the full run;
+* fan-out (the job pipeline, on Argo and locally): `suggest` asks N trials (parameters sampled there by
+  the study's sampler and stored with the trial) and groups them into packs (`plan_packs`), one pod per
+  pack runs `trial --trials a,b,c` (the trials trained as one pack, `trainer.runtime.pack_train`, or
+  alone when the pack holds one) and tells the study each trial's objective, then `best` writes base
+  config + best parameters for the full run;
 * local: `run` does the whole search in one process (sequentially, so TPE learns from earlier
   trials), then trains the best config in full.
 
@@ -12,6 +14,14 @@ The objective is the summary's `eval_return_mean`, maximised. A trial whose trai
 whose objective is missing or not finite, is told FAIL; the others are unaffected and `best` only
 looks at COMPLETE trials. A SIGTERM (exit 143, checkpoint written) leaves the trial RUNNING, so a
 retried pod resumes it from its checkpoint and then tells the study.
+
+Packs (issue 31): trials whose configs differ only in `PACKABLE` fields (the seed and numeric
+hyper-parameters) train as one pack, up to `--pack-size` (DEFAULT_PACK) a pod. A searched field outside
+`PACKABLE` changes what the step is (shapes, switches): trials then pack only with those that drew the
+same values of it, which for a continuous one means one trial per pod, and suggest says so in the job's
+log. In a pack, a run that diverges (its guard froze it) or ends without a usable objective is told
+FAIL for its trial alone; the pod fails (exit 1) only when every trial of its pack failed. A pack does
+not resume yet: a retried pod trains its unfinished trials again from step 0.
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ Log = Callable[[str], None]
 Choice = None | bool | int | float | str
 
 OBJECTIVE = "eval_return_mean"
+DEFAULT_PACK = 16
+"""Trials one pod trains as one pack at most (`trial --trials`); a pack holds up to 64 runs (MAX_PACK)."""
 
 # The default search space: dotted TrainConfig field -> spec (the same format as a --space file).
 DEFAULT_SPACE: dict[str, dict[str, Any]] = {
@@ -188,6 +200,68 @@ def suggest(study: optuna.Study, space: dict[str, BaseDistribution], trials: int
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))][:trials]
 
 
+def unpackable(space: dict[str, BaseDistribution]) -> list[str]:
+    """The searched fields a pack cannot vary between its runs (not in PACKABLE): they change the step."""
+    from trainer.execution.pack import PACKABLE  # torch: imported by the search's steps only
+
+    return sorted(name for name in space if name not in PACKABLE)
+
+
+def plan_packs(
+    study: optuna.Study,
+    numbers: list[int],
+    space: dict[str, BaseDistribution],
+    base: TrainConfig,
+    pack_size: int,
+    log: Log,
+) -> list[list[int]]:
+    """The trials `numbers` grouped into packs of at most `pack_size`, in order: trials pack together when
+    their configs differ only in PACKABLE fields (`check_packable`), else each runs alone (said in `log`)."""
+    from trainer.execution.pack import MAX_PACK, PackError, check_packable
+
+    size = max(1, min(pack_size, MAX_PACK))
+    fixed = unpackable(space)
+    params = {t.number: t.params for t in study.get_trials(deepcopy=False) if t.number in numbers}
+    by_shape: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+    for number in numbers:  # trials that drew the same values of every unpackable field
+        by_shape.setdefault(tuple((name, params[number].get(name)) for name in fixed), []).append(number)
+    packs: list[list[int]] = []
+    for same in by_shape.values():
+        for chunk in (same[i : i + size] for i in range(0, len(same), size)):
+            try:
+                check_packable([trial_config(base, params[number]) for number in chunk])
+            except (PackError, ConfigError):  # an invalid config fails its own trial, alone
+                packs.extend([number] for number in chunk)
+            else:
+                packs.append(chunk)
+    packs.sort(key=lambda pack: pack[0])
+    if fixed and size > 1:
+        alone = sum(len(pack) == 1 for pack in packs)
+        log(
+            f"packs: the space searches {', '.join(fixed)}, which a pack's runs cannot vary (it changes the model's "
+            f"shapes or the step): trials pack only with those that drew the same values; {alone} of "
+            f"{len(numbers)} trials run one per pod"
+        )
+    log(f"packs: {len(numbers)} trials in {len(packs)} pod(s): {' '.join(format_pack(p) for p in packs)}")
+    return packs
+
+
+def format_pack(pack: list[int]) -> str:
+    """A pack as `trial --trials` takes it and the fan-out passes it: "0,1,2"."""
+    return ",".join(str(number) for number in pack)
+
+
+def parse_pack(text: str) -> list[int]:
+    """`--trials 0,1,2`: the trial numbers, distinct and at least one, or HyperoptError."""
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise HyperoptError(f"--trials takes comma-separated trial numbers, e.g. 0,1,2; got {text!r}") from None
+    if any(n < 0 for n in numbers) or len(set(numbers)) != len(numbers):
+        raise HyperoptError(f"--trials takes distinct trial numbers >= 0, got {text!r}")
+    return numbers
+
+
 def _describe(params: dict[str, Any]) -> str:
     return " ".join(
         f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
@@ -254,6 +328,141 @@ def run_trial(
     study.tell(number, value, skip_if_finished=True)
     log(f"trial {number}: {OBJECTIVE}={value:.4g}")
     return value
+
+
+def trial_url(checkpoint_url: str | None, number: int) -> str | None:
+    """Trial `number`'s checkpoint location under the search's (`<url>/trial-<n>`), or None (its run folder)."""
+    return f"{checkpoint_url}/trial-{number}" if checkpoint_url else None
+
+
+def run_pack(
+    study: optuna.Study,
+    numbers: list[int],
+    base: TrainConfig,
+    run_dir: Path,
+    log: Log,
+    extra: list[str] | None = None,
+    checkpoint_url: str | None = None,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[int, float]:
+    """Train the trials `numbers` (trial n in `run_dir/trial-<n>`) and tell the study each one's objective;
+    the objectives of those that completed. One trial left trains exactly as `run_trial`; several as one pack,
+    or one by one if they turn out not to pack here. TrialFailed when every trial failed.
+
+    Each pack report (`trainer.runtime.pack_train.pack_report`) goes to `run_dir/progress.json`, which the
+    local backend reads for the job, and to `on_report` (the controller, from a pod)."""
+    todo = _trainable(study, numbers, log)
+    finished = [find_trial(study, n) for n in numbers if n not in todo]
+    done = {t.number: t.value for t in finished if t.state == TrialState.COMPLETE and t.value is not None}
+    if len(todo) == 1:
+        number = todo[0]
+        url = trial_url(checkpoint_url, number)
+        return {**done, number: run_trial(study, number, base, run_dir / f"trial-{number}", log, extra, url)}
+    configs: dict[int, TrainConfig] = {}
+    for number in todo:
+        try:
+            configs[number] = trial_config(base, find_trial(study, number).params, extra)
+        except ConfigError as error:
+            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            log(f"error: trial {number}: its config is invalid: {error} (recorded as FAIL)")
+    values = {**done, **_train_pack(study, base, configs, run_dir, log, extra, checkpoint_url, on_report)}
+    if numbers and not values:
+        raise TrialFailed(f"every trial of the pack {format_pack(numbers)} failed")
+    return values
+
+
+def _trainable(study: optuna.Study, numbers: list[int], log: Log) -> list[int]:
+    """The trials of `numbers` still to train (RUNNING); a finished one is said and skipped, not trained again."""
+    todo: list[int] = []
+    for number in numbers:
+        trial = find_trial(study, number)
+        if trial.state == TrialState.RUNNING:
+            todo.append(number)
+        elif len(numbers) == 1:
+            todo.append(number)  # run_trial's own answer: the value of a complete trial, an error for a failed one
+        else:
+            log(f"trial {number}: already {trial.state.name}, not trained again")
+    return todo
+
+
+def _train_pack(
+    study: optuna.Study,
+    base: TrainConfig,
+    configs: dict[int, TrainConfig],
+    run_dir: Path,
+    log: Log,
+    extra: list[str] | None,
+    checkpoint_url: str | None,
+    on_report: Callable[[dict[str, Any]], None] | None,
+) -> dict[int, float]:
+    """`configs` (trial -> config) as one pack; each trial told its objective, or FAIL (diverged, no objective)."""
+    from contracts.jsonfile import write_json_atomic
+    from trainer.execution.pack import PackError
+    from trainer.runtime.pack_train import run_pack_training
+
+    if not configs:
+        return {}
+    numbers = list(configs)
+
+    def report(progress: dict[str, Any]) -> None:
+        write_json_atomic(run_dir / "progress.json", progress, indent=2)
+        if on_report is not None:
+            on_report(progress)
+
+    for number in numbers:
+        log(f"trial {number}: training {_describe(find_trial(study, number).params)} -> {run_dir / f'trial-{number}'}")
+    dirs = [run_dir / f"trial-{number}" for number in numbers]
+    try:
+        urls = [trial_url(checkpoint_url, number) for number in numbers]
+        summaries = run_pack_training(
+            list(configs.values()), dirs, log, trials=numbers, on_report=report, checkpoint_urls=urls
+        )
+    except PackError as error:  # not packable on this machine (e.g. on-device collection): one after another
+        log(f"packs: trials {format_pack(numbers)} cannot train as one pack here ({error}); one after another")
+        return _one_by_one(study, numbers, base, run_dir, log, extra, checkpoint_url)
+    except Exception as error:  # the pack's failure is each of its trials'; SystemExit (SIGTERM: 143) is not caught
+        for number in numbers:
+            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        message = str(error).splitlines()[0] if str(error) else ""
+        raise TrialFailed(f"the pack {format_pack(numbers)} failed: {type(error).__name__}: {message}") from error
+    told = {n: _tell(study, n, summary, log) for n, summary in zip(numbers, summaries, strict=True)}
+    return {n: value for n, value in told.items() if value is not None}
+
+
+def _tell(study: optuna.Study, number: int, summary: dict[str, Any], log: Log) -> float | None:
+    """Tell the study trial `number`'s objective from its packed run's summary, or FAIL: its value or None."""
+    diverged = summary.get("diverged_at_step")
+    try:
+        if diverged is not None:
+            raise TrialFailed(f"its run diverged (non-finite updates) and was frozen at step {diverged}")
+        value = objective_of(summary)
+    except TrialFailed as error:
+        study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        log(f"error: trial {number} failed: {error} (recorded as FAIL; the pack's other trials are unaffected)")
+        return None
+    study.tell(number, value, skip_if_finished=True)
+    log(f"trial {number}: {OBJECTIVE}={value:.4g}")
+    return value
+
+
+def _one_by_one(
+    study: optuna.Study,
+    numbers: list[int],
+    base: TrainConfig,
+    run_dir: Path,
+    log: Log,
+    extra: list[str] | None,
+    checkpoint_url: str | None,
+) -> dict[int, float]:
+    """The trials of a pack that cannot train as one, each as `run_trial` trains it; the completed ones' values."""
+    values: dict[int, float] = {}
+    for number in numbers:
+        url = trial_url(checkpoint_url, number)
+        try:
+            values[number] = run_trial(study, number, base, run_dir / f"trial-{number}", log, extra, url)
+        except TrialFailed as error:
+            log(f"error: {error} (recorded as FAIL)")
+    return values
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial:

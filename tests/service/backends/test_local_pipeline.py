@@ -86,10 +86,24 @@ def test_trials_fan_out_then_best_then_train_from_the_best_config(tmp_path: Path
         "resolve", "compile", "hyperopt-suggest", *trials, "hyperopt-best", "train", "report", "on-exit",
     ]  # fmt: skip
     assert "--trials 3 --storage sqlite:///" in log and "--study foxhunt-job-1" in log
-    assert f"--run-dir {tmp_path}/run/hyperopt/trial-1" in log
+    assert f"hyperopt trial --trials 1 --storage sqlite:///{tmp_path}/optuna.db" in log
+    assert f"--run-dir {tmp_path}/run/hyperopt\n" in log
     assert "stand-in: steps=3 resume=False config=best-config.json" in log
     summary = json.loads((tmp_path / "run" / "train" / "summary.json").read_text())
     assert summary["trial"] == 2  # the stand-in's best trial is the highest number
+
+
+def test_packs_of_trials_fan_out_one_step_each_and_a_failed_trial_fails_only_itself(tmp_path: Path) -> None:
+    """suggest printed ["0,1", "2"]: two trial steps; trial 1 fails inside its pack, whose step still succeeds."""
+    outcome, log = run_pipeline(tmp_path, "--pack", "2", "--fail-trial", "1", trials=3)
+    assert outcome == Outcome(0)
+    assert started(log) == [
+        "resolve", "compile", "hyperopt-suggest", "hyperopt-trial 0,1", "hyperopt-trial 2", "hyperopt-best", "train",
+        "report", "on-exit",
+    ]  # fmt: skip
+    assert "hyperopt trial --trials 0,1 --storage" in log and "stand-in: trial 1 failed" in log
+    assert "stand-in: trial 0 value=0" in log and "stand-in: best trial 2" in log
+    assert exit_record(tmp_path)["failures"] is None
 
 
 def test_a_failed_trial_does_not_stop_the_search_and_reaches_the_exit_handler(tmp_path: Path) -> None:
@@ -146,7 +160,7 @@ def test_bad_input_at_resolve_or_compile_keeps_exit_2_and_its_error_line(
 def test_suggest_output_that_is_not_a_list_of_trials_fails_the_pipeline(tmp_path: Path) -> None:
     outcome, log = run_pipeline(tmp_path, "--exit-in", "suggest", trials=2)  # its last stdout line is not JSON
     assert outcome.code == 1 and outcome.step == "hyperopt-suggest"
-    assert "hyperopt-suggest printed no JSON list of trial numbers" in log
+    assert "hyperopt-suggest printed no JSON list of pack items (numbers or strings)" in log
     assert started(log) == ["resolve", "compile", "hyperopt-suggest", "on-exit"]
 
 
@@ -180,7 +194,7 @@ def test_each_step_gets_the_job_env_its_checkpoint_and_the_gpu_only_when_it_need
         assert " job=job-1 pool=- commit=- attempt=0 " in env[step], env[step]
     assert env["resolve"].endswith("checkpoint=- cuda=")  # resolve needs no GPU, as its pod has none
     assert env["check"].endswith("checkpoint=- cuda=1")  # compile never writes the job's checkpoint
-    assert env["trial"].endswith(f"checkpoint={tmp_path}/checkpoints/trial-0 cuda=1")
+    assert env["trial"].endswith(f"checkpoint={tmp_path}/checkpoints cuda=1")  # trial n's: trial-<n> below it
     assert env["train"].endswith(f"checkpoint={tmp_path}/checkpoints/train cuda=1")
     for cpu_step in ("suggest", "best", "report", "finish"):
         assert env[cpu_step].endswith("checkpoint=- cuda="), env[cpu_step]

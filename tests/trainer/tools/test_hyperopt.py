@@ -24,6 +24,8 @@ from trainer.tools.hyperopt import (
     objective_of,
     open_study,
     parse_space,
+    plan_packs,
+    suggest,
     trial_config,
 )
 
@@ -92,32 +94,30 @@ def test_run_searches_then_trains_the_best_config_in_full(config_file: Path, sto
 
 def test_suggest_trial_best_with_a_crashing_trial(config_file: Path, storage: str, tmp_path: Path) -> None:
     study = ["--storage", storage, "--study", "fan"]
-    suggest = ["suggest", "--config", str(config_file), "--trials", "3", *study]
+    suggest = ["suggest", "--config", str(config_file), "--trials", "3", *study, "--pack-size", "1"]
     code, stdout, stderr = invoke(*suggest)
     assert code == 0, stderr
-    assert json.loads(stdout) == [0, 1, 2]
+    assert json.loads(stdout) == ["0", "1", "2"]  # packs of one trial: each trains alone, as before packs
     assert invoke(*suggest)[1] == stdout  # a retried suggest asks nothing new
     assert len(states(storage, "fan")) == 3
 
     # Trial 1 trains on a config whose dataset is missing: the trainer raises, the study records FAIL.
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump({**TINY, "data": {"source": "offline", "dataset": str(tmp_path / "no.npz")}}))
-    code, _, stderr = invoke(
-        "trial", "--trial", "1", "--config", str(broken), *study, "--run-dir", str(tmp_path / "t1")
-    )
+    code, _, stderr = invoke("trial", "--trials", "1", "--config", str(broken), *study, "--run-dir", str(tmp_path))
     assert code == 1
     assert stderr.startswith("error: trial 1 failed: DatasetError") and stderr.count("\n") == 1
     for number in (0, 2):
-        run_dir = tmp_path / f"t{number}"
-        code, stdout, stderr = invoke("trial", "--trial", str(number), "--config", str(config_file), *study,
-                                      "--run-dir", str(run_dir), "--trial-steps", "5")  # fmt: skip
+        code, stdout, stderr = invoke("trial", "--trials", str(number), "--config", str(config_file), *study,
+                                      "--run-dir", str(tmp_path), "--trial-steps", "5")  # fmt: skip
         assert code == 0, stderr
         assert f"trial {number}: eval_return_mean=" in stdout
     assert states(storage, "fan") == {0: TrialState.COMPLETE, 1: TrialState.FAIL, 2: TrialState.COMPLETE}
 
-    code, stdout, _ = invoke("trial", "--trial", "0", "--config", str(config_file), *study)
+    assert (tmp_path / "trial-2" / "summary.json").is_file()
+    code, stdout, _ = invoke("trial", "--trials", "0", "--config", str(config_file), *study)
     assert code == 0 and "already complete" in stdout  # a re-run step does not train again
-    code, _, stderr = invoke("trial", "--trial", "1", "--config", str(config_file), *study)
+    code, _, stderr = invoke("trial", "--trials", "1", "--config", str(config_file), *study)
     assert code == 2 and "trial 1 is FAIL, not RUNNING" in stderr
     assert invoke(*suggest)[1].strip() == "[]"  # nothing left to run
 
@@ -137,7 +137,7 @@ def test_bad_input_exits_2_with_one_line_from_the_real_process(tmp_path: Path, s
     assert done.stderr == f"error: config file not found: {missing}\n" and done.stdout == ""
 
 
-@pytest.mark.parametrize("command", ["trial --trial 0", "best --out best.json"])
+@pytest.mark.parametrize("command", ["trial --trials 0", "best --out best.json"])
 def test_unknown_study_exits_2(command: str, config_file: Path, storage: str) -> None:
     code, _, stderr = invoke(*command.split(), "--storage", storage, "--study", "nope", "--config", str(config_file))
     assert code == 2 and stderr == f"error: study 'nope' not found in {storage}\n"
@@ -146,7 +146,7 @@ def test_unknown_study_exits_2(command: str, config_file: Path, storage: str) ->
 def test_unknown_trial_and_unreachable_storage_exit_2(config_file: Path, storage: str, tmp_path: Path) -> None:
     open_study(storage, "s", create=True)
     code, _, stderr = invoke(
-        "trial", "--trial", "7", "--storage", storage, "--study", "s", "--config", str(config_file)
+        "trial", "--trials", "7", "--storage", storage, "--study", "s", "--config", str(config_file)
     )
     assert code == 2 and "has no trial 7" in stderr
     nowhere = f"sqlite:///{tmp_path / 'no' / 'dir' / 'o.db'}"
@@ -227,3 +227,79 @@ def test_a_missing_or_non_finite_objective_fails_the_trial(summary: dict[str, fl
     assert objective_of({"eval_return_mean": -1.5}) == -1.5
     with pytest.raises(TrialFailed, match=message):
         objective_of(summary)
+
+
+# ---- packs: trials trained K at a time in one process (issue 31) ------------------------------------
+def asked(storage: str, params: list[dict[str, float]], space: dict[str, object]) -> tuple[optuna.Study, list[int]]:
+    """A study whose trials drew `params` (enqueued, then asked as suggest asks them)."""
+    study = open_study(storage, "packs", create=True)
+    for values in params:
+        study.enqueue_trial(values)
+        study.ask(parse_space(space))  # the enqueued values, as suggest's ask takes them
+    numbers = suggest(study, parse_space(space), len(params), lambda line: None)
+    return study, numbers
+
+
+def test_suggest_packs_trials_that_differ_in_packable_fields_only(storage: str) -> None:
+    params = [{"optim.lr": 1e-4 * (n + 1), "replay.alpha": 0.5} for n in range(5)]
+    study, numbers = asked(storage, params, DEFAULT_SPACE)
+    lines: list[str] = []
+    packs = plan_packs(study, numbers, parse_space(DEFAULT_SPACE), TrainConfig(), 2, lines.append)
+    assert packs == [[0, 1], [2, 3], [4]]
+    assert lines == ["packs: 5 trials in 3 pod(s): 0,1 2,3 4"]  # every searched field packs: nothing said
+    assert plan_packs(study, numbers, parse_space(DEFAULT_SPACE), TrainConfig(), 16, lines.append) == [numbers]
+
+
+def test_a_searched_shape_packs_only_trials_that_drew_the_same_shape_and_says_so(storage: str) -> None:
+    space = {**DEFAULT_SPACE, "model.hidden": {"type": "int", "low": 16, "high": 64, "step": 16}}
+    hidden = [16, 32, 16, 48, 16]
+    study, numbers = asked(storage, [{"model.hidden": h, "optim.lr": 1e-4} for h in hidden], space)
+    lines: list[str] = []
+    packs = plan_packs(study, numbers, parse_space(space), TrainConfig(), 16, lines.append)
+    assert packs == [[0, 2, 4], [1], [3]]  # model.hidden changes the network's shapes: a pack shares it
+    assert "the space searches model.hidden, which a pack's runs cannot vary" in lines[0]
+    assert "2 of 5 trials run one per pod" in lines[0]
+    code, stdout, stderr = invoke("suggest", "--trials", "5", "--storage", storage, "--study", "packs",
+                                  "--space", str(_space_file(space, storage)))  # fmt: skip
+    assert (code, json.loads(stdout)) == (0, ["0,2,4", "1", "3"]) and "cannot vary" in stderr
+
+
+def _space_file(space: dict[str, object], storage: str) -> Path:
+    path = Path(storage.removeprefix("sqlite:///")).with_name("space.yaml")
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:Fixed parameter loss.reward_scale:UserWarning")
+def test_a_pack_trains_its_trials_in_their_folders_and_fails_only_the_diverged_one(
+    config_file: Path, storage: str, tmp_path: Path
+) -> None:
+    """Trials 0-2 in one `trial --trials` process: trial 1's rewards overflow float32, so its guard freezes it
+    and it alone is told FAIL; the pack exits 0 and each trial's folder holds what `trainer train` writes."""
+    space = {"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-3}, "loss.reward_scale": {"type": "float",
+             "low": 0.5, "high": 2.0}}  # fmt: skip
+    params = [{"loss.reward_scale": 1.0}, {"loss.reward_scale": 1e39}, {"loss.reward_scale": 2.0}]
+    asked(storage, [{**p, "optim.lr": 5e-4} for p in params], space)
+    code, stdout, stderr = invoke("trial", "--trials", "0,1,2", "--config", str(config_file), "--storage", storage,
+                                  "--study", "packs", "--run-dir", str(tmp_path / "search"))  # fmt: skip
+    assert code == 0, stderr
+    assert states(storage, "packs") == {0: TrialState.COMPLETE, 1: TrialState.FAIL, 2: TrialState.COMPLETE}
+    assert "error: trial 1 failed: its run diverged" in stdout and "[run 1 seed 0 trial 1] diverged" in stdout
+    values = {t.number: t.value for t in optuna.load_study(study_name="packs", storage=storage).get_trials()}
+    for number in (0, 2):
+        summary = json.loads((tmp_path / "search" / f"trial-{number}" / "summary.json").read_text())
+        assert summary["packed"] is True and summary["eval_return_mean"] == values[number]
+    progress = json.loads((tmp_path / "search" / "progress.json").read_text())  # the pack's last report
+    assert [(r["run"], r["trial"], r["step"], r["diverged"]) for r in progress["runs"]] == [
+        (0, 0, 10, False), (1, 1, 5, True), (2, 2, 10, False),
+    ]  # fmt: skip
+    assert progress["runs"][0]["eval_return"] == values[0]
+    code, stdout, _ = invoke("trial", "--trials", "0,1,2", "--config", str(config_file), "--storage", storage,
+                             "--study", "packs", "--run-dir", str(tmp_path / "search"))  # fmt: skip
+    assert code == 0 and "trial 1: already FAIL, not trained again" in stdout  # a retried pod trains nothing
+
+
+def test_a_pack_option_that_names_no_trials_is_refused(config_file: Path, storage: str) -> None:
+    for bad in ("", "0,x", "1,1", "-1"):
+        code, _, stderr = invoke("trial", "--trials", bad, "--storage", storage, "--study", "s")
+        assert code == 2 and "--trials takes" in stderr, bad
