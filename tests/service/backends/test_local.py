@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,28 +141,62 @@ def test_only_one_cpu_job_runs_at_a_time_and_priority_orders_the_queue(
     assert wait_state(backend, "job-b", {JobState.RUNNING}).state is JobState.RUNNING
 
 
-def test_a_pass_of_n_submits_scans_the_job_folders_a_fixed_number_of_times(
+def test_a_pass_of_n_submits_lists_the_job_folders_once_and_reads_each_a_fixed_number_of_times(
     tmp_path: Path, backends: list[LocalBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A reconcile pass (N submits, then one list) is O(N): a submit scans every job folder only when a
-    slot may be free (here the first), not while the N jobs wait for the one slot."""
+    """A reconcile pass (N submits, then one list) is O(N): a submit reads its own folder, the journal's new
+    lines and the running job, never every job folder; only the first read and the list list the folder."""
     backend = make_backend(tmp_path, "--sleep", "30")
     backends.append(backend)
-    scan = backend._job_dirs
-    scans: list[int] = []
-
-    def counted() -> list[Path]:
-        scans.append(1)
-        return scan()
-
-    monkeypatch.setattr(backend, "_job_dirs", counted)
+    listings: list[int] = []
+    reads: Counter[str] = Counter()
+    names, status = backend._job_names, backend._status
+    monkeypatch.setattr(backend, "_job_names", lambda: listings.append(1) or names())
+    monkeypatch.setattr(backend, "_status", lambda job_dir: reads.update([job_dir.name]) or status(job_dir))
     for n in (5, 40):
-        scans.clear()
+        listings.clear()
+        reads.clear()
         for i in range(n):
             backend.submit(spec(f"job-{n}-{i}"))
         statuses = backend.list_statuses()
-        assert len(scans) <= 3, f"{len(scans)} scans of the job folders for a pass of {n} submits"
+        assert len(listings) <= 2, f"{len(listings)} listings of the job folders for a pass of {n} submits"
+        waiting = [count for job_id, count in reads.items() if job_id not in ("job-5-0", f"job-{n}-0")]
+        assert max(waiting) <= 3, f"a waiting job's folder read {max(waiting)} times in a pass of {n} submits"
     assert [s.job_id for s in statuses if s.state is JobState.RUNNING] == ["job-5-0"]
+    assert len(statuses) == 45 and not (tmp_path / "job-40-3" / "config.json").exists()  # written at launch
+
+
+def test_a_watch_poll_reads_the_running_job_and_the_changed_ones_not_every_job_folder(
+    tmp_path: Path, backends: list[LocalBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With jobs waiting for the slot, a poll of the watch reads the running job and the jobs the journal names
+    (here one cancelled by another backend over the same folder, as another controller process would), not
+    every job folder five times a second (10,000 queued jobs then drained at half the backend's pace)."""
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backends.append(backend)
+    for i in range(30):
+        backend.submit(spec(f"job-{i:02d}"))
+    wait_state(backend, "job-00", {JobState.RUNNING})
+    reads: Counter[str] = Counter()
+    status = backend._status
+    monkeypatch.setattr(backend, "_status", lambda job_dir: reads.update([job_dir.name]) or status(job_dir))
+    seen: list[BackendStatus] = []
+
+    def follow() -> None:
+        for changed in backend.watch(timeout_seconds=30):
+            seen.append(changed)
+            if changed.job_id == "job-17":
+                return
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    wait_until(lambda: reads["job-00"] >= 6, 20, 0.05, what="five polls of the watch")
+    make_backend(tmp_path).cancel("job-17")  # another process's backend: its change reaches this one's index
+    watcher.join(20)
+    waiting = [(s.job_id, s.state, s.reason) for s in seen if s.job_id != "job-00"]  # job-00 reports its steps
+    assert waiting == [("job-17", JobState.CANCELLED, "CancelledBeforeStart")]
+    others = {job_id: n for job_id, n in reads.items() if job_id not in ("job-00", "job-17")}
+    assert not others, f"waiting job folders read by the watch's polls: {others}"
 
 
 def test_gpu_jobs_get_one_gpu_each(tmp_path: Path, backends: list[LocalBackend]) -> None:
