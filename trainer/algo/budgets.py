@@ -242,6 +242,10 @@ def spectral_v_init(layout: ParamLayout, generator: torch.Generator, device: tor
     return v.to(device)
 
 
-def ema(target: Tensor, online: Tensor, tau: float) -> Tensor:
-    """target ← target + τ (online − target)."""
-    return torch.lerp(target, online, tau)  # [P]
+def ema(target: Tensor, online: Tensor, tau: float | Tensor) -> Tensor:
+    """target ← target + τ (online − target).
+
+    τ is a float, or in a pack whose runs differ in it a float64 0-d tensor per run (trainer/execution/pack.py);
+    lerp takes a tensor weight only in the target's dtype, and a float weight is rounded to it anyway."""
+    weight = tau.to(target.dtype) if isinstance(tau, Tensor) else tau
+    return torch.lerp(target, online, weight)  # [P]

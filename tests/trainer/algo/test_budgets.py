@@ -160,3 +160,13 @@ def test_compiled_spectral_projection_is_the_batched_form_in_one_graph() -> None
     looped, looped_v = spectral_project(params, v, layout, 1.0)
     torch.testing.assert_close(looped, batched)
     torch.testing.assert_close(looped_v, batched_v)
+
+
+def test_ema_takes_a_packs_float64_tau_and_gives_the_float_taus_result_bit_for_bit() -> None:
+    """A pack whose runs differ in optim.target_tau hands each run its τ as a float64 0-d tensor (under vmap):
+    lerp refused it (a double weight for float parameters), which failed every such hyper-parameter pack."""
+    target, online = torch.randn(64, generator=torch.Generator().manual_seed(0)), torch.randn(64)
+    taus = torch.tensor([0.005, 0.0221], dtype=torch.float64)
+    packed = torch.func.vmap(ema, in_dims=(None, None, 0))(target, online, taus)
+    for i, tau in enumerate(taus.tolist()):
+        assert torch.equal(packed[i], ema(target, online, tau))
