@@ -100,8 +100,9 @@
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
 #                                                               -> $OUT/collect/{tests.log,graph-false,graph-true}
 #   pack (issue 31): the packs' GPU tests (tests/trainer/execution/test_pack.py: a packed graph against its solo
-#     graph plans over 2,000 updates, kernels per pack step), then `core` packs of K = 1, 4, 16, 64 as graph
-#     (float32) and graph-bf16 beside those solo plans and zerocopy-bf16+combo (DEADLINE 560 s, its default here)
+#     graph plans over 2,000 updates, the compiled packed graph against the packed graph, kernels per pack step;
+#     PACK_TESTS narrows them with pytest's -k), then `core` packs of K = PACK_SIZES (1,4,16,64) as PACK_METHODS
+#     (fused-bf16,graph-bf16) beside those solo plans and zerocopy-bf16+combo (DEADLINE 560 s, its default here)
 #                                                               -> $OUT/pack_tests.log, $OUT/pack/bench.{json,md,png}
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
 #   script's start, so the call ends in time and keeps what the earlier stages wrote.
@@ -181,9 +182,9 @@ fi
 if has pack; then
   budget=$(left 200)
   timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
-    tests/trainer/execution/test_pack.py 2>&1 | tee "$OUT/pack_tests.log" | grep -E "passed|failed|PASS|FAIL|kernels|warning|  state|  replay|Error" | tail -40
-  timeout "$(left 360)" python3 -m trainer bench --configs core --methods graph,graph-bf16,zerocopy-bf16+combo \
-    --pack "${PACK_SIZES:-1,4,16,64}" --pack-methods graph,graph-bf16 --repeats 3 --no-timer-overhead --out "$OUT/pack" \
+    -k "${PACK_TESTS:-pack}" tests/trainer/execution/test_pack.py 2>&1 | tee "$OUT/pack_tests.log" | grep -E "passed|failed|PASS|FAIL|kernels|packed|warning|  state|  replay|Error" | tail -40
+  timeout "$(left 360)" python3 -m trainer bench --configs core --methods zerocopy-bf16+combo \
+    --pack "${PACK_SIZES:-1,4,16,64}" --pack-methods "${PACK_METHODS:-fused-bf16,graph-bf16}" --repeats 3 --no-timer-overhead --out "$OUT/pack" \
     "${extra[@]}" 2>&1 | tee "$OUT/bench_pack.log" | grep -v "Warn\|check(" | tail -24
 fi
 

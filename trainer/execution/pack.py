@@ -24,7 +24,7 @@ same config (seed, hyper-parameters). What differs is rounding where a batched k
 - Every op of the vmapped step has a batching rule (`tests/trainer/execution/test_pack.py` fails on any op that
   takes vmap's fallback, which loops over the runs with one kernel per run and op). The one op of the step
   that had none is attention (`scaled_dot_product_attention`: its CUDA backward, and both directions on the
-  CPU); the pack runs it as `PackedAttention`, whose vmap rule hands all K runs' rows to one call.
+  CPU); the pack runs it as `pack_attention`, whose vmap rule hands all K runs' rows to one call.
 """
 
 from __future__ import annotations
@@ -199,20 +199,31 @@ def hyper_values(hypers: Sequence[Hyper]) -> dict[str, list[float]]:
 # ---- attention with a batching rule -----------------------------------------------------------------------
 
 
-def runs_first(tensor: Tensor, dim: int | None, size: int) -> Tensor:
-    """`tensor` with vmap's run dimension `dim` moved to the front (expanded to `size` runs if it has none)."""
-    return tensor.expand(size, *tensor.shape) if dim is None else tensor.movedim(dim, 0)
+@torch.library.custom_op("foxhunt::pack_attention", mutates_args=())
+def pack_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """`scaled_dot_product_attention(q, k, v)` as one opaque op with a vmap rule. vmap has no batching rule for
+    attention's CUDA backward (nor either direction on the CPU) and would loop over the runs, one kernel per run;
+    here the runs become one more leading batch dimension of the same kernel (attention takes any leading
+    dimensions). Opaque, so that a traced pack step (`PackPlan(compiled=True)`) keeps attention as the one kernel
+    it is: decomposed, Inductor's fused-attention patterns miscompiled its softmax (torch 2.13, CPU: the
+    attention loss 3% off from the first update; `tests/trainer/execution/test_pack.py`)."""
+    return fn.scaled_dot_product_attention(q, k, v)
+
+
+@pack_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 class PackedAttention(torch.autograd.Function):
-    """`scaled_dot_product_attention(q, k, v)` with a vmap rule: vmap has no batching rule for its CUDA backward
-    (nor for either direction on the CPU) and would loop over the runs, one attention kernel per run. Here the
-    runs become one more leading batch dimension of the same kernel (attention takes any leading dimensions).
-    The backward is `AttentionBackward`, batched the same way; it recomputes the forward for its gradients."""
+    """Autograd for `pack_attention`, as an autograd.Function because that is what torch.func's transforms (the
+    step's `grad_and_value` under the pack's vmap) differentiate; vmap reaches `pack_attention`'s own rule."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return fn.scaled_dot_product_attention(q, k, v)
+        return pack_attention(q, k, v)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
@@ -220,42 +231,26 @@ class PackedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = ctx.saved_tensors
-        grads: tuple[Tensor, Tensor, Tensor] = AttentionBackward.apply(grad, q, k, v)
-        return grads
+        """Attention's gradients written out (the forward recomputed): plain products and a softmax, whose vmap
+        rules batch the runs, where attention's own backward has none."""
+        q, k, v = ctx.saved_tensors  # [..., W, d] each
+        scale = q.shape[-1] ** -0.5
+        p = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)  # [..., W, W]
+        grad_v = p.transpose(-2, -1) @ grad
+        grad_p = grad @ v.transpose(-2, -1)  # [..., W, W]
+        grad_s = p * (grad_p - (grad_p * p).sum(dim=-1, keepdim=True))  # through the softmax
+        return grad_s @ k * scale, grad_s.transpose(-2, -1) @ q * scale, grad_v
 
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple[int | None, ...], q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, int]:
-        q, k, v = (runs_first(t, d, info.batch_size) for t, d in zip((q, k, v), in_dims, strict=True))
-        out: Tensor = PackedAttention.apply(q, k, v)
-        return out, 0
+
+def runs_first(tensor: Tensor, dim: int | None, size: int) -> Tensor:
+    """`tensor` with vmap's run dimension `dim` moved to the front (expanded to `size` runs if it has none)."""
+    return tensor.expand(size, *tensor.shape) if dim is None else tensor.movedim(dim, 0)
 
 
-class AttentionBackward(torch.autograd.Function):
-    """The gradients of `PackedAttention` for q, k, v from the output's, by attention's own backward
-    (`torch.func.vjp`), with the same vmap rule. Not differentiable again (the step takes first derivatives)."""
-
-    @staticmethod
-    def forward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        pull = torch.func.vjp(fn.scaled_dot_product_attention, q, k, v)[1]  # (output, its pull-back)
-        grads: tuple[Tensor, ...] = pull(grad)
-        return grads[0], grads[1], grads[2]
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, ...]) -> None:
-        pass
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor, ...]:
-        raise RuntimeError("the pack's attention backward is not differentiable again")
-
-    @staticmethod
-    def vmap(
-        info: Any, in_dims: tuple[int | None, ...], grad: Tensor, q: Tensor, k: Tensor, v: Tensor
-    ) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[int, int, int]]:
-        moved = [runs_first(t, d, info.batch_size) for t, d in zip((grad, q, k, v), in_dims, strict=True)]
-        grads: tuple[Tensor, Tensor, Tensor] = AttentionBackward.apply(*moved)
-        return grads, (0, 0, 0)
+@pack_attention.register_vmap
+def _(info: Any, in_dims: tuple[int | None, ...], q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, int]:
+    moved = (runs_first(t, d, info.batch_size) for t, d in zip((q, k, v), in_dims, strict=True))
+    return pack_attention(*moved), 0
 
 
 def packed_self_attention(qkv: Tensor) -> Tensor:
@@ -359,13 +354,20 @@ class PackOutput(NamedTuple):
 class PackPlan:
     """A pack's updates: per update, each run's draws (its own generators), then sampling, `train_step` and
     the priority write-back of all K runs in one vmapped call. `graph=True` captures K = `run.steps_per_replay`
-    updates per CUDA graph replay (one graph per pattern of periodic flags), as the graph plan does."""
+    updates per CUDA graph replay (one graph per pattern of periodic flags), as the graph plan does.
 
-    def __init__(self, pack: Pack, graph: bool = False) -> None:
+    `compiled=True` runs the vmapped update through Inductor, as the fused plans run `train_step`: Dynamo cannot
+    trace vmap over the step's torch.func transforms and attention's autograd.Function, so the update is first
+    traced to one graph of aten ops (`make_fx`: vmap and the gradients become plain batched ops) and that graph
+    is compiled, one per `StepFlags` (`compiled_update`)."""
+
+    def __init__(self, pack: Pack, graph: bool = False, compiled: bool = False) -> None:
         self.pack, self.config = pack, pack.configs[0]
         self.device = pack.device
-        self.graph = graph
-        self.tf32 = uses_tf32(self.config.run.precision, False)
+        self.graph, self.compiled = graph, compiled
+        self.name = f"pack-{('fused' if graph else 'compile') if compiled else ('graph' if graph else 'eager')}"
+        self.compiled_updates: dict[StepFlags, Callable[..., PackOutput]] = {}
+        self.tf32 = uses_tf32(self.config.run.precision, compiled)  # compiled: TF32, as the fused plan
         self.hp = dataclasses.replace(Hyper.from_config(self.config), attend=packed_self_attention)
         self.batch_size = self.config.run.batch_size
         template = pack.replays[0].empty_batch(self.batch_size)
@@ -387,6 +389,15 @@ class PackPlan:
             self.stream = torch.cuda.Stream(self.device)
             self.graphs: dict[tuple[StepFlags, ...], tuple[torch.cuda.CUDAGraph, PackOutput]] = {}
             self.capture_patterns(flag_patterns(self.config, self.steps_per_call))
+
+    COMPILED_PLANS = frozenset({"compile", "fused", "zerocopy"})
+    """Solo plans whose step runs through Inductor: their runs' pack does too."""
+
+    @classmethod
+    def for_plan(cls, pack: Pack, plan: str) -> PackPlan:
+        """The pack plan nearest solo plan `plan`: captured unless eager (or compile, which is eager's loop),
+        through Inductor where the solo plan is."""
+        return cls(pack, graph=plan not in ("eager", "compile"), compiled=plan in cls.COMPILED_PLANS)
 
     # ---- what one update of the pack runs ------------------------------------------------------------------
 
@@ -434,27 +445,47 @@ class PackPlan:
             self.perm.copy_(self.uniform[:, -self.batch_size :].argsort(dim=1))
         return points, her
 
+    def vmapped(self, flags: StepFlags, *inputs: Any) -> PackOutput:
+        """`one_run` over every run (`inputs`: `update`'s, [K, ...] each but the global step)."""
+        in_dims = (0, 0, 0, 0, 0, 0, 0, 0, 0, None if inputs[9] is None else 0, None)
+        out: PackOutput = torch.func.vmap(functools.partial(self.one_run, flags), in_dims=in_dims)(*inputs)
+        return out
+
+    def compiled_update(self, flags: StepFlags, inputs: tuple[Any, ...]) -> Callable[..., PackOutput]:
+        """`vmapped` for `flags` as one Inductor-compiled graph, traced on the first call over copies of
+        `inputs` (tracing runs the update: on copies, the pack's state is not advanced by it)."""
+        if flags not in self.compiled_updates:
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            from trainer.execution.plans.fused import raise_dynamo_cache_limits
+
+            copies = torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, inputs)
+            traced = make_fx(functools.partial(self.vmapped, flags))(*copies)
+            raise_dynamo_cache_limits()
+            self.compiled_updates[flags] = torch.compile(traced, dynamic=False)  # type: ignore[assignment]
+        return self.compiled_updates[flags]
+
     def update(self, flags: StepFlags, step: Tensor) -> PackOutput:
         """One update of every run (`step`: the global step, a 0-d int64 device tensor)."""
         pack = self.pack
         points, her = self.draw()
-        body = functools.partial(self.one_run, flags)
-        in_dims = (0, 0, 0, 0, 0, 0, 0, 0, 0, None if her is None else 0, None)
+        inputs = (
+            pack.state,
+            pack.storage,
+            pack.sampler,
+            pack.sampler_scalars,
+            pack.hyper,
+            self.batch,
+            self.uniform,
+            self.perm,
+            points,
+            her,
+            step,
+        )
         with matmul_precision(self.tf32):
-            out: PackOutput = torch.func.vmap(body, in_dims=in_dims)(
-                pack.state,
-                pack.storage,
-                pack.sampler,
-                pack.sampler_scalars,
-                pack.hyper,
-                self.batch,
-                self.uniform,
-                self.perm,
-                points,
-                her,
-                step,
-            )
-        return out
+            if self.compiled:
+                return self.compiled_update(flags, inputs)(*inputs)
+            return self.vmapped(flags, *inputs)
 
     def body(self, pattern: tuple[StepFlags, ...]) -> PackOutput:
         steps = (self.step_base + self.step_offsets).unbind(0)

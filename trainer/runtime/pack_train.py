@@ -51,7 +51,7 @@ class PackMember:
 
     def __init__(self, plan: PackPlan, index: int) -> None:
         self.plan, self.index = plan, index
-        self.name = f"pack-{'graph' if plan.graph else 'eager'}"
+        self.name = plan.name
         self.steps_per_call = plan.steps_per_call
 
     def run(self, step: int) -> StepOutput:
@@ -77,7 +77,7 @@ def build_pack(
         return PackRun(run.state, run.replay, run.generator)
 
     pack = Pack(configs, make)
-    plan = PackPlan(pack, graph=runs[0].plan_name != "eager")
+    plan = PackPlan.for_plan(pack, runs[0].plan_name)
     for i, run in enumerate(runs):
         run.built_plan = PackMember(plan, i)
     return runs, plan

@@ -82,8 +82,9 @@ TRAIN_RECIPES: dict[str, Path] = {"cartpole": EXAMPLES / "cartpole.yaml", "marke
 """Recipes the `train` rows can run (the market's: its torch environment on the training device)."""
 TRAIN_PLANS: tuple[str, ...] = ("eager", "zerocopy")
 """The baseline and the fastest plan of the update-only rows."""
-PACK_BASES: tuple[str, ...] = ("eager", "graph")
-"""The plans a pack can run as (`trainer.pack.PackPlan`: vmapped eager kernels, uncaptured or in CUDA graphs)."""
+PACK_BASES: tuple[str, ...] = ("eager", "graph", "fused")
+"""The plans a pack can run as (`trainer.pack.PackPlan`): vmapped eager kernels, uncaptured or in CUDA graphs, or
+("fused") the vmapped update through Inductor in CUDA graphs, TF32 as the fused plan."""
 PACK_METHODS: tuple[str, ...] = ("graph",)
 """The default `pack` rows' method."""
 
@@ -458,7 +459,7 @@ def time_pack(
             return PackRun(TrainState.create(run_config, dims, device), run_replay, generator)
 
         pack = Pack(configs, make)
-        plan = PackPlan(pack, graph=pack_base(method) == "graph")
+        plan = PackPlan.for_plan(pack, pack_base(method))
         step = 0
         while step < options.warmup:
             plan.run(step)
