@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -520,3 +523,28 @@ def test_per_run_entries_take_strict_types_and_stay_bounded(reporting: tuple[Con
     full = [{**entry, "run": i} for i in range(64)]
     assert _progress(c, job_id, {"step": 1, "runs": full}).status_code == 204
     assert len(c.request("GET", f"/v1/jobs/{job_id}").json()["runs"]) == 64
+
+
+def test_a_real_packs_reports_show_each_run_on_the_job(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """`trainer train-pack` with what a pod gets (the controller's URL, the job and its progress token) sends its
+    pack reports, and the job's GET shows each seed's run: index, seed, the step it reached, no divergence.
+    SQLite only: the store's part is the route tests' above, on both databases."""
+    c = controller_factory(make_settings(tmp_path, run_reconciler=False, progress_secret=PROGRESS_SECRET))
+    job_id = _submit(c).json()["id"]
+    config = tmp_path / "pack.json"
+    config.write_text(json.dumps(tiny_train_config(steps=4)))
+    with live_server(c.app) as url:
+        env = {**os.environ, "FOXHUNT_PROGRESS_URL": url, "FOXHUNT_JOB_ID": job_id}
+        env |= {"FOXHUNT_PROGRESS_TOKEN": progress_token(PROGRESS_SECRET, job_id)}
+        env.pop("FOXHUNT_METRICS_PORT", None)
+        env.pop("FOXHUNT_CHECKPOINT_URL", None)
+        command = [sys.executable, "-m", "trainer", "train-pack", "--config", str(config), "--seeds", "5,6"]
+        done = subprocess.run([*command, "--out", str(tmp_path / "pack")], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    job = c.request("GET", f"/v1/jobs/{job_id}").json()  # the reporter sends its last report before the exit
+    assert [(r["run"], r["seed"], r["trial"], r["step"], r["diverged"]) for r in job["runs"]] == [
+        (0, 5, None, 4, False), (1, 6, None, 4, False),
+    ]  # fmt: skip
+    assert job["step"] == 4 and all(isinstance(r["eval_return"], float) for r in job["runs"])  # the final evaluation
