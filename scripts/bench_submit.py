@@ -94,12 +94,24 @@ class Http:
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def post(self) -> int:
-        """One submission with a fresh Idempotency-Key on an idle connection (or a new one): its status code."""
-        conn = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+        """One submission with a fresh Idempotency-Key on an idle connection (or a new one): its status code.
+
+        An idle connection the server has closed meanwhile (uvicorn's keep-alive timeout, 5 s) answers with
+        end-of-stream before any byte: the request is sent again on a new connection, as httpx does."""
+        key = uuid.uuid4().hex
+        while self.idle:
+            try:
+                return await self._post(self.idle.pop(), key)
+            except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as error:
+                if getattr(error, "partial", b""):
+                    raise
+        return await self._post(await asyncio.open_connection(self.host, self.port), key)
+
+    async def _post(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], key: str) -> int:
         reader, writer = conn
         try:
             async with asyncio.timeout(TIMEOUT_SECONDS):
-                writer.write(self.head + f"Idempotency-Key: {uuid.uuid4().hex}\r\n\r\n".encode() + BODY_BYTES)
+                writer.write(self.head + f"Idempotency-Key: {key}\r\n\r\n".encode() + BODY_BYTES)
                 head = await reader.readuntil(b"\r\n\r\n")
                 status = int(head[9:12])
                 lower = head.lower()

@@ -107,7 +107,9 @@ def create_app(
         pools=pools_config,
         metrics=metrics,
         reconciler=reconciler,
-        jobs=JobService(store, pools_config, metrics, reconciler.wake, datasets=settings.dataset_access),
+        jobs=JobService(
+            store, pools_config, metrics, reconciler.wake, datasets=settings.dataset_access, queued=reconciler.queued
+        ),
         tokens=TokenCache(store, settings.token_cache_seconds),
     )
 

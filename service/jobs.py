@@ -69,6 +69,8 @@ class JobService:
     wake: Callable[[], None]
     datasets: DatasetAccess = field(default_factory=DatasetAccess, kw_only=True)
     """The datasets a job may name (the controller's settings); by default none."""
+    queued: Callable[[], None] | None = field(default=None, kw_only=True)
+    """Called for a new job (the reconciler's submit pass, not a full one); None: `wake`."""
 
     def submit(self, principal: Principal, body: JobCreate, idempotency_key: str | None) -> tuple[JobRecord, bool]:
         """(job with history, created). The same key and body return the stored job; another body conflicts."""
@@ -123,7 +125,7 @@ class JobService:
         )
         self.metrics.record_submission(job.pool, created=created)
         if created:
-            self.wake()
+            (self.queued or self.wake)()
         return job, created
 
     def cancel(self, principal: Principal, job_id: str) -> JobRecord:

@@ -1,7 +1,9 @@
 """Keeps the store in step with the backend: submits queued jobs, follows status, enforces cancels.
 
-The backend is the source of truth for running jobs. Two threads: one submits and runs a full
-list-based pass every interval (or when woken); one follows backend.watch for prompt updates. An
+The backend is the source of truth for running jobs. Two threads: one runs a full list-based pass every
+interval (or when woken by a cancel, a retry, a change of leader) and, in between, a submit pass when a new
+job was queued (`queued`: it hands the queued jobs to the backend and reads nothing else, so a submission
+costs O(1) there, not a full pass over every active job); one follows backend.watch for prompt updates. An
 unreachable backend is counted and retried; it never makes a job fail.
 
 One bad job never stops a pass. A queued job that cannot be handed to the backend (its pool was
@@ -27,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from service.backends.base import Backend, BackendError, BackendNotFound, BackendUnavailable
-from service.domain import JobSpec, JobState
+from service.domain import BackendStatus, JobSpec, JobState
 from service.errors import InvalidTransition, UnknownPool
 from service.metrics import ControllerMetrics
 from service.pools import Pools
@@ -36,6 +38,8 @@ from service.store import JobRecord, Store
 log = logging.getLogger(__name__)
 
 FAILING_PASSES = 3
+HAND_OVER_BATCH = 200
+"""Jobs a pass hands to the backend before the store records them (one transaction for them all)."""
 """Failed passes in a row after which the reconciler counts as failing (and /readyz says 503)."""
 
 
@@ -90,12 +94,19 @@ class Reconciler:
     failed_passes: int = field(default=0, init=False)
     last_error: str | None = field(default=None, init=False)
     _wake: threading.Event = field(default_factory=threading.Event, init=False)
+    _full_due: threading.Event = field(default_factory=threading.Event, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _threads: list[threading.Thread] = field(default_factory=list, init=False)
     _cancel_sent: set[tuple[str, int]] = field(default_factory=set, init=False)
     _pass_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def wake(self) -> None:
+        """A full pass now (a cancel or retry to send, leadership gained)."""
+        self._full_due.set()
+        self._wake.set()
+
+    def queued(self) -> None:
+        """A job was queued: a submit pass now (the full pass keeps its period)."""
         self._wake.set()
 
     @property
@@ -153,6 +164,20 @@ class Reconciler:
             self.metrics.reconcile_seconds.observe(self.last_success - started)
             return True
 
+    def submit_once(self) -> bool:
+        """Hand the queued jobs to the backend, nothing else (between full passes). True on success; a failure
+        is logged and left to the next full pass, which counts it."""
+        with self._pass_lock:
+            try:
+                self._check_leading()
+                self._submit_queued()
+            except BackendUnavailable as error:
+                log.warning("backend unavailable during a submit pass: %s", error)
+                return False
+            except NotLeading:
+                return False
+            return True
+
     def _check_leading(self) -> None:
         """Before each pass and each backend call: a replica whose Lease may have passed to another acts no more."""
         if not self.leading:
@@ -191,30 +216,42 @@ class Reconciler:
         self.metrics.record_recovery("bad_job")
 
     def _submit_queued(self) -> None:
-        for job in self.store.jobs_to_submit():
-            try:
-                spec = spec_for(job, self.pools)
-            except UnknownPool as error:  # the pool left the pools file while the job waited
-                self._bad_job(job, "UnknownPool", str(error))
-                continue
-            self._check_leading()
-            try:
-                status = self.backend.submit(spec)
-            except BackendUnavailable as error:
-                self._call_failed("submit", error)
-                raise
-            except BackendError as error:
-                self._call_failed("submit", error)
-                self._bad_job(job, "SubmitRejected", str(error))
-                continue
-            except Exception as error:  # building the backend's object failed (e.g. a ValueError)
-                log.exception("submitting job %s raised", job.id)
-                self.metrics.record_backend_error("submit", "other")
-                self._bad_job(job, "SubmitRejected", f"the backend could not take the job: {error}")
-                continue
-            if job.submitted_attempt == job.attempt:
-                self.metrics.record_recovery("resubmitted")
-            after = self.store.hand_over(job.id, job.attempt, status)  # one transaction, not three
+        """Hand every queued job to the backend; the store records them in one transaction per HAND_OVER_BATCH."""
+        handed: list[tuple[JobRecord, BackendStatus]] = []
+        try:
+            for job in self.store.jobs_to_submit():
+                try:
+                    spec = spec_for(job, self.pools)
+                except UnknownPool as error:  # the pool left the pools file while the job waited
+                    self._bad_job(job, "UnknownPool", str(error))
+                    continue
+                self._check_leading()
+                try:
+                    status = self.backend.submit(spec)
+                except BackendUnavailable as error:
+                    self._call_failed("submit", error)
+                    raise
+                except BackendError as error:
+                    self._call_failed("submit", error)
+                    self._bad_job(job, "SubmitRejected", str(error))
+                    continue
+                except Exception as error:  # building the backend's object failed (e.g. a ValueError)
+                    log.exception("submitting job %s raised", job.id)
+                    self.metrics.record_backend_error("submit", "other")
+                    self._bad_job(job, "SubmitRejected", f"the backend could not take the job: {error}")
+                    continue
+                if job.submitted_attempt == job.attempt:
+                    self.metrics.record_recovery("resubmitted")
+                handed.append((job, status))
+                if len(handed) >= HAND_OVER_BATCH:
+                    self._record_hand_over(handed)
+                    handed = []
+        finally:  # what the backend took is recorded also when the pass stops early
+            self._record_hand_over(handed)
+
+    def _record_hand_over(self, handed: list[tuple[JobRecord, BackendStatus]]) -> None:
+        records = self.store.hand_over_many([(job.id, job.attempt, status) for job, status in handed])
+        for (_, status), after in zip(handed, records, strict=True):
             if after is not None and after.cancel_requested_at is not None and not status.state.terminal:
                 self._send_cancel(after, force=False)
 
@@ -282,13 +319,20 @@ class Reconciler:
     # ---- threads ----------------------------------------------------------------------------------
 
     def _pass_loop(self) -> None:
+        next_full = 0.0
         while not self._stop.is_set():
             if self.leading:  # another replica's passes otherwise; it is woken when the Lease becomes ours
+                full = self._full_due.is_set() or time.monotonic() >= next_full
                 try:
-                    self.reconcile_once()
+                    if full:
+                        self._full_due.clear()
+                        next_full = time.monotonic() + self.interval_seconds
+                        self.reconcile_once()
+                    else:
+                        self.submit_once()
                 except Exception:  # a bug in one pass must not stop reconciliation for good
                     log.exception("reconcile pass failed")
-            self._wake.wait(self.interval_seconds)
+            self._wake.wait(max(0.0, next_full - time.monotonic()) if self.leading else self.interval_seconds)
             self._wake.clear()
 
     def _watch_loop(self) -> None:

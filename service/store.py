@@ -461,15 +461,27 @@ class Store:
         """The backend took the job's `attempt` and answered `status`: mark the attempt submitted and
         apply the status in one transaction (a reconcile pass does this for every queued job); the job
         as it stands then, None if it is gone."""
+        return self.hand_over_many([(job_id, attempt, status)])[0]
+
+    def hand_over_many(self, handed: list[tuple[str, int, BackendStatus]]) -> list[JobRecord | None]:
+        """`hand_over` for many jobs in one transaction, their rows read in one statement: a pass hands over
+        every job queued since the last one, and a transaction each (the write lock each) made the store, not
+        the backend, the pace of a long queue."""
+        if not handed:
+            return []
+        now = utcnow()
         with self._tx(write=True) as s:
-            row = s.get(JobRow, job_id, with_for_update=True)
-            if row is None:
-                return None
-            if row.attempt == attempt:
-                row.submitted_attempt = attempt
-            self._apply(s, row, status, utcnow())
+            query = select(JobRow).where(JobRow.id.in_({job_id for job_id, _, _ in handed}))
+            rows = {row.id: row for row in s.scalars(query.with_for_update())}
+            for job_id, attempt, status in handed:
+                row = rows.get(job_id)
+                if row is None:
+                    continue
+                if row.attempt == attempt:
+                    row.submitted_attempt = attempt
+                self._apply(s, row, status, now)
             s.flush()
-            return _record(row)
+            return [_record(rows[job_id]) if job_id in rows else None for job_id, _, _ in handed]
 
     def _apply(self, s: Session, row: JobRow, status: BackendStatus, now: datetime) -> bool:
         """`apply_status` on a row locked for update; True if its state changed."""

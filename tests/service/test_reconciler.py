@@ -382,3 +382,55 @@ def test_readyz_is_503_while_passes_keep_failing(tmp_path: Path) -> None:
         wait_until(lambda: c.request("GET", "/readyz").status_code == 200, 30, what="readyz to recover")
     finally:
         c.close()
+
+
+class _Counting(LocalBackend):
+    """A real local backend that counts full lists (one per full reconcile pass)."""
+
+    lists = 0
+
+    def list_statuses(self) -> list[BackendStatus]:
+        self.lists += 1
+        return super().list_statuses()
+
+
+def test_a_new_job_is_handed_over_by_a_submit_pass_not_a_full_one(tmp_path: Path) -> None:
+    """A submission wakes a pass that hands the queued jobs over and lists nothing: a full pass per
+    submission read every active job, which made each submission cost O(active jobs)."""
+    settings = make_settings(tmp_path, reconcile_interval_seconds=600.0)
+    backend = _Counting.from_settings(settings)
+    assert isinstance(backend, _Counting)
+    c = Controller(create_app(settings, backend=backend))
+    try:
+        wait_until(lambda: backend.lists >= 1, 30, 0.05, what="the first full pass")
+        for key in ("a", "b", "c"):
+            job_id = _submit(c, key)
+            path = f"/v1/jobs/{job_id}"
+            wait_until(lambda path=path: c.request("GET", path).json()["state"] != "QUEUED", 30, 0.05)
+        assert backend.lists == 1  # the full pass keeps its period (10 minutes here)
+        c.services.reconciler.wake()  # a cancel or retry still gets a full pass at once
+        wait_until(lambda: backend.lists >= 2, 30, 0.05, what="a full pass when woken")
+    finally:
+        c.close()
+        c.kill_jobs()
+
+
+def test_a_pass_records_the_jobs_it_hands_over_in_one_transaction(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    settings = make_settings(tmp_path, run_reconciler=False)
+    c = controller_factory(settings)
+    ids = [_submit(c, f"k{i}") for i in range(12)]
+    store = c.services.store
+    writes: list[bool] = []
+    tx = store._tx
+
+    def counted(*, write: bool = False) -> object:
+        writes.append(write)
+        return tx(write=write)
+
+    store._tx = counted  # type: ignore[method-assign]
+    assert c.services.reconciler.submit_once()
+    assert writes.count(True) == 1, f"{writes.count(True)} write transactions to hand over 12 jobs"
+    states = {store.get_job(job_id).state.value for job_id in ids}
+    assert states <= {"PENDING", "RUNNING", "SUCCEEDED"} and all(store.get_job(i).submitted_attempt == 0 for i in ids)
