@@ -1,10 +1,11 @@
 """Where a pack's step time goes, and when a pack first parts from its solo runs (issue 31).
 
-Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20]
+Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20] [--compiled]
+       [--no-divergence]
 
-1. Kernels of one eager pack step (`trainer.execution.pack.PackPlan`, not captured, so each kernel is seen) on
-   `core` at each size K: the count, the CUDA time per step, and the costliest kernels by name, K against K = 1:
-   which kernels grow with K and by how much.
+1. Kernels of one eager (`--compiled`: Inductor's) pack step (`trainer.execution.pack.PackPlan`, not captured,
+   so each kernel is seen) on `core` at each size K: the count, the CUDA time per step, the peak memory, and the
+   costliest kernels by name, K against K = 1: which kernels grow with K and by how much.
 2. When run i of a captured pack (K = 4, float32) first differs from its solo graph plan: the relative error of
    `state.online` and of the replay's priorities after each graph replay (10 updates) for the first 100 updates.
 """
@@ -49,10 +50,13 @@ def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> t
     return configs, make
 
 
-def kernels(size: int, base: TrainConfig, capacity: int, device: torch.device) -> dict[str, tuple[int, float]]:
+def kernels(
+    size: int, base: TrainConfig, capacity: int, device: torch.device, compiled: bool = False
+) -> dict[str, tuple[int, float]]:
     """name -> (launches, CUDA ms) per pack step, over 3 profiled steps after 3 warm-up steps."""
     configs, make = runs(base, size, capacity, device)
-    plan = PackPlan(Pack(configs, make))
+    torch.cuda.reset_peak_memory_stats(device)
+    plan = PackPlan(Pack(configs, make), compiled=compiled)
     for step in range(3):
         plan.run(step)
     torch.cuda.synchronize()
@@ -60,6 +64,7 @@ def kernels(size: int, base: TrainConfig, capacity: int, device: torch.device) -
         for step in range(3, 6):
             plan.run(step)
         torch.cuda.synchronize()
+    print(f"K={size}: peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (replays included)")
     table: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
@@ -98,17 +103,20 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--capacity", type=int, default=100_000)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--compiled", action="store_true", help="the pack through Inductor (PackPlan(compiled=True))")
+    parser.add_argument("--no-divergence", action="store_true", help="kernels only")
     args = parser.parse_args()
     device = torch.device("cuda")
     options = BenchOptions(capacity=args.capacity)
     base = method_config(preset_config("core", options), f"graph-{args.precision}")
     sizes = [int(k) for k in args.sizes.split(",")]
-    tables = {k: kernels(k, base, args.capacity, device) for k in sizes}
+    tables = {k: kernels(k, base, args.capacity, device, args.compiled) for k in sizes}
+    kind = "compiled" if args.compiled else "eager"
     first = tables[sizes[0]]
     for k, table in tables.items():
         total = sum(ms for _, ms in table.values())
         print(
-            f"\nK={k} ({args.precision}, eager pack): {sum(n for n, _ in table.values())} kernels, {total:.3f} ms "
+            f"\nK={k} ({args.precision}, {kind} pack): {sum(n for n, _ in table.values())} kernels, {total:.3f} ms "
             f"of kernel time per pack step"
         )
     last = tables[sizes[-1]]
@@ -116,6 +124,8 @@ def main() -> None:
     for name, (n, ms) in sorted(last.items(), key=lambda item: -item[1][1])[: args.top]:
         n0, ms0 = first.get(name, (0, 0.0))
         print(f"  {ms:8.3f} ms {n:4d}x  (K={sizes[0]}: {ms0:7.3f} ms {n0:4d}x)  {name}")
+    if args.no_divergence:
+        return
     print()
     divergence(preset_config("core", BenchOptions(batch_size=256, capacity=20_000)), 20_000, device)
 
