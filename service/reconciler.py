@@ -201,7 +201,7 @@ class Reconciler:
         """Cancel every active job past its deadline: a queued one the backend never got ends at once
         (never submitted), a submitted one is stopped by the cancel `_sync` sends."""
         now = datetime.now(UTC)
-        for job in self.store.active_jobs():
+        for job in self.store.active_jobs(with_deadline=True):
             if job.deadline is not None and now > job.deadline and job.cancel_requested_at is None:
                 try:
                     self.store.request_cancel(job.id, tenant=None, reason="DeadlineExceeded")
@@ -263,11 +263,17 @@ class Reconciler:
             self._call_failed("list", error)
             raise
         seen = {status.job_id: status for status in statuses}
+        active: dict[str, JobRecord] = {}
         for job in self.store.active_jobs():  # a terminal job never changes: skip those statuses
-            if job.id in seen:
-                self.store.apply_status(seen[job.id], known=job)  # no read per job: O(N) statements per pass
+            listed = seen.get(job.id)
+            # no read per job (O(N) statements per pass); one whose state this changed is read again, not all
+            if listed is not None and self.store.apply_status(listed, known=job):
+                fresh = self.store.find_job(job.id)
+                if fresh is None or fresh.state.terminal:
+                    continue
+                job = fresh
+            active[job.id] = job
         now = datetime.now(UTC)
-        active = {job.id: job for job in self.store.active_jobs()}
         for status in statuses:
             if status.state.terminal or status.job_id in active:
                 continue

@@ -648,10 +648,13 @@ class Store:
         with self._tx() as s:
             return [_record(r) for r in s.scalars(query)]
 
-    def active_jobs(self) -> list[JobRecord]:
-        """Every non-terminal job."""
+    def active_jobs(self, *, with_deadline: bool = False) -> list[JobRecord]:
+        """Every non-terminal job (`with_deadline`: those with a deadline only, which the pass checks)."""
+        query = select(JobRow).where(JobRow.state.not_in(_TERMINAL))
+        if with_deadline:
+            query = query.where(JobRow.deadline.is_not(None))
         with self._tx() as s:
-            return [_record(r) for r in s.scalars(select(JobRow).where(JobRow.state.not_in(_TERMINAL)))]
+            return [_record(r) for r in s.scalars(query)]
 
     def gpu_use(self, *, tenant: str, pool: str) -> int:
         """GPUs held by the tenant's non-terminal jobs on the pool."""

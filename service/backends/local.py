@@ -335,6 +335,8 @@ class LocalBackend:
             self._holders[job_id] = run.get("gpu")
         old = self._known.get(job_id)
         self._known[job_id] = status
+        if old is None and status.state is JobState.PENDING:
+            return  # a job just submitted, waiting: what its submit answered, no change for the watch to report
         if old is None or self._fingerprint(old) != self._fingerprint(status):
             self._version += 1
             self._changed.pop(job_id, None)
