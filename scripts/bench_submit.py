@@ -240,6 +240,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def server_cpu_seconds(pid: int) -> float:
+    """The server's CPU time: its process and, with --workers, its worker processes (multiprocessing's spawned
+    children); not the jobs' supervisors, which are the backend's work."""
+    total = cpu_seconds(pid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and b"multiprocessing" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                total += cpu_seconds(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def wait_ready(url: str, server: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + 60
     while True:
@@ -267,6 +283,7 @@ def main() -> int:
     parser.add_argument(
         "--no-reconciler", action="store_true", help="API and store only: jobs stay QUEUED, nothing is launched."
     )
+    parser.add_argument("--workers", type=int, default=1, help="Server processes (foxhunt serve --workers).")
     parser.add_argument("--write", type=Path, default=None, help="Append the result to this Markdown file.")
     args = parser.parse_args()
 
@@ -292,6 +309,7 @@ def main() -> int:
             "FOXHUNT_POOLS_FILE": f"{tmp}/pools.json",
             "FOXHUNT_PORT": str(port),
             "FOXHUNT_RUN_RECONCILER": "0" if args.no_reconciler else "1",
+            "FOXHUNT_WORKERS": str(args.workers),
         }
         server = subprocess.Popen(
             [sys.executable, "-m", "service", "serve"],
@@ -306,27 +324,28 @@ def main() -> int:
             if not wait_ready(url, server):
                 print("error: the controller did not start", file=sys.stderr)
                 return 1
-            cpu_before = cpu_seconds(server.pid)
+            cpu_before = server_cpu_seconds(server.pid)
             client_before = cpu_seconds(os.getpid())
             if args.drain is not None:
                 handed, queued, ended, seconds = drain(store, args.drain, args.duration)
+                used = server_cpu_seconds(server.pid) - cpu_before
                 print(
                     f"{args.drain} queued jobs: all handed to the backend after "
                     f"{'-' if handed is None else f'{handed:.0f}'} s ({queued} still QUEUED at the end); {ended} ended "
                     f"in {seconds:.0f} s, {ended / seconds:.2f} per second; "
-                    f"server CPU {cpu_seconds(server.pid) - cpu_before:.1f} s; load average {load_before} before, "
+                    f"server CPU {used:.1f} s; load average {load_before} before, "
                     f"{load_average()} after"
                 )
                 return 0
             if args.rate is not None:
                 results, wall = run_async(open_loop(port, token, args.rate, args.duration, args.warmup))
-                server_cpu = cpu_seconds(server.pid) - cpu_before
+                server_cpu = server_cpu_seconds(server.pid) - cpu_before
                 client_cpu = cpu_seconds(os.getpid()) - client_before
                 time.sleep(args.settle)
                 backlog = store.counts_by_state()[JobState.QUEUED] if not args.no_reconciler else None
             else:
                 results, wall = run_async(closed_loop(port, token, args.clients, args.requests, args.warmup))
-                server_cpu = cpu_seconds(server.pid) - cpu_before
+                server_cpu = server_cpu_seconds(server.pid) - cpu_before
                 client_cpu = cpu_seconds(os.getpid()) - client_before
         finally:
             server.terminate()
@@ -341,6 +360,7 @@ def main() -> int:
     ms = [x * 1000 for x in results.latencies]
     p50, p90, p99 = (percentile(ms, q) for q in (0.5, 0.9, 0.99))
     mode = f"open {args.rate:g}/s x {args.duration:g} s" if args.rate is not None else f"closed, {args.clients} clients"
+    mode += f", {args.workers} workers" if args.workers > 1 else ""
     kinds = sorted({str(status) for status in results.errors if status} | set(results.failures))
     after = "" if backlog is None else f", {backlog} QUEUED {args.settle:g} s after"
     summary = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Response
@@ -25,6 +26,7 @@ from service.pools import Pools
 from service.reconciler import Reconciler
 from service.settings import Settings
 from service.store import Store
+from service.workers import QUEUED, WAKE, ReconcilerSeat
 
 
 def build_backend(settings: Settings) -> Backend:
@@ -72,6 +74,23 @@ class _RequestMetrics(HttpMiddleware):
             self.metrics.record_request(scope["method"], template, status, time.perf_counter() - started)
 
 
+def _start_reconciling(reconciler: Reconciler, elector: Any) -> None:
+    if elector is not None:
+        elector.start()
+    reconciler.start()
+
+
+def _stop_reconciling(reconciler: Reconciler, elector: Any) -> None:
+    reconciler.stop()
+    if elector is not None:
+        elector.stop()  # after the last pass: then the Lease is released
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one worker process of `foxhunt serve --workers N` (uvicorn's factory): settings from FOXHUNT_*."""
+    return create_app(Settings())
+
+
 def create_app(
     settings: Settings, *, backend: Backend | None = None, registry: CollectorRegistry | None = None
 ) -> FastAPI:
@@ -96,6 +115,17 @@ def create_app(
         grace_seconds=settings.cancel_grace_seconds,
         leader=elector,
     )
+    seat: ReconcilerSeat | None = None
+    wake, queued = reconciler.wake, reconciler.queued
+    if settings.run_reconciler and settings.reconciler_lock_file is not None:  # one of several workers
+        seat = ReconcilerSeat(
+            settings.reconciler_lock_file,
+            start=lambda: _start_reconciling(reconciler, elector),
+            stop=lambda: _stop_reconciling(reconciler, elector),
+            queued=reconciler.queued,
+            wake=reconciler.wake,
+        )
+        wake, queued = partial(seat.notify, WAKE), partial(seat.notify, QUEUED)
     metrics.watch_store(store.counts_by_state)
     metrics.watch_reconciler(lambda: reconciler.last_success)
     if isinstance(backend, CountsApiCalls):
@@ -107,24 +137,24 @@ def create_app(
         pools=pools_config,
         metrics=metrics,
         reconciler=reconciler,
-        jobs=JobService(
-            store, pools_config, metrics, reconciler.wake, datasets=settings.dataset_access, queued=reconciler.queued
-        ),
+        jobs=JobService(store, pools_config, metrics, wake, datasets=settings.dataset_access, queued=queued),
         tokens=TokenCache(store, settings.token_cache_seconds),
+        seat=seat,
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if settings.run_reconciler:
-            if elector is not None:
-                elector.start()
-            reconciler.start()
+        if seat is not None:
+            seat.open()  # the reconciler starts if and when this worker holds the lock
+        elif settings.run_reconciler:
+            _start_reconciling(reconciler, elector)
         try:
             yield
         finally:
-            reconciler.stop()
-            if elector is not None:
-                elector.stop()  # after the last pass: then the Lease is released
+            if seat is not None:
+                seat.close()
+            else:
+                _stop_reconciling(reconciler, elector)
             store.dispose()
 
     app = FastAPI(

@@ -102,14 +102,37 @@ def _print_runs(runs: list[dict[str, Any]]) -> None:
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default FOXHUNT_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default FOXHUNT_PORT).")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="API processes (default FOXHUNT_WORKERS, 1); the reconciler runs in one."),
+    ] = None,
 ) -> None:
     """Run the controller (settings from FOXHUNT_* variables)."""
+    import os
+    import tempfile
+
     import uvicorn
 
     from service.app import create_app
 
     settings = Settings()
-    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+    host, port, workers = host or settings.host, port or settings.port, workers or settings.workers
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        return
+    # Several workers (service/workers.py): migrated once here, not by N processes at once; the reconciler's
+    # lock file is this server's own unless set.
+    if settings.migrate_on_start:
+        from service.store import Store
+
+        store = Store(settings.database_url)
+        store.migrate()
+        store.dispose()
+    lock = settings.reconciler_lock_file or Path(tempfile.mkdtemp(prefix="foxhunt-serve-")) / "reconciler.lock"
+    os.environ.update({"FOXHUNT_RECONCILER_LOCK_FILE": str(lock), "FOXHUNT_MIGRATE_ON_START": "0"})
+    uvicorn.run(
+        "service.app:app_from_environment", factory=True, workers=workers, host=host, port=port, log_level="info"
+    )
 
 
 @app.command()

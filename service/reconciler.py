@@ -137,6 +137,9 @@ class Reconciler:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        stop_watch = getattr(self.backend, "stop_watch", None)  # the local backend's watch polls: end it now
+        if stop_watch is not None:
+            stop_watch()
         for thread in self._threads:
             thread.join(timeout=self.interval_seconds + 5)
         self._threads = []

@@ -106,6 +106,16 @@ class Settings(BaseSettings):
     dataset_max_bytes: int = Field(
         DEFAULT_MAX_BYTES, ge=1, le=1 << 40, description="Largest dataset file a job may read (checked before reading)."
     )
+    workers: int = Field(
+        1, ge=1, le=64, description="API processes `foxhunt serve` starts (`--workers`); the reconciler runs in one."
+    )
+    reconciler_lock_file: Path | None = Field(
+        None,
+        description=(
+            "With several processes on one host: the reconciler runs only in the one holding this file's lock "
+            "(service/workers.py). `foxhunt serve --workers N` sets it for its workers; None: this process reconciles."
+        ),
+    )
     host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")
 

@@ -18,6 +18,7 @@ from service.progress import token_attempt
 from service.reconciler import Reconciler
 from service.settings import Settings
 from service.store import Store
+from service.workers import ReconcilerSeat
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Services:
     reconciler: Reconciler
     jobs: JobService
     tokens: TokenCache
+    seat: ReconcilerSeat | None = None
+    """With several worker processes: where this one stands (does it run the reconciler?)."""
 
 
 def _services(request: Request) -> Services:

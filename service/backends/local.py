@@ -144,6 +144,7 @@ class LocalBackend:
         self._version = 0
         self._changed: dict[str, int] = {}  # job id -> version of its last status change, oldest change first
         self._pools_text: tuple[tuple[int, int], str] | None = None  # the pools file, by (mtime, size)
+        self._watch_stopped = threading.Event()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LocalBackend:
@@ -233,16 +234,23 @@ class LocalBackend:
         """Polls the jobs and yields each status that changed since the last poll: a poll reads the running
         jobs and those the journal names, not every job folder."""
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        self._watch_stopped.clear()
         with self._locked():
             self._schedule_locked()
             seen = self._version
         while deadline is None or time.monotonic() < deadline:
-            time.sleep(self.poll_seconds)
+            if self._watch_stopped.wait(self.poll_seconds):
+                return
             with self._locked():
                 self._schedule_locked()
                 changed = self._changed_since(seen)
                 seen = self._version
             yield from changed
+
+    def stop_watch(self) -> None:
+        """End the running watch at its next poll (the reconciler stops): it otherwise ran to its timeout, the
+        reconcile interval, and a worker giving up the reconciler held its lock that long."""
+        self._watch_stopped.set()
 
     def ping(self) -> None:
         try:
