@@ -453,13 +453,17 @@ class PackPlan:
 
     def compiled_update(self, flags: StepFlags, inputs: tuple[Any, ...]) -> Callable[..., PackOutput]:
         """`vmapped` for `flags` as one Inductor-compiled graph, traced on the first call over copies of
-        `inputs` (tracing runs the update: on copies, the pack's state is not advanced by it)."""
+        `inputs` (tracing runs the update: on copies, the pack's state is not advanced by it). The replay's storage
+        (`inputs[1]`), which an update only reads, is not copied: K replays' worth of memory."""
         if flags not in self.compiled_updates:
             from torch.fx.experimental.proxy_tensor import make_fx
 
             from trainer.execution.plans.fused import raise_dynamo_cache_limits
 
-            copies = torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, inputs)
+            def copy(tensor: Any) -> Any:
+                return tensor.clone() if isinstance(tensor, Tensor) else tensor
+
+            copies = [arg if i == 1 else torch.utils._pytree.tree_map(copy, arg) for i, arg in enumerate(inputs)]
             traced = make_fx(functools.partial(self.vmapped, flags))(*copies)
             raise_dynamo_cache_limits()
             self.compiled_updates[flags] = torch.compile(traced, dynamic=False)  # type: ignore[assignment]
