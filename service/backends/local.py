@@ -594,7 +594,8 @@ class LocalBackend:
         # read after the liveness check: a supervisor writes its exit file before it exits
         finished = read_json_object(job_dir / f"exit-{attempt}.json")
         cancelled = (job_dir / f"cancel-{attempt}").exists()
-        progress = read_json_object(train_progress(job_dir)) or read_json_object(search_progress(job_dir)) or {}
+        search = read_json_object(search_progress(job_dir)) or {}  # a search's last pack report, with its runs
+        progress = read_json_object(train_progress(job_dir)) or search
         status = BackendStatus(
             job_id=job_dir.name,
             state=JobState.PENDING,
@@ -602,7 +603,7 @@ class LocalBackend:
             breakdown_ms=progress.get("breakdown_ms"),
             epoch_seconds=progress.get("epoch_seconds"),
             step=progress.get("step"),
-            runs=pack_runs(progress.get("runs")),
+            runs=pack_runs(progress.get("runs")) or pack_runs(search.get("runs")),  # train's solo run has none
         )
         status.started_at = datetime.fromtimestamp(run["started_at"], UTC)
         if finished is not None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from service.backends.local import LocalBackend, pack_runs
-from service.backends.local_pipeline import Outcome, PipelineRun, bindings, search_progress, state_file
+from service.backends.local import LocalBackend
+from service.backends.local_pipeline import Outcome, PipelineRun, bindings, state_file
 from service.domain import JobSpec, JobState
 from tests.service.backends.test_local import TERMINAL, wait_log, wait_state
 from tests.service.factories import POOLS_YAML, stand_in_command, tiny_train_config
@@ -293,31 +293,3 @@ def test_a_cancelled_step_that_finishes_anyway_still_ends_the_pipeline(tmp_path:
     assert (status.state, status.message) == (JobState.CANCELLED, "stopped on request (exit 143)")
     log = "".join(backend.logs("job-1"))
     assert "--- foxhunt: step train finished: exit 0" in log and started(log)[-2:] == ["train", "on-exit"]
-
-
-def test_a_search_on_the_local_backend_trains_its_trials_as_one_pack_with_the_real_trainer(tmp_path: Path) -> None:
-    """`foxhunt submit --hyperopt-trials 3` as the local backend runs it, with the real trainer: suggest packs the
-    three trials (the default space searches numbers only), one trial step trains them as one pack and tells the
-    study each objective, and the search's progress file, which the job's status reads, names each trial's run."""
-    pools = tmp_path / "pools.yaml"
-    pools.write_text(POOLS_YAML)
-    backend = LocalBackend(tmp_path / "jobs", command=REAL_TRAINER, gpus=0, poll_seconds=0.05, pools_file=pools)
-    config = tiny_train_config(4)
-    backend.submit(JobSpec.model_validate({**job(3), "tenant": "t", "plan": "eager", "epochs": 1, "config": config}))
-    status = wait_state(backend, "job-1", TERMINAL, timeout=300)
-    log = "".join(backend.logs("job-1"))
-    assert status.state is JobState.SUCCEEDED, log[-3000:]
-    # [-8:]: the backend's own "attempt 0 starting" line comes first
-    assert started(log)[-8:] == [
-        "resolve", "compile", "hyperopt-suggest", "hyperopt-trial 0,1,2", "hyperopt-best", "train", "report", "on-exit",
-    ]  # fmt: skip
-    assert "packs: 3 trials in 1 pod(s): 0,1,2" in log and "[run 2 seed 0 trial 2]" in log
-    search = tmp_path / "jobs" / "job-1" / "run" / "hyperopt"
-    for number in range(3):
-        summary = json.loads((search / f"trial-{number}" / "summary.json").read_text())
-        assert summary["packed"] is True and summary["step"] == 4 and f"trial {number}: eval_return_mean=" in log
-    runs = pack_runs(json.loads(search_progress(tmp_path / "jobs" / "job-1").read_text())["runs"])
-    assert [(run.run, run.trial, run.step, run.diverged) for run in runs or []] == [
-        (0, 0, 4, False), (1, 1, 4, False), (2, 2, 4, False),
-    ]  # fmt: skip
-    assert (search / "best-config.json").is_file() and "best: trial " in log

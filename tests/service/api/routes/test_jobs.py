@@ -310,8 +310,9 @@ def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:
     """The default trainer program (`python -m trainer`) runs every step of the job pipeline locally, with
-    the commands Argo runs: resolve, compile, 2 hyper-parameter trials, best, train from the best config, report
-    and the exit handler, on a tiny market config on the CPU."""
+    the commands Argo runs: resolve, compile, 2 hyper-parameter trials (the default space searches numbers only:
+    suggest packs them, and one trial step trains both as one pack), best, train from the best config, report
+    and the exit handler, on a tiny market config on the CPU; the job shows each trial's run of the pack."""
     c = controller_factory(make_settings(tmp_path, local_command=list(DEFAULT_LOCAL_COMMAND)))
     config = tiny_train_config(steps=4)
     config["run"]["cpu_threads"] = 1
@@ -325,12 +326,20 @@ def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
     assert {"sample", "forward_backward", "adam", "guard"} <= set(job["breakdown_ms"])
     marks = [line.split(" starting: ")[0] for line in log.splitlines() if " starting: " in line]
     started = [mark.removeprefix("--- foxhunt: step ") for mark in marks if mark.startswith("--- foxhunt: step ")]
-    trials = ["hyperopt-suggest", "hyperopt-trial 0", "hyperopt-trial 1", "hyperopt-best"]
+    trials = ["hyperopt-suggest", "hyperopt-trial 0,1", "hyperopt-best"]
     assert started == ["resolve", "compile", *trials, "train", "report", "on-exit"]
-    assert log.count("finished: exit 0 (") == 9 and "Training step breakdown: sample=" in log
+    assert log.count("finished: exit 0 (") == 8 and "Training step breakdown: sample=" in log
+    assert "packs: 2 trials in 1 pod(s): 0,1" in log and "trial 1: eval_return_mean=" in log
+    assert [(r["run"], r["trial"], r["step"], r["diverged"]) for r in job["runs"]] == [
+        (0, 0, 4, False),
+        (1, 1, 4, False),
+    ]
     assert "train --config " + str(tmp_path / "jobs" / job["id"] / "run" / "hyperopt" / "best-config.json") in log
     job_dir = tmp_path / "jobs" / job["id"]
     assert (job_dir / "run" / "train" / "summary.json").is_file() and any((job_dir / "checkpoints" / "train").iterdir())
+    for trial in (0, 1):  # each trial's folder and checkpoint, as a solo trial's
+        assert json.loads((job_dir / "run" / "hyperopt" / f"trial-{trial}" / "summary.json").read_text())["packed"]
+        assert any((job_dir / "checkpoints" / f"trial-{trial}").iterdir())
     assert json.loads((job_dir / "run" / "status.json").read_text())["status"] == "Succeeded"
 
 
