@@ -215,8 +215,10 @@ def plan_packs(
     pack_size: int,
     log: Log,
 ) -> list[list[int]]:
-    """The trials `numbers` grouped into packs of at most `pack_size`, in order: trials pack together when
-    their configs differ only in PACKABLE fields (`check_packable`), else each runs alone (said in `log`)."""
+    """The trials `numbers` grouped into packs of at most `pack_size`, in order of their first trial. Trials pack
+    together when their configs differ only in PACKABLE fields (`check_packable`): a searched field outside it
+    (a shape, a switch) puts trials that drew different values of it into different packs, and `log` says how
+    many trials that leaves alone. A chunk that `check_packable` still refuses runs one trial per pack."""
     from trainer.execution.pack import MAX_PACK, PackError, check_packable
 
     size = max(1, min(pack_size, MAX_PACK))
