@@ -31,7 +31,7 @@ class Settings(BaseSettings):
         ),
     )
     local_parallel_trials: int = Field(
-        1, ge=1, le=64, description="Hyper-parameter trials a local job runs at once (on the job's one GPU or CPU)."
+        1, ge=1, le=64, description="Trial steps (each a pack of trials) a local job runs at once (its one GPU or CPU)."
     )
     local_gpus: int | None = Field(None, ge=0, description="GPUs the local backend may use (None: detect).")
     auth_disabled: bool = Field(False, description="Dev mode: no tokens, every caller is tenant 'default'.")
