@@ -33,7 +33,7 @@ from service.domain import BackendStatus, JobSpec, JobState
 from service.errors import InvalidTransition, UnknownPool
 from service.metrics import ControllerMetrics
 from service.pools import Pools
-from service.store import JobRecord, Store
+from service.store import ActiveJob, JobRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -270,15 +270,15 @@ class Reconciler:
             self._call_failed("list", error)
             raise
         seen = {status.job_id: status for status in statuses}
-        active: dict[str, JobRecord] = {}
-        for job in self.store.active_jobs():  # a terminal job never changes: skip those statuses
+        active: dict[str, ActiveJob] = {}
+        for job in self.store.active_jobs_brief():  # a terminal job never changes: skip those statuses
             listed = seen.get(job.id)
             # no read per job (O(N) statements per pass); one whose state this changed is read again, not all
             if listed is not None and self.store.apply_status(listed, known=job):
-                fresh = self.store.find_job(job.id)
-                if fresh is None or fresh.state.terminal:
+                fresh = self.store.active_jobs_brief(job.id)
+                if not fresh:
                     continue
-                job = fresh
+                job = fresh[0]
             active[job.id] = job
         now = datetime.now(UTC)
         for status in statuses:
@@ -300,7 +300,7 @@ class Reconciler:
                 overdue = (now - job.cancel_requested_at).total_seconds() > self.grace_seconds
                 self._send_cancel(job, force=overdue)
 
-    def _send_cancel(self, job: JobRecord, *, force: bool) -> None:
+    def _send_cancel(self, job: JobRecord | ActiveJob, *, force: bool) -> None:
         """Graceful once per attempt (again after a restart), forced once after the grace period."""
         key = (job.id, job.attempt)
         if force and job.cancel_forced:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, Engine, Table, create_engine, event, exists, func, insert, or_, select, text
@@ -97,6 +97,22 @@ class JobRecord(NewJob):
     step: int | None
     runs: list[RunProgress] | None = None
     events: list[JobEvent] = Field(default_factory=list)
+
+
+class ActiveJob(NamedTuple):
+    """What a full reconcile pass needs of an active job (no config, no history): read as plain rows, since
+    building every active job's whole record made a pass over 10,000 jobs hold the interpreter for seconds."""
+
+    id: str
+    state: JobState
+    attempt: int
+    submitted_attempt: int | None
+    cancel_requested_at: datetime | None
+    cancel_forced: bool
+    breakdown_ms: dict[str, float] | None
+    epoch_seconds: float | None
+    step: int | None
+    runs: list[dict[str, Any]] | None
 
 
 class TokenInfo(BaseModel):
@@ -443,7 +459,7 @@ class Store:
             )
         )
 
-    def apply_status(self, status: BackendStatus, *, known: JobRecord | None = None) -> bool:
+    def apply_status(self, status: BackendStatus, *, known: JobRecord | ActiveJob | None = None) -> bool:
         """Bring one job in step with the backend; True if its state changed.
 
         Statuses only move a job forward (QUEUED < PENDING < RUNNING < terminal); a terminal job is
@@ -515,7 +531,7 @@ class Store:
         self._event(s, row, now)
         return True
 
-    def _would_change(self, status: BackendStatus, known: JobRecord | None) -> bool:
+    def _would_change(self, status: BackendStatus, known: JobRecord | ActiveJob | None) -> bool:
         """Whether `apply_status` would change the stored job, read without the write lock (or taken from
         `known`); the writing transaction decides again, so a job changed in between is handled right."""
         row: Any = known
@@ -655,6 +671,30 @@ class Store:
             query = query.where(JobRow.deadline.is_not(None))
         with self._tx() as s:
             return [_record(r) for r in s.scalars(query)]
+
+    def active_jobs_brief(self, job_id: str | None = None) -> list[ActiveJob]:
+        """Every non-terminal job (or the one with `job_id`, if active) as an ActiveJob, in one Core query."""
+        c = _JOBS.c
+        query = select(*(getattr(c, name) for name in ActiveJob._fields)).where(c.state.not_in(_TERMINAL))
+        if job_id is not None:
+            query = query.where(c.id == job_id)
+        with self._tx() as s:
+            rows = s.execute(query).all()
+        return [
+            ActiveJob(
+                row.id,
+                JobState(row.state),
+                row.attempt,
+                row.submitted_attempt,
+                _aware(row.cancel_requested_at),
+                bool(row.cancel_forced),
+                row.breakdown_ms,
+                row.epoch_seconds,
+                row.step,
+                row.runs,
+            )
+            for row in rows
+        ]
 
     def gpu_use(self, *, tenant: str, pool: str) -> int:
         """GPUs held by the tenant's non-terminal jobs on the pool."""

@@ -175,7 +175,8 @@ class LocalBackend:
         """Record the job; it starts when a slot is free. Same job id and attempt: the existing job.
 
         One file and a line in the journal; the scheduler then reads only the journal's new lines and the
-        running jobs, never every job folder (which made a reconcile pass of N queued jobs O(N^2))."""
+        running jobs, never every job folder (which made a reconcile pass of N queued jobs O(N^2)), and only
+        when the index has a free slot: while every slot is held, the watch's next poll finds a freed one."""
         job_dir = self._dir(spec.job_id)
         with self._locked():
             existing = read_json_object(job_dir / "job.json")
@@ -187,7 +188,8 @@ class LocalBackend:
             record = {**spec.model_dump(mode="json"), "submitted_at": time.time(), _POOLS_KEY: self._pools_now()}
             write_json_atomic(job_dir / "job.json", record)  # config.json and pools.yaml are written at launch
             self._journal(job_dir.name)
-            self._schedule_locked()
+            if len(self._holders) < self.slots:  # else the watch's next poll schedules
+                self._schedule_locked()
             return self._status(job_dir)
 
     def status(self, job_id: str) -> BackendStatus:
