@@ -19,8 +19,9 @@ same config (seed, hyper-parameters). What differs is rounding where a batched k
 - A hyper-parameter that differs between runs reaches the step as a float64 0-d tensor per run (vmap hands
   each run its own), one that is the same in every run stays a Python float, as in a solo run.
 - `PackPlan` runs a pack step eagerly or, like the graph plan, captured in one CUDA graph per pattern of
-  periodic flags, K = `run.steps_per_replay` updates per replay. The fused plans' Triton kernels have no
-  vmap rule, so a pack runs eager's kernels, in the precision `run.precision` gives (bf16 autocast too).
+  periodic flags, K = `run.steps_per_replay` updates per replay; eager's kernels, or (`compiled`, the fused
+  plans' way) Inductor's, in the precision `run.precision` gives (bf16 autocast too). The fused plans' own
+  Triton kernels (window attention) have no vmap rule: a pack runs attention as `pack_attention`.
 - Every op of the vmapped step has a batching rule (`tests/trainer/execution/test_pack.py` fails on any op that
   takes vmap's fallback, which loops over the runs with one kernel per run and op). The one op of the step
   that had none is attention (`scaled_dot_product_attention`: its CUDA backward, and both directions on the
