@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from contracts.config import TrainConfig
-from trainer.algo.model import ModelDims
-from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.algo.state import TrainState
-from trainer.execution.pack import Pack, PackPlan, PackRun
+from trainer.execution.pack import Pack, PackPlan
 from trainer.execution.plans import make_plan
 from trainer.runtime.timing import StepTimer
-from trainer.tools.bench import BenchOptions, bench_spec, fill_with_random_transitions, method_config, preset_config
+from trainer.tools.bench import BenchOptions, method_config, preset_config, random_run
 
 
 def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> tuple[list[TrainConfig], Callable]:
@@ -40,14 +38,7 @@ def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> t
         for i in range(size)
     ]
 
-    def make(i: int, config: TrainConfig) -> PackRun:
-        spec = bench_spec(config)
-        dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-        replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
-        fill_with_random_transitions(replay, capacity, seed=i)
-        return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
-
-    return configs, make
+    return configs, functools.partial(random_run, transitions=capacity)
 
 
 def kernels(

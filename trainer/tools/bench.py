@@ -51,6 +51,7 @@ from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import StepOutput
 from trainer.execution.data.spec import EnvSpec, Transitions, goal_columns
+from trainer.execution.pack import MAX_PACK, Pack, PackPlan, PackRun
 from trainer.execution.plans import PlanClass, plan_class, unavailable_reason
 from trainer.execution.plans.base import Plan
 from trainer.runtime.timing import StepTimer
@@ -297,8 +298,6 @@ def check_options(options: BenchOptions) -> None:
             f"plans: {', '.join(PLANS)})"
         )
     if options.pack:
-        from trainer.execution.pack import MAX_PACK
-
         if not all(1 <= k <= MAX_PACK for k in options.pack):
             raise ValueError(f"pack sizes must be 1 to {MAX_PACK}, got {options.pack}")
         for method in options.pack_methods:
@@ -409,6 +408,17 @@ def time_method(
     return result
 
 
+def random_run(i: int, config: TrainConfig, transitions: int) -> PackRun:
+    """Run i of a pack over `transitions` random transitions (`bench_spec`'s shapes), its replay and draws seeded
+    by i: what the packs' GPU tests and `scripts/profile_pack.py` train."""
+    device = torch.device(config.run.device)
+    spec = bench_spec(config)
+    dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+    replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
+    fill_with_random_transitions(replay, transitions, seed=i)
+    return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
+
+
 def pack_base(method: str) -> str:
     """The plan a pack method runs as ("graph-bf16" -> "graph"); `ValueError` for one a pack cannot run."""
     base, _ = split_method(method)
@@ -429,8 +439,6 @@ def time_pack(
     """K = `size` runs as one pack (`trainer.pack`): run i is the solo method's run with seed `options.seed` + i,
     its own copy of the filled replay and its own generators (run 0's are the solo row's); warm-up, then
     `repeats` windows of `steps` pack steps, as `time_method` times a solo run."""
-    from trainer.execution.pack import Pack, PackPlan, PackRun
-
     result = PackResult(config=preset, method=method, pack=size)
     device = replay.device
     config = method_config(config, method)

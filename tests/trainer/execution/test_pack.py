@@ -23,7 +23,7 @@ from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.pack import MAX_PACK, Pack, PackError, PackPlan, PackRun, check_packable
-from trainer.tools.bench import bench_spec, fill_with_random_transitions
+from trainer.tools.bench import bench_spec, fill_with_random_transitions, random_run
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -276,13 +276,7 @@ def test_a_packed_graph_starts_as_its_solo_runs_and_its_drift_over_2000_updates(
     ]
     device = torch.device("cuda")
 
-    def make(i: int, config: TrainConfig) -> PackRun:
-        spec = bench_spec(config)
-        dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-        replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
-        fill_with_random_transitions(replay, options.capacity, seed=i)
-        return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
-
+    make = functools.partial(random_run, transitions=options.capacity)
     solos = []
     for i, config in enumerate(configs):
         run = make(i, config)
@@ -339,7 +333,6 @@ def test_a_pack_step_launches_one_runs_kernels_and_its_draws() -> None:
 
     options = BenchOptions(batch_size=256, capacity=20_000)
     base = preset_config("core", options)
-    device = torch.device("cuda")
     counts = {}
     for size in (1, 8):
         configs = [
@@ -347,14 +340,7 @@ def test_a_pack_step_launches_one_runs_kernels_and_its_draws() -> None:
             for i in range(size)
         ]
 
-        def make(i: int, config: TrainConfig) -> PackRun:
-            spec = bench_spec(config)
-            dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-            replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
-            fill_with_random_transitions(replay, 2_000, seed=i)
-            return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
-
-        plan = PackPlan(Pack(configs, make))
+        plan = PackPlan(Pack(configs, functools.partial(random_run, transitions=2_000)))
         with no_vmap_fallback():
             counts[size] = cuda_kernels(functools.partial(plan.run, 0))
     print(f"\nkernels per eager pack step: K=1 {counts[1]}, K=8 {counts[8]}")
@@ -376,15 +362,7 @@ def test_a_compiled_packed_graph_is_the_packed_graph(precision: str) -> None:
 
     options = BenchOptions(batch_size=256, capacity=20_000)
     base = preset_config("core", options)
-    device = torch.device("cuda")
-
-    def make(i: int, config: TrainConfig) -> PackRun:
-        spec = bench_spec(config)
-        dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-        replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
-        fill_with_random_transitions(replay, options.capacity, seed=i)
-        return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
-
+    make = functools.partial(random_run, transitions=options.capacity)
     # bf16: uniform replay (α = 0), or the priorities' bf16 rounding changes which slots the runs draw at once
     replay = base.replay.model_copy(update={"alpha": 0.0 if precision == "bf16" else base.replay.alpha})
 
