@@ -22,9 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from contracts.config import TrainConfig
 from trainer.execution.pack import Pack, PackPlan
-from trainer.execution.plans import make_plan
-from trainer.runtime.timing import StepTimer
-from trainer.tools.bench import BenchOptions, method_config, preset_config, random_run
+from trainer.tools.bench import BenchOptions, method_config, preset_config, random_run, solo_runs_beside_pack
 
 
 def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> tuple[list[TrainConfig], Callable]:
@@ -66,14 +64,8 @@ def kernels(
 
 
 def divergence(base: TrainConfig, capacity: int, device: torch.device) -> None:
-    configs, make = runs(base, 4, capacity, device)
-    solos = []
-    for i, config in enumerate(configs):
-        run = make(i, config)
-        plan = make_plan("graph", run.state, run.replay, config, StepTimer(device, enabled=False), run.generator)
-        solos.append((run, plan))
-    pack = Pack(configs, make)
-    packed = PackPlan(pack, graph=True)
+    solos, packed = solo_runs_beside_pack(*runs(base, 4, capacity, device))
+    pack = packed.pack
     print("updates  online rel. error per run (pack vs solo graph plan)      priorities rel. error per run")
     for step in range(0, 100, packed.steps_per_call):
         packed.run(step)

@@ -52,7 +52,7 @@ from trainer.algo.state import TrainState
 from trainer.algo.step import StepOutput
 from trainer.execution.data.spec import EnvSpec, Transitions, goal_columns
 from trainer.execution.pack import MAX_PACK, Pack, PackPlan, PackRun
-from trainer.execution.plans import PlanClass, plan_class, unavailable_reason
+from trainer.execution.plans import PlanClass, make_plan, plan_class, unavailable_reason
 from trainer.execution.plans.base import Plan
 from trainer.runtime.timing import StepTimer
 
@@ -417,6 +417,19 @@ def random_run(i: int, config: TrainConfig, transitions: int) -> PackRun:
     replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
     fill_with_random_transitions(replay, transitions, seed=i)
     return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
+
+
+def solo_runs_beside_pack(
+    configs: list[TrainConfig], make: Callable[[int, TrainConfig], PackRun], plan: str = "graph"
+) -> tuple[list[tuple[PackRun, Plan]], PackPlan]:
+    """Each run built twice by `make`: alone under solo plan `plan`, and in one pack under its pack plan
+    (`PackPlan.for_plan`): what the packs' equivalence checks step side by side."""
+    solos = []
+    for i, config in enumerate(configs):
+        run = make(i, config)
+        timer = StepTimer(run.state.atoms.device, enabled=False)
+        solos.append((run, make_plan(plan, run.state, run.replay, config, timer, run.generator)))
+    return solos, PackPlan.for_plan(Pack(configs, make), plan)
 
 
 def pack_base(method: str) -> str:

@@ -258,9 +258,7 @@ def test_a_packed_graph_starts_as_its_solo_runs_and_its_drift_over_2000_updates(
     `scripts/profile_pack.py`). Those differences then change which slots PER draws, after about 40 updates,
     and the trajectories part as the TF32 plan's part from eager (docs/benchmarks/README.md): the test holds
     the first replay to `FIRST_REPLAY_RTOL` and prints each tensor's drift after 2,000 updates."""
-    from trainer.execution.plans import make_plan
-    from trainer.runtime.timing import StepTimer
-    from trainer.tools.bench import BenchOptions, preset_config
+    from trainer.tools.bench import BenchOptions, preset_config, solo_runs_beside_pack
 
     options = BenchOptions(batch_size=256, capacity=20_000)
     base = preset_config("core", options).model_copy()
@@ -274,16 +272,8 @@ def test_a_packed_graph_starts_as_its_solo_runs_and_its_drift_over_2000_updates(
         )
         for i in range(4)
     ]
-    device = torch.device("cuda")
-
-    make = functools.partial(random_run, transitions=options.capacity)
-    solos = []
-    for i, config in enumerate(configs):
-        run = make(i, config)
-        plan = make_plan("graph", run.state, run.replay, config, StepTimer(device, enabled=False), run.generator)
-        solos.append((run, plan))
-    pack = Pack(configs, make)
-    packed = PackPlan(pack, graph=True)
+    solos, packed = solo_runs_beside_pack(configs, functools.partial(random_run, transitions=options.capacity))
+    pack = packed.pack
 
     def errors() -> dict[str, float]:
         worst: dict[str, float] = {}
