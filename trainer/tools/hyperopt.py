@@ -46,6 +46,9 @@ Log = Callable[[str], None]
 Choice = None | bool | int | float | str
 
 OBJECTIVE = "eval_return_mean"
+PACKED = ["run.collect_graph=false"]
+"""A packed trial's overrides: each run of a pack collects through its own objects (trainer/runtime/pack_train.py),
+so on-device collection, which gives the same transitions uncaptured (config: run.collect_graph), is off."""
 DEFAULT_PACK = 16
 """Trials one pod trains as one pack at most (`trial --trials`); a pack holds up to 64 runs (MAX_PACK)."""
 
@@ -363,7 +366,7 @@ def run_pack(
     configs: dict[int, TrainConfig] = {}
     for number in todo:
         try:
-            configs[number] = trial_config(base, find_trial(study, number).params, extra)
+            configs[number] = trial_config(base, find_trial(study, number).params, [*(extra or []), *PACKED])
         except ConfigError as error:
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
             log(f"error: trial {number}: its config is invalid: {error} (recorded as FAIL)")

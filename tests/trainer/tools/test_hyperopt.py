@@ -289,6 +289,8 @@ def test_a_pack_trains_its_trials_in_their_folders_and_fails_only_the_diverged_o
     for number in (0, 2):
         summary = json.loads((tmp_path / "search" / f"trial-{number}" / "summary.json").read_text())
         assert summary["packed"] is True and summary["eval_return_mean"] == values[number]
+        config = json.loads((tmp_path / "search" / f"trial-{number}" / "config.json").read_text())
+        assert config["run"]["collect_graph"] is False  # a pack collects per run (on a GPU it would refuse the graph)
     progress = json.loads((tmp_path / "search" / "progress.json").read_text())  # the pack's last report
     assert [(r["run"], r["trial"], r["step"], r["diverged"]) for r in progress["runs"]] == [
         (0, 0, 10, False), (1, 1, 5, True), (2, 2, 10, False),
