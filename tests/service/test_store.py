@@ -207,6 +207,29 @@ def test_gpu_use_counts_active_jobs_only_and_counts_by_state(store: Store) -> No
     assert {j.id for j in store.active_jobs()} == {"a", "c"}
 
 
+def test_a_hand_over_of_many_jobs_is_one_transaction_that_moves_each_forward_only(store: Store) -> None:
+    """Store.hand_over_many (a reconcile pass's hand-overs): each job's attempt marked submitted and its status
+    applied as hand_over would, a job gone or already ended left as it is; and the pass's plain-row view of
+    the active jobs (active_jobs_brief) says what the whole records say."""
+    for job_id in ("a", "b", "c"):
+        store.insert_job(new_job(job_id))
+    store.set_state("c", JobState.ERROR, reason="Lost")
+    store.request_cancel("b", tenant=None)  # queued, never handed over: CANCELLED at once
+    store.insert_job(new_job("d"))
+    pending = BackendStatus(job_id="", state=JobState.PENDING, phase="waiting for a slot", attempt=0)
+    handed = [(job_id, 0, pending.model_copy(update={"job_id": job_id})) for job_id in ("a", "b", "c", "gone")]
+    records = store.hand_over_many(handed)
+    assert [r.state if r else None for r in records] == [JobState.PENDING, JobState.CANCELLED, JobState.ERROR, None]
+    a = store.get_job("a")
+    assert a.submitted_attempt == 0 and [e.state for e in a.events] == [JobState.QUEUED, JobState.PENDING]
+    assert [e.state for e in store.get_job("c").events][-1] is JobState.ERROR  # an ended job: no event added
+    brief = {job.id: job for job in store.active_jobs_brief()}
+    assert set(brief) == {job.id for job in store.active_jobs()} == {"a", "d"}
+    assert (brief["a"].state, brief["a"].submitted_attempt, brief["d"].state) == (JobState.PENDING, 0, JobState.QUEUED)
+    assert store.active_jobs_brief("a") == [brief["a"]] and store.active_jobs_brief("c") == []
+    assert store.hand_over_many([]) == []
+
+
 def test_set_state_is_ignored_once_terminal(store: Store) -> None:
     store.insert_job(new_job())
     store.set_state("job-1", JobState.ERROR, reason="Lost")
