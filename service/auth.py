@@ -70,6 +70,11 @@ class TokenCache:
     _entries: dict[str, tuple[float, TokenInfo]] = field(default_factory=dict, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
+    def cached(self, token_hash: str) -> TokenInfo | None:
+        """The token if the cache has it live now, without asking the store (None: ask `find`)."""
+        hit = self._entries.get(token_hash) if self.ttl_seconds > 0 else None
+        return hit[1] if hit is not None and self.clock() < hit[0] else None
+
     def find(self, token_hash: str) -> TokenInfo | None:
         """The live token with this hash, from the cache while its entry is younger than the TTL."""
         if self.ttl_seconds <= 0:
@@ -87,6 +92,15 @@ class TokenCache:
                     self._entries.clear()
                 self._entries[token_hash] = (now + self.ttl_seconds, info)
         return info
+
+
+def cached_principal(tokens: TokenCache, authorization: str | None) -> Principal | None:
+    """The caller, if their token is in the cache now; None when the store must be asked (`authenticate`)."""
+    scheme, _, secret = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return None
+    info = tokens.cached(hash_token(secret.strip()))
+    return None if info is None else Principal(tenant=info.tenant, name=info.name, admin=info.admin)
 
 
 def authenticate(tokens: Store | TokenCache, authorization: str | None) -> Principal:

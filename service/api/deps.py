@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.auth import Principal, TokenCache, authenticate
+from service.auth import Principal, TokenCache, authenticate, cached_principal
 from service.backends.base import Backend
 from service.errors import Forbidden, Unauthorized
 from service.jobs import JobService
@@ -37,38 +38,44 @@ class Services:
     """With several worker processes: where this one stands (does it run the reconciler?)."""
 
 
-def _services(request: Request) -> Services:
+# The dependencies below that do no I/O are `async def`: FastAPI runs a plain `def` dependency in a worker
+# thread, a hop through the thread pool per dependency per request (a submission made three).
+
+
+async def _services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
-def _store(request: Request) -> Store:
-    return _services(request).store
+async def _store(request: Request) -> Store:
+    return (await _services(request)).store
 
 
-def _backend(request: Request) -> Backend:
-    return _services(request).backend
+async def _backend(request: Request) -> Backend:
+    return (await _services(request)).backend
 
 
-def _pools(request: Request) -> Pools:
-    return _services(request).pools
+async def _pools(request: Request) -> Pools:
+    return (await _services(request)).pools
 
 
-def _jobs(request: Request) -> JobService:
-    return _services(request).jobs
+async def _jobs(request: Request) -> JobService:
+    return (await _services(request)).jobs
 
 
 _bearer = HTTPBearer(auto_error=False, description="A token from `foxhunt token create`.")
 
 
-def _principal(
+async def _principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
-    services = _services(request)
+    """From the token cache on the event loop; the store is asked (on a cache miss) in a worker thread."""
+    services = await _services(request)
     if services.settings.auth_disabled:
         return Principal(tenant=services.settings.default_tenant, name=services.settings.default_tenant)
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
-    return authenticate(services.tokens, header)
+    cached = cached_principal(services.tokens, header)
+    return cached if cached is not None else await run_in_threadpool(authenticate, services.tokens, header)
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ def _progress_job(
     """The job and attempt a progress report is about, once its bearer token proves to be their progress token."""
     if credentials is None:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <the job's progress token>'")
-    secret = _services(request).settings.progress_secret
+    secret = request.app.state.services.settings.progress_secret
     if secret is None:
         raise Forbidden("this controller takes no progress reports: FOXHUNT_PROGRESS_SECRET is not set")
     attempt = token_attempt(secret.get_secret_value(), job_id, credentials.credentials)

@@ -151,3 +151,19 @@ def test_token_create_on_the_command_line_says_why_a_tenant_name_is_refused(
     assert "error: invalid tenant name 'Team A'" in refused.output and "e.g. team-a" in refused.output
     created = CliRunner().invoke(app, ["token", "create", "--tenant", "team-a", "--name", "ci"])
     assert created.exit_code == 0 and created.output.startswith("fxh_")
+
+
+def test_a_cached_principal_comes_from_the_cache_alone_and_anything_else_is_left_to_authenticate(
+    store: Store,
+) -> None:
+    """The API takes the caller from the cache on the event loop, and asks the store only on a miss."""
+    from service.auth import cached_principal
+
+    secret, _ = create_token(store, name="ci", tenant="team-a")
+    cache = TokenCache(store, ttl_seconds=5.0, clock=FakeClock())
+    header = f"Bearer {secret}"
+    assert cached_principal(cache, header) is None  # not asked yet: the caller goes to authenticate
+    assert authenticate(cache, header) == cached_principal(cache, header) == Principal(tenant="team-a", name="ci")
+    for bad in (None, "", "Basic abc", "Bearer ", "Bearer fxh_unknown"):
+        assert cached_principal(cache, bad) is None
+    assert cached_principal(TokenCache(store, ttl_seconds=0.0), header) is None
