@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.polling import wait_until
+from tests.processes import stop_process
 from tests.system_packages import ensure_debian_packages
 
 # Debian docker.io's own client: it builds with the engine's BuildKit. A newer client elsewhere on PATH
@@ -67,12 +68,7 @@ def docker_engine(root: Path = CACHE) -> Iterator[Engine]:
     finally:
         for container in client("ps", "-aq", check=False).stdout.split():
             client("rm", "-f", container, check=False)
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=60)
         log.close()
         # The engine leaves its netns mounted under the exec root; unmount what is ours, deepest first.
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]

@@ -36,6 +36,7 @@ import yaml
 
 from tests.polling import wait_until
 from tests.ports import free_port
+from tests.processes import stop_process
 from tests.system_packages import ensure_debian_packages
 from trainer.runtime.metrics import push_bench
 
@@ -83,14 +84,7 @@ class Process:
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit status."""
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.returncode
+        return stop_process(self.popen, timeout)
 
     def tail(self) -> str:
         return self.log.read_text()[-2000:] if self.log.exists() else ""
