@@ -110,11 +110,7 @@ class Settings(BaseSettings):
         1, ge=1, le=64, description="API processes `foxhunt serve` starts (`--workers`); the reconciler runs in one."
     )
     reconciler_lock_file: Path | None = Field(
-        None,
-        description=(
-            "With several processes on one host: the reconciler runs only in the one holding this file's lock "
-            "(service/workers.py). `foxhunt serve --workers N` sets it for its workers; None: this process reconciles."
-        ),
+        None, description="Only the process holding this file's lock reconciles (set by `serve --workers`); None: this."
     )
     host: str = Field("127.0.0.1", description="Address `foxhunt serve` binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port `foxhunt serve` binds.")
