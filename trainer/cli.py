@@ -474,15 +474,21 @@ def hyperopt_run(
         int | None, typer.Option(min=1, help="Shorter run.steps for trials; the final run keeps the config's.")
     ] = None,
     checkpoint_url: CheckpointOption = None,
+    pack_size: Annotated[
+        int, typer.Option(min=1, max=64, help="Trials asked and trained at a time as one pack (1: one by one).")
+    ] = 1,
 ) -> None:
-    """The whole search locally: trials one after another, then the best config trained in full."""
+    """The whole search locally: trials one after another (or `--pack-size` at a time, as packs), then the best
+    config trained in full."""
     from trainer.tools.hyperopt import load_space, search
 
     def body() -> None:
         base = load_config(config)
         run_dir.mkdir(parents=True, exist_ok=True)
         url = storage or f"sqlite:///{run_dir.resolve() / 'optuna.db'}"
-        best = search(base, load_space(space), trials, url, study, run_dir, typer.echo, trial_steps, checkpoint_url)
+        best = search(
+            base, load_space(space), trials, url, study, run_dir, typer.echo, trial_steps, checkpoint_url, pack_size
+        )
         typer.echo(json.dumps({k: best[k] for k in ("trial", "value", "params", "eval_return_mean")}))
 
     _hyperopt_call(body)

@@ -500,25 +500,33 @@ def search(
     log: Log,
     trial_steps: int | None = None,
     checkpoint_url: str | None = None,
+    pack_size: int = 1,
 ) -> dict[str, Any]:
     """The whole search in one process, then the best config trained in full; returns best.json.
 
     Re-running it continues the same study: unfinished trials resume from their checkpoints and
     only the missing trials are asked. Trials checkpoint in their own run directory (or under
     `<checkpoint_url>/trial-<n>` when given); the final run in its run directory (or at `checkpoint_url`).
+    `pack_size` > 1 asks that many trials at a time (Optuna's ask/tell, K at a time: the sampler then
+    learns from each batch, not each trial) and trains those that pack as one pack (`plan_packs`, `run_pack`).
     """
     check_space(space, base)
     study = open_study(storage, study_name, create=True, seed=base.run.seed)
     extra = [f"run.steps={trial_steps}"] if trial_steps is not None else []
     pending = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     while pending or len(study.get_trials(deepcopy=False)) < trials:
-        number = pending.pop(0) if pending else study.ask(space).number
-        log(f"trial {number + 1}/{trials}")
-        trial_url = f"{checkpoint_url}/trial-{number}" if checkpoint_url else None
-        try:
-            run_trial(study, number, base, run_dir / f"trial-{number}", log, extra, checkpoint_url=trial_url)
-        except TrialFailed as error:
-            log(f"error: {error} (recorded as FAIL; the search goes on)")
+        if pending:  # unfinished trials first, a pack of them at a time
+            numbers, pending = pending[:pack_size], pending[pack_size:]
+        else:
+            missing = trials - len(study.get_trials(deepcopy=False))
+            numbers = [study.ask(space).number for _ in range(min(pack_size, missing))]
+        packs = plan_packs(study, numbers, space, base, pack_size, log) if len(numbers) > 1 else [numbers]
+        for pack in packs:
+            log(f"trial {format_pack([n + 1 for n in pack])}/{trials}")
+            try:
+                run_pack(study, pack, base, run_dir, log, extra, checkpoint_url)
+            except TrialFailed as error:
+                log(f"error: {error} (recorded as FAIL; the search goes on)")
     trial, config = write_best_config(study, base, run_dir / "best-config.json", log)
     log(f"training the best config (trial {trial.number}) in full -> {run_dir / 'final'}")
     summary = run_final(config, run_dir / "final", log, checkpoint_url)

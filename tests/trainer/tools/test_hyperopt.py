@@ -92,6 +92,22 @@ def test_run_searches_then_trains_the_best_config_in_full(config_file: Path, sto
     assert final["step"] == 10 and best["eval_return_mean"] == final["eval_return_mean"]
 
 
+def test_run_with_a_pack_size_trains_its_trials_as_one_pack(config_file: Path, storage: str, tmp_path: Path) -> None:
+    """`hyperopt run --pack-size 2`: the two trials (the default space: numeric fields only) are asked together
+    and trained as one pack, each in its own folder, then the best is trained in full as before."""
+    out = tmp_path / "search"
+    args = ["run", "--config", str(config_file), "--trials", "2", "--storage", storage, "--study", "packed"]
+    code, stdout, stderr = invoke(*args, "--run-dir", str(out), "--trial-steps", "5", "--pack-size", "2")
+
+    assert code == 0, stderr
+    assert states(storage, "packed") == {0: TrialState.COMPLETE, 1: TrialState.COMPLETE}
+    assert "packs: 2 trials in 1 pod(s): 0,1" in stdout
+    for number in (0, 1):
+        summary = json.loads((out / f"trial-{number}" / "summary.json").read_text())
+        assert summary["packed"] is True and summary["step"] == 5
+    assert json.loads((out / "final" / "summary.json").read_text())["step"] == 10
+
+
 def test_suggest_trial_best_with_a_crashing_trial(config_file: Path, storage: str, tmp_path: Path) -> None:
     study = ["--storage", storage, "--study", "fan"]
     suggest = ["suggest", "--config", str(config_file), "--trials", "3", *study, "--pack-size", "1"]
