@@ -38,6 +38,10 @@ from service.store import ActiveJob, JobRecord, Store
 log = logging.getLogger(__name__)
 
 FAILING_PASSES = 3
+COMPLETE_SYNC_EVERY = 12
+"""Of the periodic passes over a backend that can tell what changed (the local one's changed_statuses), every
+this many reads every job (list_statuses); the others read the jobs that changed since the last pass, those
+holding a slot and those being cancelled. With the default 5 s interval, a complete pass a minute."""
 HAND_OVER_BATCH = 200
 SUBMIT_PASS_DELAY_SECONDS = 0.05
 """How long a submit pass waits after the first new job woke it: the jobs queued meanwhile go in the same pass
@@ -103,6 +107,9 @@ class Reconciler:
     _threads: list[threading.Thread] = field(default_factory=list, init=False)
     _cancel_sent: set[tuple[str, int]] = field(default_factory=set, init=False)
     _pass_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _sync_token: int | None = field(default=None, init=False)
+    """The backend's change token after the last pass's sync; None: the next pass reads every job."""
+    complete_sync_every: int = field(default=COMPLETE_SYNC_EVERY, kw_only=True)
 
     def wake(self) -> None:
         """A full pass now (a cancel or retry to send, leadership gained)."""
@@ -146,16 +153,18 @@ class Reconciler:
 
     # ---- one pass ---------------------------------------------------------------------------------
 
-    def reconcile_once(self) -> bool:
+    def reconcile_once(self, *, complete: bool = True) -> bool:
         """Expire passed deadlines, submit queued jobs, then bring every job in step with
-        backend.list_statuses(). True on success."""
+        backend.list_statuses(). Not `complete`, and the backend can tell what changed since the last pass
+        (changed_statuses): only the jobs that changed, hold a slot or are being cancelled, and no job is found
+        Lost (the next complete pass does that). True on success."""
         with self._pass_lock:
             started = time.monotonic()
             try:
                 self._check_leading()
                 self._expire_deadlines()  # the store alone: deadlines pass while the backend is down too
                 self._submit_queued()
-                self._sync()
+                self._sync(complete=complete)
             except BackendUnavailable as error:
                 log.warning("backend unavailable during reconcile: %s", error)
                 self._pass_failed(error)
@@ -262,16 +271,34 @@ class Reconciler:
             if after is not None and after.cancel_requested_at is not None and not status.state.terminal:
                 self._send_cancel(after, force=False)
 
-    def _sync(self) -> None:
+    def _changes(self, since: int | None) -> tuple[list[BackendStatus] | None, list[ActiveJob], int | None]:
+        """An incremental pass's statuses and active jobs, and the backend's token after them; (None, [], token)
+        when the pass must read every job."""
+        changed_statuses = getattr(self.backend, "changed_statuses", None)  # the local backend's; not Argo's
+        if changed_statuses is None:
+            return None, [], None
+        cancelling = self.store.active_jobs_brief(cancelling=True) if since is not None else []
+        statuses, token = changed_statuses(since, also=[job.id for job in cancelling])
+        if statuses is None:
+            return None, [], token
+        listed = {status.job_id for status in statuses}
+        return statuses, self.store.active_jobs_brief(among=sorted(listed)), token
+
+    def _sync(self, *, complete: bool = True) -> None:
         self._check_leading()
+        since = None if complete else self._sync_token
+        self._sync_token = None  # until this sync has applied what it read: a failed one is followed by a complete one
         try:
-            statuses = self.backend.list_statuses()
+            statuses, brief, token = self._changes(since)
+            complete = statuses is None  # what the backend lists then is every job it holds: a missing one is Lost
+            if statuses is None:
+                statuses, brief = self.backend.list_statuses(), self.store.active_jobs_brief()
         except BackendUnavailable as error:
             self._call_failed("list", error)
             raise
         seen = {status.job_id: status for status in statuses}
         active: dict[str, ActiveJob] = {}
-        for job in self.store.active_jobs_brief():  # a terminal job never changes: skip those statuses
+        for job in brief:  # a terminal job never changes: skip those statuses
             listed = seen.get(job.id)
             # no read per job (O(N) statements per pass); one whose state this changed is read again, not all
             if listed is not None and self.store.apply_status(listed, known=job):
@@ -290,7 +317,7 @@ class Reconciler:
         for job in active.values():
             listed = seen.get(job.id)
             if listed is None:
-                if job.state is not JobState.QUEUED and job.submitted_attempt == job.attempt:
+                if complete and job.state is not JobState.QUEUED and job.submitted_attempt == job.attempt:
                     self.store.set_state(
                         job.id, JobState.ERROR, reason="Lost", message="the backend no longer has this job"
                     )
@@ -299,6 +326,7 @@ class Reconciler:
             if job.cancel_requested_at is not None and not listed.state.terminal:
                 overdue = (now - job.cancel_requested_at).total_seconds() > self.grace_seconds
                 self._send_cancel(job, force=overdue)
+        self._sync_token = token
 
     def _send_cancel(self, job: JobRecord | ActiveJob, *, force: bool) -> None:
         """Graceful once per attempt (again after a restart), forced once after the grace period."""
@@ -333,14 +361,20 @@ class Reconciler:
 
     def _pass_loop(self) -> None:
         next_full = 0.0
+        since_complete = 0  # periodic passes since the last complete one
         while not self._stop.is_set():
+            if not self.leading:
+                self._sync_token = None  # the other replica's passes meanwhile: a complete one when ours again
             if self.leading:  # another replica's passes otherwise; it is woken when the Lease becomes ours
                 full = self._full_due.is_set() or time.monotonic() >= next_full
                 try:
                     if full:
+                        # woken (a cancel, a retry, the Lease gained) or every complete_sync_every: every job
+                        complete = self._full_due.is_set() or since_complete + 1 >= self.complete_sync_every
+                        since_complete = 0 if complete else since_complete + 1
                         self._full_due.clear()
                         next_full = time.monotonic() + self.interval_seconds
-                        self.reconcile_once()
+                        self.reconcile_once(complete=complete)
                     else:
                         self._stop.wait(SUBMIT_PASS_DELAY_SECONDS)
                         self._wake.clear()  # the jobs that woke it meanwhile are in this pass

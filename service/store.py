@@ -672,14 +672,28 @@ class Store:
         with self._tx() as s:
             return [_record(r) for r in s.scalars(query)]
 
-    def active_jobs_brief(self, job_id: str | None = None) -> list[ActiveJob]:
-        """Every non-terminal job (or the one with `job_id`, if active) as an ActiveJob, in one Core query."""
+    def active_jobs_brief(
+        self, job_id: str | None = None, *, among: Sequence[str] | None = None, cancelling: bool = False
+    ) -> list[ActiveJob]:
+        """Every non-terminal job (or the one with `job_id`, if active) as an ActiveJob, in one Core query per
+        500 ids: `among` those ids only (the reconciler's incremental pass), `cancelling` those with a cancel
+        requested only."""
         c = _JOBS.c
         query = select(*(getattr(c, name) for name in ActiveJob._fields)).where(c.state.not_in(_TERMINAL))
         if job_id is not None:
             query = query.where(c.id == job_id)
+        if cancelling:
+            query = query.where(c.cancel_requested_at.is_not(None))
         with self._tx() as s:
-            rows = s.execute(query).all()
+            if among is None:
+                rows = s.execute(query).all()
+            else:
+                ids = list(among)
+                rows = [
+                    row
+                    for at in range(0, len(ids), 500)
+                    for row in s.execute(query.where(c.id.in_(ids[at : at + 500])))
+                ]
         return [
             ActiveJob(
                 row.id,

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,6 +206,23 @@ class LocalBackend:
         with self._locked():
             self._schedule_locked(listing=True)
             return [self._known[name].model_copy() for name in sorted(self._known)]
+
+    def changed_statuses(
+        self, since: int | None, *, also: Collection[str] = ()
+    ) -> tuple[list[BackendStatus] | None, int]:
+        """For the reconciler's incremental pass: the statuses that changed after `since` (a token this method
+        returned), those of the jobs holding a slot (their progress moves without changing the state) and
+        those of the jobs in `also`, with the token to pass next time. None instead of a list when `since` is
+        None: the caller lists every job (list_statuses). Jobs whose folders were removed by hand show only in
+        a full list."""
+        with self._locked():
+            self._schedule_locked()
+            if since is None:
+                return None, self._version
+            names = {status.job_id for status in self._changed_since(since)}
+            names.update(self._holders)
+            names.update(name for name in also if name in self._known)
+            return [self._known[name].model_copy() for name in sorted(names) if name in self._known], self._version
 
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         """SIGTERM to the job's process group, SIGKILL after the grace period (at once with `force`)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -434,3 +434,67 @@ def test_a_pass_records_the_jobs_it_hands_over_in_one_transaction(
     assert writes.count(True) == 1, f"{writes.count(True)} write transactions to hand over 12 jobs"
     states = {store.get_job(job_id).state.value for job_id in ids}
     assert states <= {"PENDING", "RUNNING", "SUCCEEDED"} and all(store.get_job(i).submitted_attempt == 0 for i in ids)
+
+
+def test_a_periodic_pass_after_one_job_changed_reads_only_that_job(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """Between complete passes, a pass over the local backend applies the statuses of the jobs that changed since
+    the last pass (and of the running one) and lists nothing: the pass over thousands of waiting jobs every
+    interval held the interpreter long enough to be the open loop's p99."""
+    settings = make_settings(tmp_path, local_command=stand_in_command("--sleep", "30"), run_reconciler=False)
+    c = controller_factory(settings)
+    ids = [_submit(c, f"k{i}") for i in range(6)]
+    reconciler, store, backend = c.services.reconciler, c.services.store, c.services.backend
+    assert isinstance(backend, LocalBackend)
+    assert reconciler.reconcile_once()  # hands the jobs over
+    wait_until(lambda: backend.status(ids[0]).state.value == "RUNNING", 30, 0.05, what="the first job to run")
+    assert reconciler.reconcile_once()
+    assert store.get_job(ids[0]).state.value == "RUNNING"
+    backend.cancel(ids[3])  # a change the store has not seen (the watch thread is off here)
+    applied: list[str] = []
+    lists: list[int] = []
+    apply_status, list_statuses = store.apply_status, backend.list_statuses
+
+    def counted_apply(status: BackendStatus, **kwargs: object) -> bool:
+        applied.append(status.job_id)
+        return apply_status(status, **kwargs)  # type: ignore[arg-type]
+
+    def counted_list() -> list[BackendStatus]:
+        lists.append(1)
+        return list_statuses()
+
+    store.apply_status = counted_apply  # type: ignore[method-assign]
+    backend.list_statuses = counted_list  # type: ignore[method-assign]
+    assert reconciler.reconcile_once(complete=False)
+    assert not lists and sorted(applied) == sorted([ids[0], ids[3]])
+    assert (store.get_job(ids[3]).state.value, store.get_job(ids[4]).state.value) == ("CANCELLED", "PENDING")
+    applied.clear()
+    assert reconciler.reconcile_once()  # a complete pass reads every job again
+    assert len(lists) == 1 and sorted(applied) == sorted([ids[0], ids[1], ids[2], ids[4], ids[5]])
+
+
+class _Incremental(_Counting):
+    """A real local backend that counts the incremental passes' asks too."""
+
+    asks = 0
+
+    def changed_statuses(
+        self, since: int | None, *, also: Collection[str] = ()
+    ) -> tuple[list[BackendStatus] | None, int]:
+        self.asks += since is not None
+        return super().changed_statuses(since, also=also)
+
+
+def test_periodic_passes_read_what_changed_and_every_nth_reads_every_job(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, reconcile_interval_seconds=0.05)
+    backend = _Incremental.from_settings(settings)
+    assert isinstance(backend, _Incremental)
+    c = Controller(create_app(settings, backend=backend))
+    try:
+        c.services.reconciler.complete_sync_every = 4
+        wait_until(lambda: backend.asks >= 9 and backend.lists >= 3, 30, 0.05, what="passes of both kinds")
+        assert backend.lists <= backend.asks
+    finally:
+        c.close()
+        c.kill_jobs()

@@ -227,6 +227,10 @@ def test_a_hand_over_of_many_jobs_is_one_transaction_that_moves_each_forward_onl
     assert set(brief) == {job.id for job in store.active_jobs()} == {"a", "d"}
     assert (brief["a"].state, brief["a"].submitted_attempt, brief["d"].state) == (JobState.PENDING, 0, JobState.QUEUED)
     assert store.active_jobs_brief("a") == [brief["a"]] and store.active_jobs_brief("c") == []
+    assert store.active_jobs_brief(among=["a", "b", "c", "gone"]) == [brief["a"]]  # b and c ended
+    assert store.active_jobs_brief(among=[]) == [] and store.active_jobs_brief(cancelling=True) == []
+    store.request_cancel("a", tenant=None)
+    assert [job.id for job in store.active_jobs_brief(cancelling=True)] == ["a"]
     assert store.hand_over_many([]) == []
 
 

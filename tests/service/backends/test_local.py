@@ -199,6 +199,31 @@ def test_a_watch_poll_reads_the_running_job_and_the_changed_ones_not_every_job_f
     assert not others, f"waiting job folders read by the watch's polls: {others}"
 
 
+def test_changed_statuses_names_the_changed_running_and_asked_for_jobs_only(
+    tmp_path: Path, backends: list[LocalBackend]
+) -> None:
+    """The reconciler's incremental pass asks for the jobs that changed since its last token (here one cancelled
+    by another backend over the same folder), the running one and those it names (`also`), not every job."""
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backends.append(backend)
+    for i in range(10):
+        backend.submit(spec(f"job-{i}"))
+    wait_state(backend, "job-0", {JobState.RUNNING})
+    statuses, token = backend.changed_statuses(None)
+    assert statuses is None  # no token: the caller lists every job
+    statuses, token = backend.changed_statuses(token)
+    assert [s.job_id for s in statuses or []] == ["job-0"]  # nothing changed: the running job only
+    make_backend(tmp_path).cancel("job-7")
+    statuses, token = backend.changed_statuses(token, also=["job-3", "nope"])
+    assert [(s.job_id, s.state) for s in statuses or []] == [
+        ("job-0", JobState.RUNNING),
+        ("job-3", JobState.PENDING),
+        ("job-7", JobState.CANCELLED),
+    ]
+    statuses, _ = backend.changed_statuses(token)
+    assert [s.job_id for s in statuses or []] == ["job-0"]
+
+
 def test_gpu_jobs_get_one_gpu_each(tmp_path: Path, backends: list[LocalBackend]) -> None:
     backend = make_backend(tmp_path, "--sleep", "30", gpus=2)
     backends.append(backend)
