@@ -38,17 +38,17 @@ from service.store import ActiveJob, JobRecord, Store
 log = logging.getLogger(__name__)
 
 FAILING_PASSES = 3
+"""Failed passes in a row after which the reconciler counts as failing (and /readyz says 503)."""
 COMPLETE_SYNC_EVERY = 12
 """Of the periodic passes over a backend that can tell what changed (the local one's changed_statuses), every
 this many reads every job (list_statuses); the others read the jobs that changed since the last pass, those
 holding a slot and those being cancelled. With the default 5 s interval, a complete pass a minute."""
 HAND_OVER_BATCH = 200
+"""Jobs a pass hands to the backend before the store records them (one transaction for them all)."""
 SUBMIT_PASS_DELAY_SECONDS = 0.05
 """How long a submit pass waits after the first new job woke it: the jobs queued meanwhile go in the same pass
 (one store read and one transaction for them all) instead of a pass each (at 100 submissions a second the
 passes' own cost was most of the reconciler's)."""
-"""Jobs a pass hands to the backend before the store records them (one transaction for them all)."""
-"""Failed passes in a row after which the reconciler counts as failing (and /readyz says 503)."""
 
 
 class NotLeading(Exception):
