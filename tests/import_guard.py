@@ -21,3 +21,15 @@ def forbid(package: str, why: str) -> str:
         sys.meta_path.insert(0, Forbid())
         """
     )
+
+
+def trainer_cli_without(package: str, why: str) -> str:
+    """A `python -c` script that runs the trainer's CLI (its arguments after the script) with `package`
+    forbidden: a pipeline step that must not import it fails on the import that crossed."""
+    return forbid(package, why) + textwrap.dedent(
+        """
+        from trainer.cli import main
+        sys.argv = ["foxhunt-trainer", *sys.argv[1:]]
+        main()
+        """
+    )

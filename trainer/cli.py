@@ -415,7 +415,7 @@ def train_pack(
 ) -> None:
     """Train the config once per seed as ONE pack (issue 31): one process, each update one batched step of every
     seed. Each seed-<n>/ holds what `trainer train` writes; a seed whose guard skips is frozen and reported."""
-    from trainer.execution.pack import PackError
+    from contracts.packs import PackError
     from trainer.runtime.pack_train import run_pack_training
     from trainer.runtime.progress import ProgressReporter
     from trainer.runtime.train import RunDirBusy

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner, Result
 
 from contracts.config import STEPS_PER_EPOCH, load_config
-from tests.import_guard import forbid
+from tests.import_guard import trainer_cli_without
 from trainer.cli import app
 
 
@@ -204,14 +204,7 @@ def test_resolve_accepts_a_pool_the_pools_file_names(tmp_path: Path) -> None:
     assert (tmp_path / "config.json").is_file()
 
 
-NO_TORCH = (
-    forbid("torch", "torch imported by trainer resolve")
-    + """
-from trainer.cli import main
-sys.argv = ["foxhunt-trainer", *sys.argv[1:]]
-main()
-"""
-)
+NO_TORCH = trainer_cli_without("torch", "torch imported by trainer resolve")
 
 
 def test_resolve_runs_without_torch(tmp_path: Path) -> None:

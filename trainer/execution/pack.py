@@ -41,6 +41,7 @@ import torch.nn.functional as fn
 from torch import Tensor
 
 from contracts.config import TrainConfig
+from contracts.packs import PackError, check_packable
 from trainer.algo.batch import Batch
 from trainer.algo.budgets import AdamMoments
 from trainer.algo.replay.buffer import ReplayBuffer
@@ -49,72 +50,8 @@ from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.plans._capture import capture, flag_patterns, matmul_precision, require_cuda, uses_tf32
 
-MAX_PACK = 64
-"""The most runs one pack holds (the metrics' `run` label stays bounded)."""
-
-PACKABLE: frozenset[str] = frozenset(
-    {
-        "run.seed",
-        "loss.gamma",
-        "loss.reward_scale",
-        "loss.cql_alpha",
-        "loss.ensemble_diversity",
-        "loss.vaccine_epsilon",
-        "loss.vaccine_weight",
-        "optim.lr",
-        "optim.aux_lr",
-        "optim.beta1",
-        "optim.beta2",
-        "optim.eps",
-        "optim.max_grad_norm",
-        "optim.budget_c51",
-        "optim.budget_cql",
-        "optim.budget_iqn",
-        "optim.budget_ensemble",
-        "optim.target_tau",
-        "optim.sigma_max",
-        "replay.alpha",
-        "replay.beta_start",
-        "replay.beta_end",
-        "data.epsilon_start",
-        "data.epsilon_end",
-    }
-)
-"""Config fields (dotted) that may differ between the runs of a pack: the seed and the numbers the step,
-the replay's sampler and exploration read as values. Everything else (shapes, switches, schedules, the
-checked IQN κ and IQL expectile) must be equal: it changes what the step is."""
-
 SAMPLER_FIELDS = ("alpha", "beta_start", "beta_end")
 """`PrioritizedSampler` attributes that `PACKABLE`'s replay fields set (same names as the config's)."""
-
-
-class PackError(ValueError):
-    """These configs cannot run as one pack (the message names the first field that differs)."""
-
-
-def dotted(config: TrainConfig) -> dict[str, Any]:
-    """Every field of `config` by its dotted name ("optim.lr")."""
-    return {
-        f"{section}.{name}": value for section, fields in config.model_dump().items() for name, value in fields.items()
-    }
-
-
-def check_packable(configs: Sequence[TrainConfig]) -> list[str]:
-    """The dotted fields that differ between `configs`, all in `PACKABLE`; else `PackError`."""
-    if not 1 <= len(configs) <= MAX_PACK:
-        raise PackError(f"a pack holds 1 to {MAX_PACK} runs, got {len(configs)}")
-    first = dotted(configs[0])
-    differing: list[str] = []
-    for config in configs[1:]:
-        for name, value in dotted(config).items():
-            if value != first[name] and name not in differing:
-                if name not in PACKABLE:
-                    raise PackError(
-                        f"runs of one pack must share {name} ({first[name]!r} and {value!r}): only the seed and "
-                        f"numeric hyper-parameters may differ ({', '.join(sorted(PACKABLE))})"
-                    )
-                differing.append(name)
-    return sorted(differing)
 
 
 # ---- one run's objects over given tensors ----------------------------------------------------------------

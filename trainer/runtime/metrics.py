@@ -276,7 +276,7 @@ class _StepSeconds(Collector):
 
 
 RUNS_MAX = 64
-"""At most this many `run` series per family: the runs of one pack (`trainer.execution.pack.MAX_PACK`)."""
+"""At most this many `run` series per family: the runs of one pack (`contracts.packs.MAX_PACK`)."""
 
 
 class RunLabelled(Collector):

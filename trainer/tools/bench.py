@@ -45,13 +45,14 @@ from typing import Any
 import torch
 
 from contracts.config import STEPS_PER_EPOCH, TrainConfig, build_config, load_config
+from contracts.packs import MAX_PACK
 from contracts.plans import PLANS
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import StepOutput
 from trainer.execution.data.spec import EnvSpec, Transitions, goal_columns
-from trainer.execution.pack import MAX_PACK, Pack, PackPlan, PackRun
+from trainer.execution.pack import Pack, PackPlan, PackRun
 from trainer.execution.plans import PlanClass, make_plan, plan_class, unavailable_reason
 from trainer.execution.plans.base import Plan
 from trainer.runtime.timing import StepTimer

@@ -205,7 +205,7 @@ def suggest(study: optuna.Study, space: dict[str, BaseDistribution], trials: int
 
 def unpackable(space: dict[str, BaseDistribution]) -> list[str]:
     """The searched fields a pack cannot vary between its runs (not in PACKABLE): they change the step."""
-    from trainer.execution.pack import PACKABLE  # torch: imported by the search's steps only
+    from contracts.packs import PACKABLE
 
     return sorted(name for name in space if name not in PACKABLE)
 
@@ -222,7 +222,7 @@ def plan_packs(
     together when their configs differ only in PACKABLE fields (`check_packable`): a searched field outside it
     (a shape, a switch) puts trials that drew different values of it into different packs, and `log` says how
     many trials that leaves alone. A chunk that `check_packable` still refuses runs one trial per pack."""
-    from trainer.execution.pack import MAX_PACK, PackError, check_packable
+    from contracts.packs import MAX_PACK, PackError, check_packable
 
     size = max(1, min(pack_size, MAX_PACK))
     fixed = unpackable(space)
@@ -402,7 +402,7 @@ def _train_pack(
 ) -> dict[int, float]:
     """`configs` (trial -> config) as one pack; each trial told its objective, or FAIL (diverged, no objective)."""
     from contracts.jsonfile import write_json_atomic
-    from trainer.execution.pack import PackError
+    from contracts.packs import PackError
     from trainer.runtime.pack_train import run_pack_training
 
     if not configs:

@@ -22,7 +22,7 @@ from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
-from trainer.execution.pack import MAX_PACK, Pack, PackError, PackPlan, PackRun, check_packable
+from trainer.execution.pack import Pack, PackPlan, PackRun
 from trainer.tools.bench import bench_spec, fill_with_random_transitions, random_run
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -230,21 +230,6 @@ def test_a_run_that_diverges_is_skipped_alone() -> None:
     assert torch.equal(pack.states[1].online, online)
     errors = [(i, n, e) for i, n, e in relative_errors(pack, solos) if i != 1 and e > RTOL.get(n, 0.0)]
     assert not errors
-
-
-def test_only_the_seed_and_numeric_hyper_parameters_may_differ() -> None:
-    base = tiny_config()
-    assert check_packable([base, tiny_config(["run.seed=3", "optim.lr=0.01", "data.epsilon_end=0.1"])]) == [
-        "data.epsilon_end",
-        "optim.lr",
-        "run.seed",
-    ]
-    with pytest.raises(PackError, match="model.hidden"):
-        check_packable([base, tiny_config(["model.hidden=64"])])
-    with pytest.raises(PackError, match="loss.iqn_kappa"):  # checked on the host by the loss: not a per-run tensor
-        check_packable([base, tiny_config(["loss.iqn_kappa=2.0"])])
-    with pytest.raises(PackError, match=f"1 to {MAX_PACK}"):
-        check_packable([base] * (MAX_PACK + 1))
 
 
 @needs_gpu

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from contracts.config import ConfigError, TrainConfig, build_config, load_config
+from tests.import_guard import trainer_cli_without
 from trainer.cli import app
 from trainer.tools.hyperopt import (
     DEFAULT_SPACE,
@@ -278,6 +279,17 @@ def test_a_searched_shape_packs_only_trials_that_drew_the_same_shape_and_says_so
     code, stdout, stderr = invoke("suggest", "--trials", "5", "--storage", storage, "--study", "packs",
                                   "--space", str(_space_file(space, storage)))  # fmt: skip
     assert (code, json.loads(stdout)) == (0, ["0,2,4", "1", "3"]) and "cannot vary" in stderr
+
+
+def test_suggest_groups_its_packs_without_importing_torch(config_file: Path, storage: str) -> None:
+    """suggest runs in a small CPU pod whose image makes the root filesystem read-only: importing torch's
+    compiler there fails on its cache folder (seen in CI), and it would cost seconds for nothing."""
+    script = trainer_cli_without("torch", "torch imported by hyperopt suggest")
+    args = ["hyperopt", "suggest", "--config", str(config_file), "--trials", "3", "--storage", storage]
+    result = subprocess.run([sys.executable, "-c", script, *args, "--study", "no-torch"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == ["0,1,2"]  # the default space packs: one pod for all three
 
 
 def _space_file(space: dict[str, object], storage: str) -> Path:
