@@ -87,7 +87,11 @@ class JobService:
                 raise IdempotencyConflict(job_id) from None
             self.metrics.record_submission(existing.pool, created=False)
             return existing, False
-        config = body.config.model_copy(deep=True)
+        # the submitted config stays as it came: a copy of it and of the two parts set here (a deep copy was
+        # a tenth of a submission's CPU)
+        config = body.config.model_copy(
+            update={"run": body.config.run.model_copy(), "data": body.config.data.model_copy()}
+        )
         if body.plan is not None:
             config.run.plan = body.plan
         admit_settings(config)

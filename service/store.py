@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection, Engine, Table, create_engine, event, exists, func, insert, or_, select, text
+from sqlalchemy import Connection, Engine, Row, Table, create_engine, event, exists, func, insert, or_, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from service.domain import TERMINAL_STATES, BackendStatus, JobFields, JobState, RunProgress
 from service.errors import Forbidden, IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
@@ -126,19 +126,39 @@ class TokenInfo(BaseModel):
     revoked_at: datetime | None
 
 
-def _record(row: JobRow, *, with_events: bool = False) -> JobRecord:
-    data = {c.key: getattr(row, c.key) for c in JobRow.__table__.columns}
+def _record(row: JobRow | Row[Any], *, with_events: bool = False) -> JobRecord:
+    """The record of an ORM row (with its events if asked) or of a Core row of every jobs column."""
+    if isinstance(row, Row):
+        data = dict(row._mapping)
+    else:
+        data = {c.key: getattr(row, c.key) for c in JobRow.__table__.columns}
     for key in ("deadline", "cancel_requested_at", "created_at", "updated_at", "started_at", "finished_at"):
         data[key] = _aware(data[key])
     data["events"] = (
         [
             JobEvent(state=e.state, reason=e.reason, message=e.message, attempt=e.attempt, at=_aware(e.at))
-            for e in row.events
+            for e in cast(JobRow, row).events
         ]
         if with_events
         else []
     )
     return JobRecord.model_validate(data)
+
+
+def _brief(row: Any) -> ActiveJob:
+    """An ActiveJob from a jobs row (Core or ORM)."""
+    return ActiveJob(
+        row.id,
+        JobState(row.state),
+        row.attempt,
+        row.submitted_attempt,
+        _aware(row.cancel_requested_at),
+        bool(row.cancel_forced),
+        row.breakdown_ms,
+        row.epoch_seconds,
+        row.step,
+        row.runs,
+    )
 
 
 def encode_cursor(created_at: datetime, job_id: str) -> str:
@@ -473,22 +493,24 @@ class Store:
             row = s.get(JobRow, status.job_id, with_for_update=True)
             return row is not None and self._apply(s, row, status, utcnow())
 
-    def hand_over(self, job_id: str, attempt: int, status: BackendStatus) -> JobRecord | None:
+    def hand_over(self, job_id: str, attempt: int, status: BackendStatus) -> ActiveJob | None:
         """The backend took the job's `attempt` and answered `status`: mark the attempt submitted and
         apply the status in one transaction (a reconcile pass does this for every queued job); the job
-        as it stands then, None if it is gone."""
+        as it stands then (its state and cancel, as a pass needs them), None if it is gone."""
         return self.hand_over_many([(job_id, attempt, status)])[0]
 
-    def hand_over_many(self, handed: list[tuple[str, int, BackendStatus]]) -> list[JobRecord | None]:
+    def hand_over_many(self, handed: list[tuple[str, int, BackendStatus]]) -> list[ActiveJob | None]:
         """`hand_over` for many jobs in one transaction, their rows read in one statement: a pass hands over
         every job queued since the last one, and a transaction each (the write lock each) made the store, not
-        the backend, the pace of a long queue."""
+        the backend, the pace of a long queue. The rows are read without their config and labels, which
+        nothing here needs (decoding them was most of a hand-over's cost)."""
         if not handed:
             return []
         now = utcnow()
         with self._tx(write=True) as s:
             query = select(JobRow).where(JobRow.id.in_({job_id for job_id, _, _ in handed}))
-            rows = {row.id: row for row in s.scalars(query.with_for_update())}
+            query = query.options(defer(JobRow.config), defer(JobRow.labels)).with_for_update()
+            rows = {row.id: row for row in s.scalars(query)}
             for job_id, attempt, status in handed:
                 row = rows.get(job_id)
                 if row is None:
@@ -497,7 +519,7 @@ class Store:
                     row.submitted_attempt = attempt
                 self._apply(s, row, status, now)
             s.flush()
-            return [_record(rows[job_id]) if job_id in rows else None for job_id, _, _ in handed]
+            return [_brief(rows[job_id]) if job_id in rows else None for job_id, _, _ in handed]
 
     def _apply(self, s: Session, row: JobRow, status: BackendStatus, now: datetime) -> bool:
         """`apply_status` on a row locked for update; True if its state changed."""
@@ -656,13 +678,10 @@ class Store:
 
     def jobs_to_submit(self) -> list[JobRecord]:
         """QUEUED jobs, oldest first (a restarted controller re-submits; backends dedupe by job id)."""
-        query = (
-            select(JobRow)
-            .where(JobRow.state == JobState.QUEUED.value)
-            .order_by(JobRow.priority.desc(), JobRow.created_at, JobRow.id)
-        )
-        with self._tx() as s:
-            return [_record(r) for r in s.scalars(query)]
+        c = _JOBS.c
+        query = select(_JOBS).where(c.state == JobState.QUEUED.value).order_by(c.priority.desc(), c.created_at, c.id)
+        with self._tx() as s:  # plain rows (Core): the ORM's identity map and unit of work are of no use here
+            return [_record(r) for r in s.execute(query)]
 
     def active_jobs(self, *, with_deadline: bool = False) -> list[JobRecord]:
         """Every non-terminal job (`with_deadline`: those with a deadline only, which the pass checks)."""
@@ -694,21 +713,7 @@ class Store:
                     for at in range(0, len(ids), 500)
                     for row in s.execute(query.where(c.id.in_(ids[at : at + 500])))
                 ]
-        return [
-            ActiveJob(
-                row.id,
-                JobState(row.state),
-                row.attempt,
-                row.submitted_attempt,
-                _aware(row.cancel_requested_at),
-                bool(row.cancel_forced),
-                row.breakdown_ms,
-                row.epoch_seconds,
-                row.step,
-                row.runs,
-            )
-            for row in rows
-        ]
+        return [_brief(row) for row in rows]
 
     def gpu_use(self, *, tenant: str, pool: str) -> int:
         """GPUs held by the tenant's non-terminal jobs on the pool."""
