@@ -69,6 +69,10 @@ _JOURNAL = ".changes"
 _JOURNAL_MAX_BYTES = 1 << 20
 """Past this size the journal is replaced by an empty one (a new inode): every reader then reads the folder whole."""
 _POOLS_KEY = "pools_file"
+_NOT_INDEXED = frozenset({"config", _POOLS_KEY})
+"""job.json's large parts, which only a launch reads (from the file): the index keeps every job's spec without
+them, for as long as the controller runs (the whole config of thousands of jobs made each of the garbage collector's
+full collections take about 100 ms, the interpreter held)."""
 _PF_KTHREAD = 0x00200000
 """/proc/<pid>/stat flags: a kernel thread (no command line either)."""
 
@@ -102,6 +106,11 @@ def detect_gpus() -> int:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _index_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the index keeps of a job.json: everything but `_NOT_INDEXED`."""
+    return {key: value for key, value in spec.items() if key not in _NOT_INDEXED}
 
 
 class LocalBackend:
@@ -187,6 +196,7 @@ class LocalBackend:
             job_dir.mkdir(parents=True, exist_ok=True)
             record = {**spec.model_dump(mode="json"), "submitted_at": time.time(), _POOLS_KEY: self._pools_now()}
             write_json_atomic(job_dir / "job.json", record)  # config.json and pools.yaml are written at launch
+            self._remember_spec(job_dir, record)  # what the status and the launch read next: not parsed back
             self._journal(job_dir.name)
             if len(self._holders) < self.slots:  # else the watch's next poll schedules
                 self._schedule_locked()
@@ -418,9 +428,13 @@ class LocalBackend:
             if self._earlier_attempts_alive(job_dir, int(spec.get("attempt", 0))):
                 held_back.append(job_id)  # killed just now; a later pass launches it once they are gone
                 continue
+            whole = read_json_object(job_dir / "job.json")  # with its config, which the index does not keep
+            if whole is None:
+                self._forget(job_id)
+                continue
             free = [g for g in range(self.gpus) if g not in running]
             gpu = free[0] if free else None
-            self._launch(job_dir, spec, gpu)
+            self._launch(job_dir, whole, gpu)
             running.append(gpu)
             self._load(job_id)
 
@@ -563,8 +577,8 @@ class LocalBackend:
         return True
 
     def _spec(self, job_dir: Path) -> dict[str, Any] | None:
-        """job.json, parsed once per version (it is replaced by rename on a resubmit, so inode and mtime
-        name the version): every scan reads it for every job that has not ended."""
+        """job.json without its config and pools (`_index_spec`), parsed once per version (it is replaced by rename
+        on a resubmit, so inode and mtime name the version): every scan reads it for every job that has not ended."""
         path = job_dir / "job.json"
         try:
             info = path.stat()
@@ -575,9 +589,17 @@ class LocalBackend:
         if cached is not None and cached[0] == version:
             return cached[1]
         spec = read_json_object(path)
-        if spec is not None:
-            self._specs[job_dir.name] = (version, spec)
+        if spec is None:
+            return None
+        spec = _index_spec(spec)
+        self._specs[job_dir.name] = (version, spec)
         return spec
+
+    def _remember_spec(self, job_dir: Path, spec: dict[str, Any]) -> None:
+        """`spec` is what job.json holds now (written by this process under the scheduler's lock): `_spec` takes it
+        from here for as long as the file is that version."""
+        info = (job_dir / "job.json").stat()
+        self._specs[job_dir.name] = ((info.st_ino, info.st_mtime_ns), _index_spec(spec))
 
     def _cached(self, job_dir: Path) -> BackendStatus | None:
         """The terminal status of the current attempt, if known: it cannot change until a resubmit."""

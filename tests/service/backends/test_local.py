@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from service.backends import local
 from service.backends.base import BackendNotFound
 from service.backends.local import LocalBackend, detect_gpus
 from service.domain import BackendStatus, JobSpec, JobState
@@ -164,6 +165,28 @@ def test_a_pass_of_n_submits_lists_the_job_folders_once_and_reads_each_a_fixed_n
         assert max(waiting) <= 3, f"a waiting job's folder read {max(waiting)} times in a pass of {n} submits"
     assert [s.job_id for s in statuses if s.state is JobState.RUNNING] == ["job-5-0"]
     assert len(statuses) == 45 and not (tmp_path / "job-40-3" / "config.json").exists()  # written at launch
+
+
+def test_a_submit_parses_back_no_job_json_and_the_index_keeps_no_config(
+    tmp_path: Path, backends: list[LocalBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submit reads job.json once, to see whether the job is there, and never parses back what it wrote; the
+    index keeps each job's spec without its config and pools, which a launch reads from the file (the configs of
+    thousands of jobs held in the index made the garbage collector's full collections take up to 100 ms)."""
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backends.append(backend)
+    backend.submit(spec("job-a"))  # takes the one slot
+    reads: Counter[str] = Counter()
+    read = local.read_json_object
+    monkeypatch.setattr(local, "read_json_object", lambda path: reads.update([path.name]) or read(path))
+    for i in range(3):
+        assert backend.submit(spec(f"job-{i}")).phase == "waiting for a slot"
+    assert reads["job.json"] == 3
+    assert all(not {"config", "pools_file"} & set(indexed) for _, indexed in backend._specs.values())
+    backend.cancel("job-a", force=True)
+    wait_state(backend, "job-0", {JobState.RUNNING})
+    assert json.loads((tmp_path / "job-0" / "config.json").read_text()) == {"run": {"steps": 3}}
+    assert (tmp_path / "job-0" / "pools.yaml").is_file()
 
 
 def test_a_watch_poll_reads_the_running_job_and_the_changed_ones_not_every_job_folder(
