@@ -113,12 +113,14 @@ def serve(
 
     import uvicorn
 
-    from service.app import create_app
+    from service.app import create_app, freeze_startup_objects
 
     settings = Settings()
     host, port, workers = host or settings.host, port or settings.port, workers or settings.workers
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        controller = create_app(settings)
+        freeze_startup_objects()
+        uvicorn.run(controller, host=host, port=port, log_level="info")
         return
     # Several workers (service/workers.py): migrated once here, not by N processes at once; the reconciler's
     # lock file is this server's own unless set.

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from service.app import create_app
+from service.app import GC_YOUNG_THRESHOLD, app_from_environment, create_app
 from service.backends.local import LocalBackend
 from service.settings import Settings
 from tests.service.conftest import Controller
@@ -25,6 +26,32 @@ def test_argo_needs_a_pools_file(tmp_path: Path) -> None:
 def test_the_database_is_migrated_at_start(tmp_path: Path) -> None:
     app = create_app(make_settings(tmp_path, run_reconciler=False))
     assert app.state.services.store.list_jobs() == ([], None)
+
+
+@pytest.fixture
+def gc_restored() -> Iterator[None]:
+    """This process's garbage collector as it was, after a test that runs a serving process's start in it."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_each_worker_process_freezes_what_it_built_before_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None
+) -> None:
+    """`foxhunt serve --workers N`: each worker's app (uvicorn's factory) leaves the collector as serve does
+    (tests/service/test_cli.py)."""
+    settings = make_settings(tmp_path, run_reconciler=False)
+    monkeypatch.setenv("FOXHUNT_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("FOXHUNT_JOBS_DIR", str(settings.jobs_dir))
+    monkeypatch.setenv("FOXHUNT_POOLS_FILE", str(settings.pools_file))
+    monkeypatch.setenv("FOXHUNT_RUN_RECONCILER", "0")
+    monkeypatch.setenv("FOXHUNT_LOCAL_GPUS", "0")
+    gc.unfreeze()
+    app = app_from_environment()
+    assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+    app.state.services.store.dispose()
 
 
 def _kubeconfig(path: Path, server: str) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -9,8 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
 from typer.testing import CliRunner
 
+from service.app import GC_YOUNG_THRESHOLD
 from service.cli import app
 from service.settings import Settings
 from tests.polling import wait_until
@@ -162,3 +165,35 @@ def test_the_job_view_shows_each_run_of_a_pack(capsys: pytest.CaptureFixture[str
     assert lines[start].split(":", 1)[1].split() == ["run", "seed", "trial", "step", "train", "eval"]
     assert lines[start + 1].split() == ["0", "7", "4", "300", "21.50", "30.25"]
     assert lines[start + 2].split() == ["1", "7", "5", "100", "diverged", "(frozen)"]
+
+
+@pytest.fixture
+def gc_restored() -> Iterator[None]:
+    """This process's garbage collector as it was, after a test that runs a serving process's start in it."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_serve_freezes_what_it_built_before_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None
+) -> None:
+    """The garbage collector's full collections skip the objects built at start (gc.freeze) and young collections
+    run every GC_YOUNG_THRESHOLD allocations, from before the first request (docs/benchmarks/submit-latency.md,
+    round 4: the collector took a tenth of a submission's CPU, its full collections up to 100 ms each)."""
+    settings = make_settings(tmp_path, run_reconciler=False)
+    monkeypatch.setenv("FOXHUNT_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("FOXHUNT_JOBS_DIR", str(settings.jobs_dir))
+    monkeypatch.setenv("FOXHUNT_POOLS_FILE", str(settings.pools_file))
+    monkeypatch.setenv("FOXHUNT_RUN_RECONCILER", "0")
+    monkeypatch.setenv("FOXHUNT_LOCAL_GPUS", "0")
+    when_served: dict[str, int] = {}
+
+    def run(*_args: object, **_kwargs: object) -> None:
+        when_served.update(frozen=gc.get_freeze_count(), young=gc.get_threshold()[0])
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    gc.unfreeze()
+    invoke("serve")
+    assert when_served["frozen"] > 0 and when_served["young"] == GC_YOUNG_THRESHOLD
