@@ -106,7 +106,7 @@ def sum_levels_by_copy(sampler: PrioritizedSampler) -> None:
     """`PrioritizedSampler._sum_levels` with each level's sums copied into the tree, not written by `out=`."""
     for depth in range(sampler.depth - 1, -1, -1):
         children = sampler.tree[2 << depth : 4 << depth].view(-1, 2)  # [2^d, 2]
-        sampler.tree[1 << depth : 2 << depth] = children.sum(dim=1)
+        sampler.tree[1 << depth : 2 << depth] = children[:, 0] + children[:, 1]
 
 
 def hyper_over(template: Hyper, values: dict[str, Tensor]) -> Hyper:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.algo.replay.sampler import PrioritizedSampler
+from trainer.algo.replay.sampler import PrioritizedSampler, sum_paths
 
 
 def make(capacity: int = 64, alpha: float = 0.6, **kwargs: float | str) -> PrioritizedSampler:
@@ -214,3 +214,39 @@ def test_state_dict_round_trip_and_capacity_mismatch() -> None:
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="capacity changed"):
         make(64).load_state_dict(sampler.state_dict())
+
+
+def test_level_sums_are_each_pairs_sum_bit_for_bit() -> None:
+    """`_sum_levels` adds each pair's columns: the values the reduction over pairs (`sum(dim=1)`) gave, bit for bit,
+    over leaves of magnitudes 1e-6 .. 1e6 (where the order of additions would show)."""
+    sampler = make(1000)
+    gen = torch.Generator().manual_seed(3)
+    leaves = 10.0 ** (torch.rand(1000, generator=gen, dtype=torch.float64) * 12 - 6)
+    sampler.tree[sampler.leaves : sampler.leaves + 1000] = leaves
+    want = sampler.tree.clone()
+    for depth in range(sampler.depth - 1, -1, -1):
+        want[1 << depth : 2 << depth] = want[2 << depth : 4 << depth].view(-1, 2).sum(dim=1)
+    sampler._sum_levels()
+    assert torch.equal(sampler.tree, want)
+
+
+def test_summing_the_changed_paths_of_stacked_trees_gives_the_level_sums() -> None:
+    """`sum_paths` over three stacked trees, leaves written in two of them (a slot twice): each tree equals a
+    sampler's own after the same writes."""
+    gen = torch.Generator().manual_seed(5)
+    solos = [make(100) for _ in range(3)]
+    for sampler in solos:
+        sampler.on_write(torch.arange(60), 60)
+        sampler.update(torch.arange(60), torch.rand(60, generator=gen, dtype=torch.float64))
+    trees = torch.stack([s.tree for s in solos])  # [R, 2P]
+    rows = torch.tensor([0, 0, 2, 2, 2])
+    slots = torch.tensor([7, 61, 3, 3, 99])
+    values = torch.rand(5, generator=gen, dtype=torch.float64)
+    values[3] = values[2]  # a slot written twice gets one value (new rows' max priority)
+    trees[rows, slots + solos[0].leaves] = values
+    sum_paths(trees, rows, slots + solos[0].leaves, solos[0].depth)
+    for row, slot, value in zip(rows.tolist(), slots.tolist(), values, strict=True):
+        solos[row].tree[slot + solos[row].leaves] = value
+    for row, sampler in enumerate(solos):
+        sampler._sum_levels()
+        assert torch.equal(trees[row], sampler.tree), row
