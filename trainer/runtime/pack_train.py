@@ -2,8 +2,10 @@
 
 Each run is built as `trainer train` builds it (`build_run`: its own environment, replay, generators and run
 folder) and warmed up on its own; then one `Pack` stacks their tensors and one `PackPlan` runs every update of
-all of them (graph plans: the packed graph; eager: the vmapped eager step). Between updates each run collects
-from its own environment with its own policy, and at its own points evaluates (best-policy selection), reports
+all of them (graph plans: the packed graph; eager: the vmapped eager step). Between updates every live run
+collects from its own environment with its own policy, all of them at once (`PackCollector`: one batched act,
+one batched replay write; run by run where it cannot, e.g. the torch market). Each run at its own points
+evaluates (best-policy selection; the runs' episodes played side by side with a collector), reports
 (progress.json), checkpoints, and at the end writes its summary.json, exactly as a solo run's folder holds them.
 Their metrics are served (`run.metrics_port`) and pushed as one registry, each sample labelled with its `run`.
 
@@ -11,9 +13,10 @@ Every report also goes, as one pack report with a `runs` entry per run (index, s
 diverged), to `on_report`: the CLI sends it to the controller (`trainer/runtime/progress.py`), whose job shows
 each run's progress (`service.domain.RunProgress`).
 
-A run whose update the guard skipped (a non-finite loss or gradient) is reported at the next report and frozen:
-its parameters stay as they were before the skipped update, it no longer collects or evaluates, and its summary
-says so (`diverged_at_step`); the other runs go on.
+The pack stops at run.max_seconds of its training loop, as `trainer train` does (every run's summary then says
+`stopped_by_time_limit`). A run whose update the guard skipped (a non-finite loss or gradient) is reported at the
+next report and frozen: its parameters stay as they were before the skipped update, it no longer collects or
+evaluates, and its summary says so (`diverged_at_step`); the other runs go on.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ import torch
 from contracts.config import TrainConfig, dump_config
 from trainer.algo.step import StepOutput
 from trainer.execution.pack import Pack, PackError, PackOutput, PackPlan, PackRun
+from trainer.execution.pack_collect import PackCollector
 from trainer.runtime.metrics import pack_registry, push, resolve_metrics_port, serve
 from trainer.runtime.train import (
+    FINAL_EVAL_SEED,
+    SELECT_EVAL_SEED,
     Run,
     build_run,
     collect,
@@ -40,8 +46,10 @@ from trainer.runtime.train import (
     evaluate_for_selection,
     fill_replay,
     hold_run_dir,
+    load_best,
     report,
     save_checkpoint,
+    select,
     write_summary,
 )
 
@@ -81,6 +89,15 @@ def build_pack(
     for i, run in enumerate(runs):
         run.built_plan = PackMember(plan, i)
     return runs, plan
+
+
+def pack_collector(pack: Pack, runs: Sequence[Run], out: Callable[[str], None]) -> PackCollector | None:
+    """The pack's batched collection, or None (said once) where its runs collect one by one."""
+    try:
+        return PackCollector(pack, [run.source for run in runs], [run.explore_generator for run in runs])
+    except PackError as error:
+        out(f"the pack's runs collect one by one: {error}")
+        return None
 
 
 def _tagged(out: Callable[[str], None], tag: str, line: str) -> None:
@@ -168,19 +185,28 @@ def _train(
     exporter = serve(registry, port) if port is not None else None
     if exporter is not None:
         out(f"serving the pack's metrics on :{exporter.port}/metrics (label run = 0..{len(runs) - 1})")
+    collector = pack_collector(plan.pack, runs, out) if online else None
     started = time.perf_counter()
     step = 0
-    while step < config.run.steps:
+    limit = config.run.max_seconds
+    timed_out = False
+    while step < config.run.steps and not timed_out:
         advanced = plan.steps_per_call
-        for i, run in enumerate(runs):
-            if online and i not in frozen:
-                collect(run, run.act_fn(), advanced)
+        live = [i for i in range(len(runs)) if i not in frozen]
+        for i in live:  # each live run's step spans the pack's collection and update
+            runs[i].timer.begin_step()
+        if collector is not None and live:  # timed as one, on the first live run's timer
+            collector.collect(live, step, advanced, runs[live[0]].timer)
+        elif online:
+            for i in live:
+                collect(runs[i], runs[i].act_fn(), advanced)
         output = plan.run(step)
         step += advanced
         for i, saved in frozen.items():  # the pack steps every run; a frozen one's state is put back
             runs[i].state.load_tensors(saved)
         wall = time.perf_counter() - started
-        finishing = step >= config.run.steps
+        timed_out = limit is not None and wall >= limit  # as `trainer train`: the loop's own time, shared by all runs
+        finishing = step >= config.run.steps or timed_out
         logging = crossed(step, advanced, config.run.log_every) or finishing
         if logging:  # one read of every run's guard per report
             now = [int(state.guard_skips) for state in plan.pack.states]
@@ -190,23 +216,26 @@ def _train(
                     diverged_at[i] = step
                     say[i](f"diverged: the guard skipped {count - skips[i]} update(s) by step {step}; frozen")
             skips = now
+        periodic = config.run.eval_every > 0  # 0: no periodic evaluation (nor a division by it)
+        evaluating = periodic and (crossed(step, advanced, config.run.eval_every) or finishing)
+        played = selection_returns(collector, runs, frozen) if evaluating else {}
         for i, run in enumerate(runs):
             if i in frozen and diverged_at[i] < step:
                 continue
             run.step, run.wall_seconds = step, wall
             run.timer.end_step()
             run.metrics.steps_done(advanced)
-            periodic = config.run.eval_every > 0  # 0: no periodic evaluation (nor a division by it)
-            evaluating = periodic and (crossed(step, advanced, config.run.eval_every) or finishing)
             if evaluating and i not in frozen:
-                evaluations[i] = evaluate_for_selection(run, say[i])
+                evaluations[i] = select(run, played[i], say[i]) if i in played else evaluate_for_selection(run, say[i])
             if logging:
                 report(run, run_losses(output, i), say[i])
             if crossed(step, advanced, config.run.checkpoint_every) and not finishing:
                 save_checkpoint(run)
         if logging and on_report is not None:
             on_report(pack_report(runs, trials, evaluations, frozen))
-    summaries = [finish_run(run, diverged_at.get(i), say[i]) for i, run in enumerate(runs)]
+    if timed_out:
+        out(f"time limit: stopped at step {step} of {config.run.steps} (run.max_seconds={limit:g})")
+    summaries = finish_runs(runs, collector, diverged_at, say, timed_out)
     if on_report is not None:  # the last word: each run's final evaluation (a search's objective)
         finals = {i: s["eval_return_mean"] for i, s in enumerate(summaries) if s.get("eval_return_mean") is not None}
         on_report(pack_report(runs, trials, finals, frozen))
@@ -221,14 +250,47 @@ def _train(
     return summaries
 
 
-def finish_run(run: Run, diverged_at: int | None, out: Callable[[str], None]) -> dict[str, Any]:
-    """A packed run's last checkpoint, best-policy selection, final evaluation and summary.json."""
-    save_checkpoint(run)
-    summary = write_summary(
-        run,
-        out,
-        {"stopped_by_time_limit": False, "stopped_at_return": False, "packed": True, "diverged_at_step": diverged_at},
-    )
+def selection_returns(
+    collector: PackCollector | None, runs: Sequence[Run], frozen: Collection[int]
+) -> dict[int, list[float]]:
+    """Each live run's selection episodes (`evaluate_for_selection`'s), played at once; none without a collector."""
+    if collector is None:
+        return {}
+    live = [i for i in range(len(runs)) if i not in frozen]
+    episodes = runs[0].config.run.eval_select_episodes
+    played = collector.evaluate(live, episodes, [runs[i].config.run.seed + SELECT_EVAL_SEED for i in live])
+    return dict(zip(live, played, strict=True))
+
+
+def finish_runs(
+    runs: Sequence[Run],
+    collector: PackCollector | None,
+    diverged_at: dict[int, int],
+    say: Sequence[Callable[[str], None]],
+    timed_out: bool,
+) -> list[dict[str, Any]]:
+    """Every run's last checkpoint, best-policy selection, final evaluation (all runs' episodes played at once
+    where the pack has a collector) and summary.json (`timed_out`: the pack stopped at run.max_seconds)."""
+    for run in runs:
+        save_checkpoint(run)
+    finals: list[list[float]] | None = None
+    if collector is not None:
+        for run, out in zip(runs, say, strict=True):
+            load_best(run, out)
+        seeds = [run.config.run.seed + FINAL_EVAL_SEED for run in runs]
+        finals = collector.evaluate(range(len(runs)), runs[0].config.run.eval_episodes, seeds)
+    return [
+        finish_run(run, diverged_at.get(i), say[i], None if finals is None else finals[i], timed_out)
+        for i, run in enumerate(runs)
+    ]
+
+
+def finish_run(
+    run: Run, diverged_at: int | None, out: Callable[[str], None], returns: list[float] | None, timed_out: bool
+) -> dict[str, Any]:
+    """A packed run's summary.json, after its last checkpoint; `returns`: its final evaluation's, if played."""
+    outcome = {"stopped_by_time_limit": timed_out, "stopped_at_return": False, "packed": True}
+    summary = write_summary(run, out, {**outcome, "diverged_at_step": diverged_at}, returns)
     returns = summary["eval_returns"]
     if returns:
         out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")

@@ -389,6 +389,12 @@ def evaluate_for_selection(run: Run, out: Callable[[str], None]) -> float:
     """Score the current greedy policy on the selection seeds, keep it if it is the best so far; its mean."""
     config = run.config.run
     returns = run.source.evaluate(run.act_fn(), config.eval_select_episodes, config.seed + SELECT_EVAL_SEED)
+    return select(run, returns, out)
+
+
+def select(run: Run, returns: list[float], out: Callable[[str], None]) -> float:
+    """Keep the current greedy policy if its selection `returns` have the best mean so far; that mean.
+    `evaluate_for_selection`'s second half, for a pack that plays every run's selection episodes at once."""
     mean_return = float(np.mean(returns))
     if run.best.offer(run.step, mean_return, run.state.online):
         note = "best so far"
@@ -420,18 +426,27 @@ def market_baselines(run: Run, returns: list[float]) -> dict[str, Any]:
     }
 
 
-def write_summary(run: Run, out: Callable[[str], None], outcome: dict[str, Any]) -> dict[str, Any]:
-    """Select the best policy seen, evaluate it, and write summary.json: one place for `train` and a pack's runs.
-
-    `outcome` says how the run ended (time limit, return reached, pack divergence); the market's
-    baselines, where there are any, come last.
-    """
+def load_best(run: Run, out: Callable[[str], None]) -> None:
+    """Put the best policy periodic evaluation kept (if any) into the state, for the final evaluation."""
     if run.best.online is not None:
         with torch.no_grad():
             run.state.online.copy_(run.best.online)
         out(f"selected the policy of step {run.best.step} (mean return {run.best.mean_return:.2f})")
+
+
+def write_summary(
+    run: Run, out: Callable[[str], None], outcome: dict[str, Any], returns: list[float] | None = None
+) -> dict[str, Any]:
+    """Select the best policy seen, evaluate it, and write summary.json: one place for `train` and a pack's runs.
+
+    `outcome` says how the run ended (time limit, return reached, pack divergence); the market's
+    baselines, where there are any, come last. `returns`: the final evaluation's, where the caller played it
+    (a pack plays every run's at once, after `load_best`); else this loads the best policy and plays it.
+    """
     config = run.config
-    returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
+    if returns is None:
+        load_best(run, out)
+        returns = run.source.evaluate(run.act_fn(), config.run.eval_episodes, config.run.seed + FINAL_EVAL_SEED)
     summary = {
         **run.last_report,
         "step": run.step,

@@ -20,7 +20,7 @@ in a CUDA graph (the torch market's collection, `trainer.execution.collect`).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -43,6 +43,16 @@ class Writer(Protocol):
     def state_dict(self) -> dict[str, Tensor]: ...
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None: ...
+
+
+class HostAdd(NamedTuple):
+    """One `RingWriter.add` as the host decides it, before any device write."""
+
+    serial: np.ndarray  # [N] the rows' serials (slot = serial mod C)
+    meta: np.ndarray  # [5, N] their bookkeeping, in `TensorStorage.META` order
+    ended_start: np.ndarray  # [E] first serial of each episode that ends with these rows
+    ended_length: np.ndarray  # [E] its length, to back-fill (`backfill_host`)
+    stream_step: np.ndarray  # [N] each stream's running episode length after the rows
 
 
 class RingWriter:
@@ -68,21 +78,27 @@ class RingWriter:
         n = len(rows)
         if n != self.streams:
             raise ValueError(f"replay add expects one row per env ({self.streams}), got {n}")
-        last = rows.last.cpu().numpy().astype(bool)
+        plan = self.advance(rows.last.cpu().numpy().astype(bool))
+        slots = self._store(rows, plan.serial, plan.meta)
+        self._backfill(plan.ended_start, plan.ended_length, n)
+        self.storage.set_stream_len(torch.from_numpy(plan.stream_step))
+        return slots
+
+    def advance(self, last: np.ndarray) -> HostAdd:
+        """The host half of `add` for rows whose episode-end mask is `last` [N]: the bookkeeping moves on, and
+        what the rows' write needs is returned (a pack writes many runs' rows at once from these)."""
+        n = self.streams
         serial = self.written + np.arange(n, dtype=np.int64)
         step = self.stream_step.copy()
         self.stream_start = np.where(step == 0, serial, self.stream_start)
         self.written += n
         meta = np.stack([serial, np.full(n, n), np.arange(n), step, np.full(n, -1)])
-        slots = self._store(rows, serial, meta)
-        # finished episodes: length step+1 into each of their slots still in the ring
-        self._backfill(self.stream_start[last], step[last] + 1, n)
         self.stream_step = np.where(last, 0, step + 1)
-        self.storage.set_stream_len(torch.from_numpy(self.stream_step))
-        return slots
+        # finished episodes: length step+1 into each of their slots still in the ring
+        return HostAdd(serial, meta, self.stream_start[last], step[last] + 1, self.stream_step)
 
     def _backfill(self, start: np.ndarray, length: np.ndarray, stride: int) -> None:
-        _backfill_host(self.storage, start, length, stride, self.written)
+        backfill_host(self.storage, start, length, stride, self.written)
 
     def _close_running(self) -> None:
         """Treat running `add` episodes as ended here: rows written in between break their stride."""
@@ -203,7 +219,7 @@ class DeviceRingWriter:
         step = self.stream_step.cpu().numpy()
         running = step > 0
         start = self.stream_start.cpu().numpy()
-        _backfill_host(self.storage, start[running], step[running], self.streams, self.written)
+        backfill_host(self.storage, start[running], step[running], self.streams, self.written)
         self.stream_step.zero_()
         self.storage.set_stream_len(self.stream_step)
 
@@ -248,7 +264,7 @@ def _store_host(
     return slots
 
 
-def _backfill_host(storage: TensorStorage, start: np.ndarray, length: np.ndarray, stride: int, written: int) -> None:
+def backfill_host(storage: TensorStorage, start: np.ndarray, length: np.ndarray, stride: int, written: int) -> None:
     """Length `length[e]` into the rows start[e] + k * stride, k < length[e], still in the ring."""
     if start.size == 0:
         return

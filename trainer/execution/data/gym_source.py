@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -165,6 +166,19 @@ def make_vector_env(
     return SyncVectorEnv(fns, autoreset_mode=autoreset)
 
 
+@dataclass
+class HostStep:
+    """One step of N envs: `Transitions`' columns, those the envs produce still on the host (NumPy)."""
+
+    obs: Tensor  # [N, F] on the device, as sent
+    action: Tensor  # [N, K] int64 on the device
+    reward: np.ndarray  # [N] float32
+    next_obs: np.ndarray  # [N, F] float32
+    done: np.ndarray  # [N] float32
+    last: np.ndarray  # [N] bool
+    episode_step: np.ndarray  # [N] int64
+
+
 class GymSource:
     """N parallel envs; `collect` steps them all once epsilon-greedily and returns N transitions.
 
@@ -199,7 +213,7 @@ class GymSource:
         self.finished_returns: list[float] = []
         """Undiscounted returns of episodes finished during collection (the train loop drains it)."""
 
-    def _env_action(self, action: np.ndarray) -> np.ndarray:
+    def env_action(self, action: np.ndarray) -> np.ndarray:
         space = self.envs.single_action_space
         if isinstance(space, gym.spaces.Discrete):
             return action[:, 0] + int(space.start)
@@ -222,13 +236,42 @@ class GymSource:
         else:
             greedy = greedy_fn(obs).to(torch.int64)  # [N, K]
         action = epsilon_greedy(greedy, epsilon, self.spec.actions, generator)  # [N, K]
-        env_action = self._env_action(action.cpu().numpy())
+        self.send(obs, action, action.cpu().numpy())
+
+    @property
+    def observation(self) -> np.ndarray:
+        """The obs every env acts on next [N, F] (host), what `start_collect` sends the policy."""
+        return self._obs
+
+    def send(self, obs: Tensor, action: Tensor, host_action: np.ndarray) -> None:
+        """Step the envs with `action` [N, K] chosen on `obs` [N, F] (`host_action`: the same on the host);
+        `finish_collect` returns the rows. For a caller that picks many sources' actions at once (a pack)."""
+        if self._sent is not None:
+            raise RuntimeError("send called twice without finish_collect")
+        env_action = self.env_action(host_action)
         if isinstance(self.envs, AsyncVectorEnv):
             self.envs.step_async(env_action)
         self._sent = (obs, action, env_action)
 
     def finish_collect(self) -> Transitions:
         """The N rows of the step `start_collect` began."""
+        step = self.finish_step()
+        rows = Transitions(
+            obs=step.obs,
+            action=step.action,
+            reward=torch.from_numpy(step.reward).to(self.device),
+            next_obs=torch.from_numpy(step.next_obs).to(self.device),
+            done=torch.from_numpy(step.done).to(self.device),
+            last=torch.from_numpy(step.last),
+            episode_step=torch.from_numpy(step.episode_step),
+        )
+        if self.spec.goal is not None:
+            rows.achieved_goal, rows.base_reward = goal_columns(self.spec, rows.obs, rows.next_obs, rows.reward)
+        return rows
+
+    def finish_step(self) -> HostStep:
+        """The N rows of the step `start_collect` (or `send`) began, with their host columns left on the host:
+        a pack copies many sources' columns to the device at once."""
         if self._sent is None:
             raise RuntimeError("finish_collect called without start_collect")
         obs, action, env_action = self._sent
@@ -248,35 +291,37 @@ class GymSource:
             else:  # reset now, so the vector env takes no reset step (a row that is no transition)
                 reset_raw, _ = self.envs.reset(options={"reset_mask": last})
                 following = flatten_obs(reset_raw)
-        rows = Transitions(
+        step = HostStep(
             obs=obs,
             action=action,
-            reward=torch.from_numpy(np.asarray(reward, dtype=np.float32)).to(self.device),
-            next_obs=torch.from_numpy(next_np).to(self.device),
-            done=torch.from_numpy(terminated.astype(np.float32)).to(self.device),
-            last=torch.from_numpy(last),
-            episode_step=torch.from_numpy(self._step.copy()),
+            reward=np.asarray(reward, dtype=np.float32),
+            next_obs=next_np,
+            done=terminated.astype(np.float32),
+            last=np.asarray(last, dtype=bool),
+            episode_step=self._step.copy(),
         )
-        if self.spec.goal is not None:
-            rows.achieved_goal, rows.base_reward = goal_columns(self.spec, rows.obs, rows.next_obs, rows.reward)
         self._return += reward
         self.finished_returns.extend(self._return[last].tolist())
         self._return[last] = 0.0
         self._step = np.where(last, 0, self._step + 1)
         self._obs = following
-        return rows
+        return step
+
+    def make_env(self) -> gym.Env[Any, Any]:
+        """One more env of this source's kind, outside its vector env (evaluation's)."""
+        return self._make()
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
         """Undiscounted returns of `episodes` greedy episodes, env i seeded seed + i, run side by side."""
-        envs = [self._make() for _ in range(episodes)]
+        envs = [self.make_env() for _ in range(episodes)]
         obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
         returns = [0.0] * episodes
         active = list(range(episodes))
         with torch.no_grad():
             while active:
-                batch = flatten_obs(_batch_obs([obs[i] for i in active]))
+                batch = flatten_obs(batch_obs([obs[i] for i in active]))
                 action = greedy_fn(torch.from_numpy(batch).to(self.device)).to(torch.int64).cpu().numpy()
-                env_action = self._env_action(action)
+                env_action = self.env_action(action)
                 still = []
                 for row, i in enumerate(active):
                     obs[i], reward, terminated, truncated, _ = envs[i].step(env_action[row])
@@ -293,7 +338,7 @@ class GymSource:
         self._probe.close()
 
 
-def _batch_obs(items: list[Any]) -> Any:
+def batch_obs(items: list[Any]) -> Any:
     if isinstance(items[0], dict):
         return {key: np.stack([item[key] for item in items]) for key in GOAL_KEYS}
     return np.stack(items)
