@@ -1,0 +1,197 @@
+"""A recipe trained as one pack of K seeds beside its solo run(s) (issue 31's real-training target), one command:
+
+    python3 scripts/pack_recipes.py --out /tmp/foxhunt-out            # on a GPU machine, from the repo root
+
+trains examples/cartpole.yaml (batch 128, one env, one env step per update, `--steps` updates: the recipe's
+30,000 by default) as ONE pack of `--pack` seeds (16: seeds 1..16) on cuda, then the solo run of each
+`--solo-seeds` seed (1) on cuda with the same plan (`--plan`, graph: the pack runs the packed graph), then the
+recipe's own CPU solo run (its eager plan, one thread, `--cpu-steps` updates, 2,000: for its rate only, not its
+return; 0 skips it). Every run evaluates as the recipe says (10 selection episodes every 2,000 updates, 20 final
+greedy episodes from the best policy); run.stop_at_return is off for all, so each makes all its updates and the
+rates compare equal work. Each row's training loop stops at `--max-seconds` (220) if it has not finished: such a
+row says "time limit" beside the updates it made, its rate stands, its returns are a shortened run's.
+
+Printed, and written to OUT/pack_recipes.json after each row (with device, torch, commit and command): per row the
+aggregate updates/s (every run's updates over the training loop's wall time, which counts collection, updates and
+periodic evaluation, not the build, warm-up fill or graph capture), the speed-up over the first cuda solo row,
+each seed's final greedy mean return over the recipe's 20 evaluation episodes, and how many reached `--threshold`
+(475). Each row's runs (config, progress, summary) stay in OUT/runs/<row>/.
+
+Time (not measured on a GPU yet; the device time ran out): the rows' loops take at most 220 + 220 s and the CPU
+solo's 2,000 updates under a minute; with imports, 16 warm-up fills, graph capture and the final evaluations, 6-9
+min in all, inside the device's 10-minute call. On a CPU, tiny settings run it in seconds
+(`tests/scripts/test_pack_recipes.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from contracts.config import TrainConfig, load_config
+from contracts.jsonfile import write_json_atomic
+from trainer.runtime.pack_train import run_pack_training
+from trainer.runtime.train import run_training
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "cartpole.yaml"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="Folder for pack_recipes.json and runs/.")
+    parser.add_argument("--config", type=Path, default=RECIPE, help="The recipe (default examples/cartpole.yaml).")
+    parser.add_argument("--pack", type=int, default=16, help="K: seeds 1..K trained as one pack.")
+    parser.add_argument("--solo-seeds", default="1", help="Seeds trained solo on --device, comma-separated.")
+    parser.add_argument("--steps", type=int, default=None, help="Updates of every row (default: the recipe's).")
+    parser.add_argument("--cpu-steps", type=int, default=2000, help="The CPU solo run's updates (0: none).")
+    parser.add_argument("--device", default="cuda", help="Where the pack and the solo runs train.")
+    parser.add_argument("--plan", default="graph", help="The solo runs' plan; the pack runs the pack plan nearest it.")
+    parser.add_argument("--threshold", type=float, default=475.0, help="Final greedy mean return a seed must reach.")
+    parser.add_argument(
+        "--max-seconds", type=float, default=220.0, help="run.max_seconds of each row's training loop (0: none)."
+    )
+    parser.add_argument("-o", "--override", action="append", default=[], help="Dotted override for every row.")
+    return parser.parse_args(argv)
+
+
+def recipe(args: argparse.Namespace, seed: int, device: str, plan: str | None, steps: int | None) -> TrainConfig:
+    """The recipe for `seed` on `device` with `plan` (None: the recipe's), every update made (no early stop)."""
+    overrides = [f"run.seed={seed}", f"run.device={device}", "run.stop_at_return=null"]
+    overrides += [f"run.plan={plan}"] if plan is not None else []
+    overrides += [f"run.steps={steps}"] if steps is not None else []
+    overrides += [f"run.max_seconds={args.max_seconds:g}"] if args.max_seconds > 0 else []
+    return load_config(args.config, [*overrides, *args.override])
+
+
+def row(name: str, summaries: list[dict[str, Any]], setup_s: float, threshold: float, scored: bool) -> dict[str, Any]:
+    """One table row from its runs' summaries: wall is the training loop's (every run of a pack shares it)."""
+    wall = max(s["wall_seconds"] for s in summaries)
+    updates = sum(s["step"] for s in summaries)
+    returns = [s["eval_return_mean"] for s in summaries] if scored else []
+    return {
+        "row": name,
+        "runs": len(summaries),
+        "seeds": [s["seed"] for s in summaries],
+        "updates": updates,
+        "loop_seconds": wall,
+        "total_seconds": setup_s,
+        "updates_per_s": updates / wall,
+        "plan": summaries[0].get("plan"),
+        "device": summaries[0].get("device"),
+        "eval_return_mean": returns,
+        "reached": sum(1 for r in returns if r is not None and r >= threshold) if scored else None,
+        "diverged": [s["seed"] for s in summaries if s.get("diverged_at_step") is not None],
+        "time_limit": any(s.get("stopped_by_time_limit") for s in summaries),
+    }
+
+
+def quiet(prefix: str) -> Callable[[str], None]:
+    """Progress lines on stderr: evaluations and final results only (the rest goes to each run's files)."""
+
+    def out(line: str) -> None:
+        if "evaluation" in line or "diverged" in line or "collect one by one" in line:
+            print(f"{prefix} {line}", file=sys.stderr, flush=True)
+
+    return out
+
+
+def train_pack(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
+    seeds = list(range(1, args.pack + 1))
+    configs = [recipe(args, seed, args.device, args.plan, args.steps) for seed in seeds]
+    started = time.perf_counter()
+    summaries = run_pack_training(configs, [runs / f"seed-{s}" for s in seeds], out=quiet(f"[pack K={args.pack}]"))
+    for seed, summary in zip(seeds, summaries, strict=True):
+        summary["seed"] = seed
+    return row(f"pack K={args.pack} {args.device}", summaries, time.perf_counter() - started, args.threshold, True)
+
+
+def train_solo(
+    args: argparse.Namespace, seed: int, device: str, plan: str | None, steps: int | None, runs: Path
+) -> dict[str, Any]:
+    """One solo run as `trainer train` runs it; scored unless shortened (the CPU row: its rate only)."""
+    config = recipe(args, seed, device, plan, steps)
+    started = time.perf_counter()
+    summary = run_training(config, runs / f"seed-{seed}", show_progress=False, out=quiet(f"[solo {device} {seed}]"))
+    summary["seed"] = seed
+    scored = steps == args.steps
+    return row(f"solo {device} seed {seed}", [summary], time.perf_counter() - started, args.threshold, scored)
+
+
+def table(rows: list[dict[str, Any]], threshold: float, base_row: str) -> str:
+    """The rows as Markdown: updates/s, speed-up over the first row named `base_row...`, returns."""
+    base = next((r for r in rows if r["row"].startswith(base_row)), None)
+    lines = [
+        f"| row | plan | updates | loop s | updates/s | speed-up | reached {threshold:g} | final greedy mean returns |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        speedup = f"{r['updates_per_s'] / base['updates_per_s']:.2f}x" if base is not None else "-"
+        reached = "-" if r["reached"] is None else f"{r['reached']}/{r['runs']}"
+        returns = " ".join("-" if v is None else f"{v:.1f}" for v in r["eval_return_mean"]) or "(rate only)"
+        updates = f"{r['updates']}" + (" (time limit)" if r["time_limit"] else "")
+        lines.append(
+            f"| {r['row']} | {r['plan']} | {updates} | {r['loop_seconds']:.1f} | {r['updates_per_s']:.1f} "
+            f"| {speedup} | {reached} | {returns} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def commit() -> str | None:
+    try:
+        found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return found.stdout.strip()
+
+
+def main(argv: Sequence[str]) -> dict[str, Any]:
+    """Train the rows, print the table, write OUT/pack_recipes.json (after each row, so a cut-off run keeps some)."""
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.device(args.device).type == "cuda"
+    document: dict[str, Any] = {
+        "recipe": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
+        "command": " ".join(["python3", "scripts/pack_recipes.py", *argv]),
+        "device": torch.cuda.get_device_name() if cuda and torch.cuda.is_available() else platform.processor(),
+        "torch": torch.__version__,
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "threshold": args.threshold,
+        "rows": [],
+    }
+    path = args.out / "pack_recipes.json"
+    runs = args.out / "runs"
+
+    def done(result: dict[str, Any]) -> None:
+        document["rows"].append(result)
+        write_json_atomic(path, document, indent=2)
+        rate = f"{result['updates_per_s']:.1f} updates/s over {result['loop_seconds']:.1f} s"
+        print(f"{result['row']}: {rate}", flush=True)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*batching rule.*")
+        done(train_pack(args, runs / "pack"))
+        for seed in (int(s) for s in args.solo_seeds.split(",") if s):
+            done(train_solo(args, seed, args.device, args.plan, args.steps, runs / f"solo-{args.device}"))
+        if args.cpu_steps:
+            done(train_solo(args, 1, "cpu", None, args.cpu_steps, runs / "solo-cpu"))
+    document["table"] = table(document["rows"], args.threshold, f"solo {args.device}")
+    write_json_atomic(path, document, indent=2)
+    print(document["table"], end="")
+    return document
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

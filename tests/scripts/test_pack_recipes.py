@@ -1,0 +1,53 @@
+"""`scripts/pack_recipes.py` end to end on the CPU with tiny settings: a pack of two seeds, a solo run and the
+shortened CPU solo, its table and its JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scripts.pack_recipes import main, table
+from tests.factories import SMALL_CARTPOLE
+
+TINY = [
+    *SMALL_CARTPOLE,
+    "model.atoms=11",
+    "run.log_every=6",
+    "run.checkpoint_every=12",
+    "run.eval_every=6",
+    "run.eval_select_episodes=1",
+    "run.eval_episodes=2",
+]
+
+
+def test_the_pack_and_its_solo_runs_are_trained_tabled_and_written(tmp_path: Path, capsys: object) -> None:
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--plan", "eager", "--pack", "2", "--steps", "12"]
+    argv += ["--cpu-steps", "6", "--threshold", "9", "--max-seconds", "0"]
+    for override in TINY:
+        argv += ["-o", override]
+    document = main(argv)
+    assert json.loads((tmp_path / "pack_recipes.json").read_text()) == document
+    pack, solo, cpu = document["rows"]
+    assert pack["row"] == "pack K=2 cpu" and pack["seeds"] == [1, 2] and pack["updates"] == 24
+    assert pack["plan"] == "pack-eager" and len(pack["eval_return_mean"]) == 2 and pack["diverged"] == []
+    assert pack["reached"] == sum(1 for r in pack["eval_return_mean"] if r >= 9)
+    assert solo["row"] == "solo cpu seed 1" and solo["updates"] == 12 and len(solo["eval_return_mean"]) == 1
+    assert cpu["updates"] == 6 and cpu["eval_return_mean"] == [] and cpu["reached"] is None
+    for r in document["rows"]:
+        assert r["updates_per_s"] == r["updates"] / r["loop_seconds"] > 0 and r["time_limit"] is False
+    lines = document["table"].splitlines()
+    assert len(lines) == 5 and "| pack K=2 cpu | pack-eager | 24 |" in lines[2]
+    speedup = pack["updates_per_s"] / solo["updates_per_s"]
+    assert f"| {speedup:.2f}x |" in lines[2] and "| 1.00x |" in lines[3] and "(rate only)" in lines[4]
+    assert (tmp_path / "runs" / "pack" / "seed-2" / "summary.json").exists()
+    assert document["table"] in capsys.readouterr().out  # type: ignore[attr-defined]
+
+
+def test_a_row_cut_by_its_time_limit_says_so(tmp_path: Path) -> None:
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--plan", "eager", "--pack", "2", "--steps", "12"]
+    argv += ["--solo-seeds", "", "--cpu-steps", "0", "--max-seconds", "1e-6"]
+    for override in TINY:
+        argv += ["-o", override]
+    (pack,) = main(argv)["rows"]
+    assert pack["time_limit"] is True and pack["updates"] == 2
+    assert "| pack K=2 cpu | pack-eager | 2 (time limit) |" in table([pack], 475, "solo")
