@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -385,6 +386,17 @@ class Reconciler:
                 self._wake.wait(max(0.0, next_full - time.monotonic()) if self.leading else self.interval_seconds)
             self._wake.clear()
 
+    def _watch_batches(self) -> Iterator[list[BackendStatus]]:
+        """The backend's watch, as lists to record in one transaction each: a poll's changes where the backend
+        polls (the local one's watch_polls; a change each cost a read and a write transaction of its own), one
+        status a list otherwise (Argo's watch streams events one at a time)."""
+        polls = getattr(self.backend, "watch_polls", None)
+        if polls is not None:
+            yield from polls(timeout_seconds=self.interval_seconds)
+            return
+        for status in self.backend.watch(timeout_seconds=self.interval_seconds):
+            yield [status]
+
     def _watch_loop(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
@@ -392,10 +404,10 @@ class Reconciler:
                 self._stop.wait(self.interval_seconds)
                 continue
             try:
-                for status in self.backend.watch(timeout_seconds=self.interval_seconds):
+                for statuses in self._watch_batches():
                     if self._stop.is_set() or not self.leading:
                         break
-                    self.store.apply_status(status)
+                    self.store.apply_statuses(statuses)
                 backoff = 0.5
             except BackendUnavailable as error:
                 self._call_failed("watch", error)

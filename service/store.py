@@ -12,13 +12,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple, cast
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection, Engine, Row, Table, create_engine, event, exists, func, insert, or_, select, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, defer, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.domain import TERMINAL_STATES, BackendStatus, JobFields, JobState, RunProgress
 from service.errors import Forbidden, IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
@@ -33,6 +49,11 @@ _RANK = {JobState.QUEUED: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
 _TERMINAL = [s.value for s in TERMINAL_STATES]
 _RETRYABLE = {JobState.FAILED, JobState.CANCELLED, JobState.ERROR}
 _ACTIVE = [s.value for s in JobState if not s.terminal]
+_APPLIED = (
+    *("state", "reason", "message", "phase", "started_at", "finished_at", "updated_at"),
+    *("breakdown_ms", "epoch_seconds", "step", "runs", "submitted_attempt"),
+)
+"""The jobs columns a backend's status (and a hand-over) may change: what `Store._apply_many` writes back."""
 _JOBS, _LABELS, _EVENTS, _TOKENS = (
     cast(Table, row.__table__) for row in (JobRow, JobLabelRow, JobEventRow, TokenRow)
 )  # the tables, for Core statements on the hot paths
@@ -490,8 +511,20 @@ class Store:
         if not self._would_change(status, known):  # most statuses of a pass: no write transaction, no write lock
             return False
         with self._tx(write=True) as s:
-            row = s.get(JobRow, status.job_id, with_for_update=True)
-            return row is not None and self._apply(s, row, status, utcnow())
+            return self._apply_many(s, [(status.job_id, None, status)], utcnow())[1] > 0
+
+    def apply_statuses(self, statuses: Sequence[BackendStatus]) -> int:
+        """`apply_status` for several jobs (a watch poll's changes): their stored state read in one statement, and
+        those that would change written in one transaction (none: no write transaction). How many changed."""
+        if not statuses:
+            return 0
+        # a job not among the active ones has ended (or is gone): a status never changes it
+        known = {job.id: job for job in self.active_jobs_brief(among=sorted({s.job_id for s in statuses}))}
+        changing = [s for s in statuses if s.job_id in known and self._would_change(s, known[s.job_id])]
+        if not changing:
+            return 0
+        with self._tx(write=True) as s:
+            return self._apply_many(s, [(status.job_id, None, status) for status in changing], utcnow())[1]
 
     def hand_over(self, job_id: str, attempt: int, status: BackendStatus) -> ActiveJob | None:
         """The backend took the job's `attempt` and answered `status`: mark the attempt submitted and
@@ -502,27 +535,54 @@ class Store:
     def hand_over_many(self, handed: list[tuple[str, int, BackendStatus]]) -> list[ActiveJob | None]:
         """`hand_over` for many jobs in one transaction, their rows read in one statement: a pass hands over
         every job queued since the last one, and a transaction each (the write lock each) made the store, not
-        the backend, the pace of a long queue. The rows are read without their config and labels, which
-        nothing here needs (decoding them was most of a hand-over's cost)."""
+        the backend, the pace of a long queue."""
         if not handed:
             return []
-        now = utcnow()
         with self._tx(write=True) as s:
-            query = select(JobRow).where(JobRow.id.in_({job_id for job_id, _, _ in handed}))
-            query = query.options(defer(JobRow.config), defer(JobRow.labels)).with_for_update()
-            rows = {row.id: row for row in s.scalars(query)}
-            for job_id, attempt, status in handed:
-                row = rows.get(job_id)
-                if row is None:
-                    continue
-                if row.attempt == attempt:
-                    row.submitted_attempt = attempt
-                self._apply(s, row, status, now)
-            s.flush()
-            return [_brief(rows[job_id]) if job_id in rows else None for job_id, _, _ in handed]
+            rows, _ = self._apply_many(s, handed, utcnow())
+        return [_brief(rows[job_id]) if job_id in rows else None for job_id, _, _ in handed]
 
-    def _apply(self, s: Session, row: JobRow, status: BackendStatus, now: datetime) -> bool:
-        """`apply_status` on a row locked for update; True if its state changed."""
+    def _apply_many(
+        self, s: Session, changes: Sequence[tuple[str, int | None, BackendStatus]], now: datetime
+    ) -> tuple[dict[str, SimpleNamespace], int]:
+        """(job id, attempt handed over or None, status): the rows locked for update and read in one statement,
+        `_apply`'d, written back in one executemany UPDATE and their events in one INSERT (SQLAlchemy Core: the
+        ORM's unit of work was most of a hand-over's cost, and read each job's config too). The rows as written
+        and how many changed state."""
+        c = _JOBS.c
+        columns = [c.id, c.attempt, c.cancel_requested_at, c.cancel_forced, *(c[name] for name in _APPLIED)]
+        query = select(*columns).where(c.id.in_({job_id for job_id, _, _ in changes})).with_for_update()
+        rows = {row.id: SimpleNamespace(**row._mapping) for row in s.execute(query)}
+        events: list[dict[str, Any]] = []
+        for job_id, attempt, status in changes:
+            row = rows.get(job_id)
+            if row is None:
+                continue
+            if attempt is not None and row.attempt == attempt:
+                row.submitted_attempt = attempt
+            if self._apply(row, status, now):
+                events.append(
+                    {"job_id": job_id, "state": row.state, "reason": row.reason, "message": row.message}
+                    | {"attempt": row.attempt, "at": now}
+                )
+        if rows:
+            values = {name: bindparam(f"new_{name}", type_=c[name].type) for name in _APPLIED}
+            statement = update(_JOBS).where(c.id == bindparam("row_id")).values(values)
+            s.execute(
+                statement,
+                [
+                    {"row_id": row.id, **{f"new_{name}": getattr(row, name) for name in _APPLIED}}
+                    for row in rows.values()
+                ],
+            )
+        if events:
+            s.execute(insert(_EVENTS), events)
+        return rows, len(events)
+
+    @staticmethod
+    def _apply(row: Any, status: BackendStatus, now: datetime) -> bool:
+        """`apply_status` on a row (its `_APPLIED` columns, attributes of any object) read under the write lock;
+        True if its state changed, when the caller records the event."""
         if JobState(row.state).terminal:
             return False
         if status.attempt is not None and status.attempt < row.attempt:
@@ -550,7 +610,6 @@ class Store:
         if status.state.terminal:
             row.finished_at = _naive(status.finished_at) or now
         row.updated_at = now
-        self._event(s, row, now)
         return True
 
     def _would_change(self, status: BackendStatus, known: JobRecord | ActiveJob | None) -> bool:

@@ -262,6 +262,11 @@ class LocalBackend:
     def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:
         """Polls the jobs and yields each status that changed since the last poll: a poll reads the running
         jobs and those the journal names, not every job folder."""
+        for changed in self.watch_polls(timeout_seconds=timeout_seconds):
+            yield from changed
+
+    def watch_polls(self, *, timeout_seconds: float | None = None) -> Iterator[list[BackendStatus]]:
+        """`watch`, one list per poll that found changes: the reconciler records each poll's in one transaction."""
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         self._watch_stopped.clear()
         with self._locked():
@@ -274,7 +279,8 @@ class LocalBackend:
                 self._schedule_locked()
                 changed = self._changed_since(seen)
                 seen = self._version
-            yield from changed
+            if changed:
+                yield changed
 
     def stop_watch(self) -> None:
         """End the running watch at its next poll (the reconciler stops): it otherwise ran to its timeout, the

@@ -13,9 +13,12 @@ from prometheus_client import CollectorRegistry
 from service.app import create_app
 from service.backends.base import BackendError, BackendUnavailable
 from service.backends.local import LocalBackend
-from service.domain import BackendStatus, JobSpec
-from service.reconciler import FAILING_PASSES
+from service.domain import BackendStatus, JobSpec, JobState
+from service.metrics import ControllerMetrics
+from service.pools import Pools
+from service.reconciler import FAILING_PASSES, Reconciler
 from service.settings import Settings
+from service.store import Store
 from tests.polling import wait_until
 from tests.service.backends.test_local import job_processes
 from tests.service.conftest import Controller
@@ -498,3 +501,42 @@ def test_periodic_passes_read_what_changed_and_every_nth_reads_every_job(tmp_pat
     finally:
         c.close()
         c.kill_jobs()
+
+
+class _Polling:
+    """A backend whose watch polls (as the local one's watch_polls): each poll's changes as a list."""
+
+    def watch_polls(self, *, timeout_seconds: float | None = None) -> Iterator[list[BackendStatus]]:
+        yield [_status("a"), _status("b")]
+        yield [_status("c")]
+
+
+class _Streaming:
+    """A backend whose watch streams one status at a time (as Argo's)."""
+
+    def watch(self, *, timeout_seconds: float | None = None) -> Iterator[BackendStatus]:
+        yield _status("a")
+        yield _status("b")
+
+
+def _status(job_id: str) -> BackendStatus:
+    return BackendStatus(job_id=job_id, state=JobState.RUNNING, attempt=0)
+
+
+def test_the_watch_records_a_polls_changes_together_and_a_streamed_status_alone(store: Store) -> None:
+    """What the watch thread hands Store.apply_statuses, one transaction each: a polling backend's poll (a change
+    each cost two transactions of its own), a streaming backend's every status as it comes."""
+
+    def batches(backend: object) -> list[list[str]]:
+        reconciler = Reconciler(
+            store,
+            backend,  # type: ignore[arg-type]
+            Pools.local(0),
+            ControllerMetrics(CollectorRegistry()),
+            interval_seconds=5,
+            grace_seconds=30,
+        )
+        return [[status.job_id for status in batch] for batch in reconciler._watch_batches()]
+
+    assert batches(_Polling()) == [["a", "b"], ["c"]]
+    assert batches(_Streaming()) == [["a"], ["b"]]

@@ -234,6 +234,36 @@ def test_a_hand_over_of_many_jobs_is_one_transaction_that_moves_each_forward_onl
     assert store.hand_over_many([]) == []
 
 
+def test_a_watch_polls_statuses_are_read_in_one_statement_and_written_in_one_transaction(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store.apply_statuses (the reconciler's watch, a poll's changes at once): each job moved forward as
+    apply_status would, an ended job and one gone left alone, and one write transaction for them all (a change
+    each cost a read and a write transaction); none when nothing would change."""
+    for job_id in ("a", "b", "c", "d"):
+        store.insert_job(new_job(job_id))
+    store.set_state("c", JobState.ERROR, reason="Lost")
+    store.hand_over_many([("d", 0, BackendStatus(job_id="d", state=JobState.RUNNING, attempt=0))])
+    writes: list[bool] = []
+    tx = store._tx
+    monkeypatch.setattr(store, "_tx", lambda *, write=False: writes.append(write) or tx(write=write))
+    polled = [
+        BackendStatus(job_id="a", state=JobState.RUNNING, attempt=0),
+        BackendStatus(job_id="b", state=JobState.SUCCEEDED, attempt=0, reason="Completed"),
+        BackendStatus(job_id="c", state=JobState.RUNNING, attempt=0),  # ended here: left as it is
+        BackendStatus(job_id="d", state=JobState.RUNNING, attempt=0),  # no change
+        BackendStatus(job_id="gone", state=JobState.RUNNING, attempt=0),
+    ]
+    assert store.apply_statuses(polled) == 2
+    assert writes.count(True) == 1 and len(writes) == 2  # one read, one write
+    states = {job_id: store.get_job(job_id).state for job_id in ("a", "b", "c", "d")}
+    assert states == {"a": JobState.RUNNING, "b": JobState.SUCCEEDED, "c": JobState.ERROR, "d": JobState.RUNNING}
+    assert [e.state for e in store.get_job("b").events] == [JobState.QUEUED, JobState.SUCCEEDED]
+    writes.clear()
+    assert store.apply_statuses(polled) == 0 and writes == [False]  # nothing would change: no write transaction
+    assert store.apply_statuses([]) == 0
+
+
 def test_set_state_is_ignored_once_terminal(store: Store) -> None:
     store.insert_job(new_job())
     store.set_state("job-1", JobState.ERROR, reason="Lost")

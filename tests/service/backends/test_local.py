@@ -189,6 +189,29 @@ def test_a_submit_parses_back_no_job_json_and_the_index_keeps_no_config(
     assert (tmp_path / "job-0" / "pools.yaml").is_file()
 
 
+def test_watch_polls_yields_each_polls_changes_as_one_list(tmp_path: Path, backends: list[LocalBackend]) -> None:
+    """The reconciler records a poll's changes in one transaction (LocalBackend.watch_polls); watch yields the same
+    statuses one by one. A job cancelled before it started and one that ran are both reported."""
+    backend = make_backend(tmp_path, "--sleep", "30")
+    backends.append(backend)
+    backend.submit(spec("job-a"))
+    backend.submit(spec("job-b"))
+    wait_state(backend, "job-a", {JobState.RUNNING})
+
+    def cancel_both() -> None:
+        backend.cancel("job-b")  # waiting: cancelled before it starts
+        backend.cancel("job-a", force=True)
+
+    threading.Timer(0.3, cancel_both).start()  # once the watch below has started
+    seen: dict[str, JobState] = {}
+    for poll in backend.watch_polls(timeout_seconds=10):
+        assert poll and all(isinstance(status, BackendStatus) for status in poll)
+        seen.update({status.job_id: status.state for status in poll})
+        if seen.get("job-a") in TERMINAL and "job-b" in seen:
+            break
+    assert seen["job-b"] is JobState.CANCELLED and seen["job-a"] is JobState.CANCELLED
+
+
 def test_a_watch_poll_reads_the_running_job_and_the_changed_ones_not_every_job_folder(
     tmp_path: Path, backends: list[LocalBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
