@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from contracts.config import STEPS_PER_EPOCH, ConfigError, TrainConfig, check_job_settings
 from contracts.datasets import DatasetAccess, DatasetRefused, check_local_file, locate
@@ -59,6 +61,15 @@ def admit_settings(config: TrainConfig) -> None:
         raise SettingNotAllowed(str(error)) from None
 
 
+@dataclass(frozen=True)
+class _Replay:
+    """A submission naming a pool that is not (or no longer) configured: only its stored job can answer it."""
+
+    job_id: str
+    digest: str
+    error: UnknownPool
+
+
 @dataclass(eq=False)  # one per controller: compared and hashed by identity
 class JobService:
     """The rules; `wake` nudges the reconciler so a new job reaches the backend at once."""
@@ -74,19 +85,48 @@ class JobService:
 
     def submit(self, principal: Principal, body: JobCreate, idempotency_key: str | None) -> tuple[JobRecord, bool]:
         """(job with history, created). The same key and body return the stored job; another body conflicts."""
+        admission = self._admission(principal, body, idempotency_key)
+        if isinstance(admission, _Replay):
+            return self._replayed(admission, self.store.find_job(admission.job_id, with_events=True))
+        return self._submitted(*self.store.insert_job(*admission))
+
+    async def submit_async(
+        self, principal: Principal, body: JobCreate, idempotency_key: str | None
+    ) -> tuple[JobRecord, bool]:
+        """`submit` on the event loop: the checks there, the insert in the store's group commit
+        (`Store.insert_job_async`), no worker thread per submission."""
+        admission = self._admission(principal, body, idempotency_key)
+        if isinstance(admission, _Replay):
+            find = partial(self.store.find_job, admission.job_id, with_events=True)
+            existing = await asyncio.get_running_loop().run_in_executor(None, find)
+            return self._replayed(admission, existing)
+        return self._submitted(*await self.store.insert_job_async(*admission))
+
+    def _replayed(self, replay: _Replay, existing: JobRecord | None) -> tuple[JobRecord, bool]:
+        if existing is None:
+            raise replay.error
+        if existing.request_hash != replay.digest:
+            raise IdempotencyConflict(replay.job_id) from None
+        self.metrics.record_submission(existing.pool, created=False)
+        return existing, False
+
+    def _submitted(self, job: JobRecord, created: bool) -> tuple[JobRecord, bool]:
+        self.metrics.record_submission(job.pool, created=created)
+        if created:
+            (self.queued or self.wake)()
+        return job, created
+
+    def _admission(
+        self, principal: Principal, body: JobCreate, idempotency_key: str | None
+    ) -> tuple[NewJob, Callable[[int], None] | None] | _Replay:
+        """The job to insert and its quota check, or (its pool unknown) the stored job to look for."""
         key = idempotency_key or (f"name:{body.name}" if body.name else f"uuid:{uuid.uuid4()}")
         job_id = job_id_for(principal.tenant, key)
         digest = request_hash(body)
         try:
             pool = self.pools.get(body.pool or self.pools.default)
-        except UnknownPool:  # a replay of a job whose pool has left the pools file since is still the job
-            existing = self.store.find_job(job_id, with_events=True)
-            if existing is None:
-                raise
-            if existing.request_hash != digest:
-                raise IdempotencyConflict(job_id) from None
-            self.metrics.record_submission(existing.pool, created=False)
-            return existing, False
+        except UnknownPool as error:  # a replay of a job whose pool has left the pools file since is still the job
+            return _Replay(job_id, digest, error)
         # the submitted config stays as it came: a copy of it and of the two parts set here (a deep copy was
         # a tenth of a submission's CPU)
         config = body.config.model_copy(
@@ -99,7 +139,7 @@ class JobService:
         # With epochs the stored config leaves run.steps out: the pipeline's resolve step sets it to
         # epochs x STEPS_PER_EPOCH (contracts.config.apply_epochs), the one place epochs become steps.
         steps = {"run": {"steps"}} if body.epochs is not None else None
-        job, created = self.store.insert_job(
+        return (
             NewJob(
                 id=job_id,
                 tenant=principal.tenant,
@@ -121,16 +161,12 @@ class JobService:
             ),
             # checked and inserted in one transaction: concurrent submissions cannot overrun the quota;
             # a replay (the key's job is stored) returns that job, and no quota is checked for it
-            admit=(
+            (
                 (lambda used: pool.check_quota(tenant=principal.tenant, used=used))
                 if pool.quota_for(principal.tenant) is not None
                 else None
             ),
         )
-        self.metrics.record_submission(job.pool, created=created)
-        if created:
-            (self.queued or self.wake)()
-        return job, created
 
     def cancel(self, principal: Principal, job_id: str) -> JobRecord:
         job = self.store.request_cancel(job_id, tenant=principal.visible_tenant)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -270,6 +272,16 @@ class _Submission:
     error: BaseException | None = None
 
 
+class _LoopBatcher:
+    """The group commit of one event loop's submissions (`Store.insert_job_async`): touched only from that loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: list[tuple[_Submission, asyncio.Future[None]]] = []
+        self.committing = False
+        self.task: asyncio.Task[None] | None = None  # the committer, referenced while it runs
+
+
 class Store:
     """Thread-safe (one session per call); built by create_app from Settings.database_url."""
 
@@ -296,6 +308,8 @@ class Store:
         self._batching = threading.Condition()  # guards the two below; notified when a batch has committed
         self._pending: list[_Submission] = []  # submissions waiting for the next batch
         self._batch_in_flight = False
+        self._loop_batcher: _LoopBatcher | None = None  # insert_job_async's, for the loop it last ran on
+        self._committer: ThreadPoolExecutor | None = None  # its one thread, made on first use
 
     def migrate(self) -> None:
         """`alembic upgrade head` on this database."""
@@ -309,6 +323,9 @@ class Store:
             command.upgrade(config, "head")
 
     def dispose(self) -> None:
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
+            self._committer = None
         self.engine.dispose()
 
     def ping(self) -> None:
@@ -368,11 +385,71 @@ class Store:
             if mine.stored_hash != job.request_hash:
                 raise IdempotencyConflict(job.id)
             return self.get_job(job.id), False
+        return self._inserted(mine), True
+
+    async def insert_job_async(self, job: NewJob, admit: Callable[[int], None] | None = None) -> tuple[JobRecord, bool]:
+        """`insert_job` for a caller on an event loop, with the same guarantees, without a thread per caller.
+
+        The submissions of one loop wait as futures; one committer task takes every submission waiting by
+        then as one batch (`_insert_batch`, the same transaction as `insert_job`'s) in the store's one
+        committer thread, resolves the batch's futures on the loop when it has committed, and takes the
+        next batch until none waits. A submission that finds no batch in flight starts the committer at
+        once. Batches of `insert_job` and of this method (or of another process) are serialised by the
+        same database locks. Answered only after the commit, as `insert_job`."""
+        loop = asyncio.get_running_loop()
+        batcher = self._loop_batcher
+        if batcher is None or batcher.loop is not loop:
+            batcher = self._loop_batcher = _LoopBatcher(loop)
+        mine = _Submission(job, admit, _new_row(job, utcnow()))
+        done: asyncio.Future[None] = loop.create_future()
+        batcher.pending.append((mine, done))
+        if not batcher.committing:
+            batcher.committing = True
+            batcher.task = loop.create_task(self._commit_batches(batcher))
+        await done
+        if mine.error is not None:
+            raise mine.error
+        if mine.stored_hash is not None:  # the key's job was there already: read in a worker thread
+            if mine.stored_hash != job.request_hash:
+                raise IdempotencyConflict(job.id)
+            return await loop.run_in_executor(None, self.get_job, job.id), False
+        return self._inserted(mine), True
+
+    async def _commit_batches(self, batcher: _LoopBatcher) -> None:
+        """`insert_job_async`'s committer: a batch at a time in the committer thread, until none waits."""
+        try:
+            while batcher.pending:
+                batch, batcher.pending = batcher.pending, []
+                try:
+                    if self._committer is None:
+                        self._committer = ThreadPoolExecutor(1, thread_name_prefix="foxhunt-commit")
+                    await batcher.loop.run_in_executor(self._committer, self._insert_batch, [b for b, _ in batch])
+                except BaseException as error:  # not the store's failure (_insert_batch keeps those): the loop's
+                    for submission, _ in batch:
+                        if not submission.done:
+                            submission.error = error
+                    raise
+                finally:
+                    for _, done in batch:
+                        if not done.done():  # a caller whose request was cancelled has stopped waiting
+                            done.set_result(None)
+        finally:
+            batcher.committing = False
+            for submission, done in batcher.pending:  # left by a cancelled committer: refused, not stranded
+                submission.error = RuntimeError("the store's committer stopped")
+                if not done.done():
+                    done.set_result(None)
+            batcher.pending = []
+
+    @staticmethod
+    def _inserted(mine: _Submission) -> JobRecord:
+        """The record of a submission this store inserted, from the values inserted (not read back)."""
+        job = mine.job
         values = mine.values
         at = _aware(values["created_at"])
         first = JobEvent(state=JobState.QUEUED, reason=None, message=None, attempt=0, at=at)  # type: ignore[arg-type]
         record = {**values, "deadline": job.deadline, "created_at": at, "updated_at": at, "events": [first]}
-        return JobRecord.model_validate(record), True
+        return JobRecord.model_validate(record)
 
     def _insert_batch(self, batch: list[_Submission]) -> None:
         """One transaction for the batch; if another controller inserted one of its ids meanwhile (the

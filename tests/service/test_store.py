@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import multiprocessing
 import threading
@@ -363,3 +364,84 @@ def test_a_replay_at_the_quota_returns_the_stored_job(store: Store) -> None:
     assert created and not created_again and again.id == job.id
     with pytest.raises(QuotaExceeded):
         store.insert_job(new_job("job-2"), admit=_quota(1))
+
+
+def test_submissions_on_an_event_loop_share_transactions_and_keep_idempotency(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store.insert_job_async (the API's submissions): concurrent callers wait as futures for one committer,
+    which inserts each batch in one write transaction; a replay returns the stored job, another body conflicts."""
+    writes: list[bool] = []
+    tx = store._tx
+    monkeypatch.setattr(store, "_tx", lambda *, write=False: writes.append(write) or tx(write=write))
+
+    async def submit_all() -> list[object]:
+        jobs = [store.insert_job_async(new_job(f"job-{i}", labels={"i": str(i)})) for i in range(20)]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    outcomes = asyncio.run(submit_all())
+    assert [(job.id, created) for job, created in outcomes] == [(f"job-{i}", True) for i in range(20)]  # type: ignore[misc]
+    assert 1 <= writes.count(True) <= 2  # the first batch, then everyone who came while it committed
+    assert store.get_job("job-7").labels == {"i": "7"}
+    assert [e.state for e in store.get_job("job-7").events] == [JobState.QUEUED]
+
+    async def replay() -> list[object]:
+        same = store.insert_job_async(new_job("job-3", labels={"i": "3"}))
+        other = store.insert_job_async(new_job("job-4", request_hash="h2"))
+        return await asyncio.gather(same, other, return_exceptions=True)
+
+    again, conflict = asyncio.run(replay())
+    assert again[0].id == "job-3" and again[1] is False  # type: ignore[index]
+    assert isinstance(conflict, IdempotencyConflict)
+    assert len(store.list_jobs(tenant="team-a", limit=100)[0]) == 20
+
+
+def test_submissions_on_an_event_loop_and_in_threads_never_overrun_the_quota(store: Store) -> None:
+    """The quota holds across the loop's batches and the threads' insert_job (the same database locks)."""
+    outcomes: list[str] = []
+
+    def in_thread(i: int) -> None:
+        try:
+            store.insert_job(new_job(f"thread-{i}"), admit=_quota(3))
+            outcomes.append("admitted")
+        except QuotaExceeded:
+            outcomes.append("refused")
+
+    async def on_loop() -> None:
+        jobs = [store.insert_job_async(new_job(f"loop-{i}"), admit=_quota(3)) for i in range(6)]
+        for outcome in await asyncio.gather(*jobs, return_exceptions=True):
+            assert isinstance(outcome, (tuple, QuotaExceeded)), outcome
+            outcomes.append("refused" if isinstance(outcome, QuotaExceeded) else "admitted")
+
+    threads = [threading.Thread(target=in_thread, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    asyncio.run(on_loop())
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["admitted"] * 3 + ["refused"] * 7
+    assert store.gpu_use(tenant="team-a", pool="cpu") == 3
+
+
+def test_a_failed_batch_fails_its_waiting_submissions_and_the_next_one_commits(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store failing (a database outage) answers every submission of the batch with the error, and the
+    committer does not stay stuck: the next submission is inserted."""
+    from sqlalchemy.exc import OperationalError
+
+    insert = store._admit_and_insert
+
+    def outage(*_: object) -> None:
+        raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(store, "_admit_and_insert", outage)
+
+    async def submit(ids: list[str]) -> list[object]:
+        return await asyncio.gather(*(store.insert_job_async(new_job(i)) for i in ids), return_exceptions=True)
+
+    failed = asyncio.run(submit(["a", "b", "c"]))
+    assert all(isinstance(outcome, OperationalError) for outcome in failed), failed
+    monkeypatch.setattr(store, "_admit_and_insert", insert)
+    [(job, created)] = asyncio.run(submit(["a"]))  # type: ignore[misc]
+    assert created and job.id == "a" and store.find_job("b") is None

@@ -95,14 +95,16 @@ async def _progress_body(request: Request) -> ProgressReport:
         **problems(400, 408, 409, 413, 429),
     },
 )
-def submit_job(
+async def submit_job(
     principal: TenantDep,
     body: Annotated[JobCreate, Depends(_strict_body)],
     jobs: JobsDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
 ) -> Response:
-    """Queue a job. The same Idempotency-Key (or name) with the same body returns the same job (200)."""
-    job, created = jobs.submit(principal, body, idempotency_key)
+    """Queue a job. The same Idempotency-Key (or name) with the same body returns the same job (200).
+
+    On the event loop: the submission waits for the store's group commit as a future, not in a worker thread."""
+    job, created = await jobs.submit_async(principal, body, idempotency_key)
     # JSON straight from pydantic-core: FastAPI would turn the model into a dict and json.dumps that
     return Response(
         _detail(job).model_dump_json(),
