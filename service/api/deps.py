@@ -66,16 +66,23 @@ async def _jobs(request: Request) -> JobService:
 _bearer = HTTPBearer(auto_error=False, description="A token from `foxhunt token create`.")
 
 
-async def _principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Principal:
-    """From the token cache on the event loop; the store is asked (on a cache miss) in a worker thread."""
-    services = await _services(request)
+async def request_principal(request: Request) -> Principal:
+    """The caller, from the request's Authorization header: from the token cache on the event loop; the store
+    is asked (on a cache miss) in a worker thread. `TenantDep`'s, and POST /v1/jobs' own (no dependency to
+    solve: that route documents the bearer scheme itself)."""
+    services: Services = request.app.state.services
     if services.settings.auth_disabled:
         return Principal(tenant=services.settings.default_tenant, name=services.settings.default_tenant)
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
+    header = request.headers.get("authorization")
     cached = cached_principal(services.tokens, header)
     return cached if cached is not None else await run_in_threadpool(authenticate, services.tokens, header)
+
+
+async def _principal(
+    request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    """`request_principal`; the bearer scheme is a dependency so that the OpenAPI document names it."""
+    return await request_principal(request)
 
 
 @dataclass(frozen=True)

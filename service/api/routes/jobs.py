@@ -6,12 +6,12 @@ import time
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 
-from service.api.deps import BackendDep, JobsDep, ProgressJobDep, StoreDep, TenantDep
+from service.api.deps import BackendDep, JobsDep, ProgressJobDep, StoreDep, TenantDep, request_principal
 from service.api.errors import problems
 from service.api.routes import V1
 from service.api.schemas import (
@@ -26,6 +26,7 @@ from service.api.schemas import (
 from service.backends.base import Backend, BackendError, BackendNotFound
 from service.domain import JobState
 from service.errors import JobNotFound
+from service.jobs import JobService
 from service.store import JobRecord, Store, parse_label_selector
 
 JOB_ID_MAX = 64
@@ -80,31 +81,66 @@ async def _progress_body(request: Request) -> ProgressReport:
         raise RequestValidationError(error.errors(include_url=False, include_context=False), body=raw) from None
 
 
+IDEMPOTENCY_KEY_MAX = 256
+_idempotency_key_type: TypeAdapter[str] = TypeAdapter(
+    Annotated[str, StringConstraints(min_length=1, max_length=IDEMPOTENCY_KEY_MAX)]
+)
+_IDEMPOTENCY_KEY_PARAMETER = {
+    "in": "header",
+    "name": "idempotency-key",
+    "required": False,
+    "schema": {
+        "anyOf": [{"maxLength": IDEMPOTENCY_KEY_MAX, "minLength": 1, "type": "string"}, {"type": "null"}],
+        "title": "Idempotency-Key",
+    },
+}
+
+
+def _idempotency_key(request: Request) -> str | None:
+    """The Idempotency-Key header, checked as a declared `Header(min_length=1, max_length=256)` parameter was
+    (the same 422)."""
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    try:
+        return _idempotency_key_type.validate_python(key)
+    except ValidationError as error:
+        errors = [
+            {**e, "loc": ("header", "idempotency-key")} for e in error.errors(include_url=False, include_context=True)
+        ]
+        raise RequestValidationError(errors) from None
+
+
+# POST /v1/jobs solves no FastAPI dependency: its caller, body and key are read in the handler, in the order
+# FastAPI's solving had (the caller first, so an unauthenticated request's body is never read; then the body,
+# then the header), and its OpenAPI operation lists the header and the bearer scheme as before. Solving the
+# four dependencies (the principal, its bearer scheme, the body, the header) was about a tenth of a
+# submission's server CPU.
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobDetail,
     openapi_extra={
+        "parameters": [_IDEMPOTENCY_KEY_PARAMETER],
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobCreate"}}},
-        }
+        },
+        "security": [{"HTTPBearer": []}],
     },
     responses={
         200: {"model": JobDetail, "description": "The job this key already created"},
         **problems(400, 408, 409, 413, 429),
     },
 )
-async def submit_job(
-    principal: TenantDep,
-    body: Annotated[JobCreate, Depends(_strict_body)],
-    jobs: JobsDep,
-    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=256)] = None,
-) -> Response:
-    """Queue a job. The same Idempotency-Key (or name) with the same body returns the same job (200).
-
-    On the event loop: the submission waits for the store's group commit as a future, not in a worker thread."""
-    job, created = await jobs.submit_async(principal, body, idempotency_key)
+async def submit_job(request: Request) -> Response:
+    """Queue a job. The same Idempotency-Key (or name) with the same body returns the same job (200)."""
+    principal = await request_principal(request)
+    body = await _strict_body(request)
+    key = _idempotency_key(request)
+    jobs: JobService = request.app.state.services.jobs
+    # on the event loop: the submission waits for the store's group commit as a future, not in a worker thread
+    job, created = await jobs.submit_async(principal, body, key)
     # JSON straight from pydantic-core: FastAPI would turn the model into a dict and json.dumps that
     return Response(
         _detail(job).model_dump_json(),
