@@ -412,9 +412,11 @@ def train_pack(
     out: Annotated[Path, typer.Option(help="Folder: seed-<n>/ per run, as `trainer sweep` lays it out.")],
     config: ConfigOption = None,
     override: OverrideOption = None,
+    resume: Annotated[bool, typer.Option(help="Continue every seed from the pack's last common checkpoint.")] = False,
 ) -> None:
     """Train the config once per seed as ONE pack (issue 31): one process, each update one batched step of every
-    seed. Each seed-<n>/ holds what `trainer train` writes; a seed whose guard skips is frozen and reported."""
+    seed. Each seed-<n>/ holds what `trainer train` writes; a seed whose guard skips is frozen and reported.
+    SIGTERM writes every seed's checkpoint and exits 143; `--resume` goes on from there."""
     from contracts.packs import PackError
     from trainer.runtime.pack_train import run_pack_training
     from trainer.runtime.progress import ProgressReporter
@@ -429,7 +431,9 @@ def train_pack(
         configs = [load_config(config, [*(override or []), f"run.seed={seed}"]) for seed in chosen]
         dirs = [out / SEED_DIR.format(seed=seed) for seed in chosen]
         on_report = reporter.update if reporter is not None else None
-        run_pack_training(configs, dirs, out=lambda line: typer.echo(line, err=True), on_report=on_report)
+        run_pack_training(
+            configs, dirs, out=lambda line: typer.echo(line, err=True), on_report=on_report, resume=resume
+        )
     except (ConfigError, PackError, RunDirBusy) as error:
         raise fail(str(error)) from None
     finally:

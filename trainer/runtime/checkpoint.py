@@ -82,9 +82,11 @@ class Checkpointer:
 
     def load_latest(self) -> Checkpoint | None:
         steps = self.complete_steps()
-        if not steps:
-            return None
-        folder = self._folder(steps[-1])
+        return self.load(steps[-1]) if steps else None
+
+    def load(self, step: int) -> Checkpoint:
+        """The complete checkpoint of `step` (one of `complete_steps()`)."""
+        folder = self._folder(step)
         with self.fs.open(f"{folder}/state.safetensors", "rb") as handle:
             state = load_safetensors(handle.read())
         with self.fs.open(f"{folder}/replay.safetensors", "rb") as handle:
@@ -92,6 +94,11 @@ class Checkpointer:
         with self.fs.open(f"{folder}/meta.json", "rb") as handle:
             meta = json.loads(handle.read())
         return Checkpoint(step=meta["step"], state=state, replay=replay, meta=meta)
+
+    def meta(self, step: int) -> dict[str, Any]:
+        """The metadata of `step`'s complete checkpoint, without reading its tensors."""
+        with self.fs.open(f"{self._folder(step)}/meta.json", "rb") as handle:
+            return json.loads(handle.read())  # type: ignore[no-any-return]
 
     def _prune(self) -> None:
         for step in self.complete_steps()[: -self.keep]:

@@ -29,18 +29,20 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from contracts.config import TrainConfig, dump_config
 from trainer.algo.step import StepOutput
 from trainer.execution.pack import Pack, PackError, PackOutput, PackPlan, PackRun
 from trainer.execution.pack_collect import PackCollector
+from trainer.runtime.checkpoint import Checkpointer
 from trainer.runtime.metrics import pack_registry, push, resolve_metrics_port, serve
 from trainer.runtime.train import (
+    EXIT_TERMINATED,
     FINAL_EVAL_SEED,
     SELECT_EVAL_SEED,
     Run,
+    Termination,
     build_run,
+    checkpoint_location,
     collect,
     crossed,
     evaluate_for_selection,
@@ -48,6 +50,7 @@ from trainer.runtime.train import (
     hold_run_dir,
     load_best,
     report,
+    restore_checkpoint,
     save_checkpoint,
     select,
     write_summary,
@@ -66,13 +69,45 @@ class PackMember:
         raise PackError("a packed run's updates run through its pack (PackPlan.run), not one run at a time")
 
 
+DIVERGED_AT = "diverged_at_step"
+"""A packed run's checkpoint metadata: the step its guard froze it at (None while it trains)."""
+
+
+def resume_points(locations: Sequence[str]) -> list[int | None]:
+    """The checkpoint step each run of a pack resumes from, or all None (start at step 0).
+
+    A run frozen as diverged resumes from its latest checkpoint (written when it froze) and stays frozen; every
+    other run from the newest step that all of them completed, so the pack goes on from one step (a crash between
+    the runs' checkpoints of one step leaves some a step behind: each keeps two). Where the running runs share no
+    complete step, every run starts again at step 0."""
+    checkpointers = [Checkpointer(location) for location in locations]
+    steps = [checkpointer.complete_steps() for checkpointer in checkpointers]
+    frozen = {
+        i: found[-1]
+        for i, (checkpointer, found) in enumerate(zip(checkpointers, steps, strict=True))
+        if found and checkpointer.meta(found[-1]).get(DIVERGED_AT) is not None
+    }
+    running = [set(found) for i, found in enumerate(steps) if i not in frozen]
+    common = set.intersection(*running) if running else set()
+    if running and not common:
+        return [None] * len(locations)
+    at = max(common) if common else None
+    return [frozen.get(i, at) for i in range(len(locations))]
+
+
 def build_pack(
-    configs: Sequence[TrainConfig], run_dirs: Sequence[Path], checkpoint_urls: Sequence[str | None] | None = None
-) -> tuple[list[Run], PackPlan]:
-    """Every run built and warmed up as `trainer train` does it, then packed (`PackError` if they cannot be).
+    configs: Sequence[TrainConfig],
+    run_dirs: Sequence[Path],
+    checkpoint_urls: Sequence[str | None] | None = None,
+    resume: bool = False,
+) -> tuple[list[Run], PackPlan, dict[int, int]]:
+    """Every run built and warmed up as `trainer train` does it (`resume`: restored from `resume_points`), then
+    packed (`PackError` if they cannot be); also the runs restored as diverged, with the step each froze at.
     Run i checkpoints at `checkpoint_urls[i]` when given (a search's trial location), else in its run folder."""
     urls = list(checkpoint_urls) if checkpoint_urls is not None else [None] * len(configs)
+    points = resume_points([checkpoint_location(d, u) for d, u in zip(run_dirs, urls, strict=True)])
     runs: list[Run] = []
+    diverged: dict[int, int] = {}
 
     def make(i: int, config: TrainConfig) -> PackRun:
         run_dirs[i].mkdir(parents=True, exist_ok=True)
@@ -80,6 +115,10 @@ def build_pack(
         run = build_run(config, run_dirs[i], urls[i])
         if run.collect_in_graph:
             raise PackError("a packed run collects through its own objects: set run.collect_graph=false")
+        if resume and points[i] is not None:
+            meta = restore_checkpoint(run, points[i]) or {}
+            if meta.get(DIVERGED_AT) is not None:
+                diverged[i] = meta[DIVERGED_AT]
         fill_replay(run)
         runs.append(run)
         return PackRun(run.state, run.replay, run.generator)
@@ -88,7 +127,7 @@ def build_pack(
     plan = PackPlan.for_plan(pack, runs[0].plan_name)
     for i, run in enumerate(runs):
         run.built_plan = PackMember(plan, i)
-    return runs, plan
+    return runs, plan, diverged
 
 
 def pack_collector(pack: Pack, runs: Sequence[Run], out: Callable[[str], None]) -> PackCollector | None:
@@ -119,12 +158,15 @@ def run_pack_training(
     trials: Sequence[int] | None = None,
     on_report: Report | None = None,
     checkpoint_urls: Sequence[str | None] | None = None,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
     """Train every run to its `run.steps` as one pack; each run's summary (also in its run_dir/summary.json).
 
     `trials`: the Optuna trial each run trains (a search's pack), named in its log lines and its progress entry;
     `on_report` gets each pack report (`pack_report`) as the runs' progress.json files are written;
-    `checkpoint_urls`: each run's checkpoint location (default: its run folder)."""
+    `checkpoint_urls`: each run's checkpoint location (default: its run folder);
+    `resume`: go on from the runs' checkpoints (`resume_points`). SIGTERM checkpoints every run and exits 143,
+    as `trainer train` does."""
     if len(set(run_dirs)) != len(run_dirs):
         raise PackError("each run of a pack needs its own run folder")
     if trials is not None and len(trials) != len(configs):
@@ -132,7 +174,7 @@ def run_pack_training(
     with contextlib.ExitStack() as held:
         for path in run_dirs:
             held.enter_context(hold_run_dir(path))
-        return _train(configs, run_dirs, out, trials, on_report, checkpoint_urls)
+        return _train(configs, run_dirs, out, trials, on_report, checkpoint_urls, resume)
 
 
 def _tag(index: int, config: TrainConfig, trials: Sequence[int] | None) -> str:
@@ -171,12 +213,14 @@ def _train(
     trials: Sequence[int] | None,
     on_report: Report | None,
     checkpoint_urls: Sequence[str | None] | None,
+    resume: bool,
 ) -> list[dict[str, Any]]:
-    runs, plan = build_pack(configs, run_dirs, checkpoint_urls)
+    runs, plan, diverged_at = build_pack(configs, run_dirs, checkpoint_urls, resume)
     config = configs[0]  # schedules (steps, log, eval, checkpoints) are shared by every run of a pack
     online = config.data.source != "offline"
-    frozen: dict[int, dict[str, torch.Tensor]] = {}  # run -> its state when it was frozen
-    diverged_at: dict[int, int] = {}
+    # run -> its state when it was frozen (a run restored as diverged is frozen from the start)
+    frozen = {i: {name: t.clone() for name, t in runs[i].state.tensors().items()} for i in diverged_at}
+    running = [run for i, run in enumerate(runs) if i not in frozen] or runs
     skips = [0] * len(runs)  # each run's guard skips at the last report
     say = [functools.partial(_tagged, out, _tag(i, c, trials)) for i, c in enumerate(configs)]
     evaluations: dict[int, float] = {}  # run -> its last evaluation's mean return
@@ -186,11 +230,20 @@ def _train(
     if exporter is not None:
         out(f"serving the pack's metrics on :{exporter.port}/metrics (label run = 0..{len(runs) - 1})")
     collector = pack_collector(plan.pack, runs, out) if online else None
-    started = time.perf_counter()
-    step = 0
+    step = max(run.step for run in running)  # 0, or the step the pack resumed from
+    if resume:
+        say_resumed(out, step, diverged_at, say)
+    started = time.perf_counter() - max(run.wall_seconds for run in running)
+    termination = Termination()
+    termination.install()
     limit = config.run.max_seconds
     timed_out = False
     while step < config.run.steps and not timed_out:
+        if termination.requested:
+            for i, run in enumerate(runs):
+                save_checkpoint(run, {DIVERGED_AT: diverged_at.get(i)})
+            out(f"terminated at step {step}: every run's checkpoint written")
+            raise SystemExit(EXIT_TERMINATED)
         advanced = plan.steps_per_call
         live = [i for i in range(len(runs)) if i not in frozen]
         for i in live:  # each live run's step spans the pack's collection and update
@@ -229,8 +282,9 @@ def _train(
                 evaluations[i] = select(run, played[i], say[i]) if i in played else evaluate_for_selection(run, say[i])
             if logging:
                 report(run, run_losses(output, i), say[i])
-            if crossed(step, advanced, config.run.checkpoint_every) and not finishing:
-                save_checkpoint(run)
+            froze_now = diverged_at.get(i) == step  # its checkpoint says so: a resumed pack keeps it frozen
+            if (crossed(step, advanced, config.run.checkpoint_every) or froze_now) and not finishing:
+                save_checkpoint(run, {DIVERGED_AT: diverged_at.get(i)})
         if logging and on_report is not None:
             on_report(pack_report(runs, trials, evaluations, frozen))
     if timed_out:
@@ -248,6 +302,17 @@ def _train(
     if exporter is not None:
         exporter.close()
     return summaries
+
+
+def say_resumed(
+    out: Callable[[str], None], step: int, diverged_at: dict[int, int], say: Sequence[Callable[[str], None]]
+) -> None:
+    if step == 0 and not diverged_at:
+        out("--resume: no checkpoint common to the pack's runs; starting at step 0")
+        return
+    out(f"resumed from checkpoint at step {step}")
+    for i, at in sorted(diverged_at.items()):
+        say[i](f"diverged at step {at} before the restart: stays frozen")
 
 
 def selection_returns(
@@ -271,8 +336,8 @@ def finish_runs(
 ) -> list[dict[str, Any]]:
     """Every run's last checkpoint, best-policy selection, final evaluation (all runs' episodes played at once
     where the pack has a collector) and summary.json (`timed_out`: the pack stopped at run.max_seconds)."""
-    for run in runs:
-        save_checkpoint(run)
+    for i, run in enumerate(runs):
+        save_checkpoint(run, {DIVERGED_AT: diverged_at.get(i)})
     finals: list[list[float]] | None = None
     if collector is not None:
         for run, out in zip(runs, say, strict=True):

@@ -115,7 +115,7 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-class _Termination:
+class Termination:
     """SIGTERM/SIGINT set a flag; the loop checkpoints and exits 143 at the next step boundary."""
 
     def __init__(self) -> None:
@@ -215,6 +215,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def checkpoint_location(run_dir: Path, checkpoint_url: str | None) -> str:
+    """Where a run checkpoints: the job's location when given, else run_dir/checkpoints."""
+    return checkpoint_url or str(run_dir / "checkpoints")
+
+
 def build_run(config: TrainConfig, run_dir: Path, checkpoint_url: str | None = None) -> Run:
     """Everything a run holds, built from `config`; checkpoints go to `checkpoint_url` (any fsspec URL,
     the job's location the CLI resolved), else to run_dir/checkpoints."""
@@ -232,7 +237,7 @@ def build_run(config: TrainConfig, run_dir: Path, checkpoint_url: str | None = N
     replay = ReplayBuffer(config, spec, device, generator, device_writer=in_graph)
     timer = StepTimer(device)
     plan_name = resolve_plan(config.run.plan, device)
-    checkpoint_url = checkpoint_url or str(run_dir / "checkpoints")
+    checkpoint_url = checkpoint_location(run_dir, checkpoint_url)
     explore_generator = torch.Generator(device=device).manual_seed(config.run.seed + 1)
     metrics = TrainerMetrics(
         CollectorRegistry(), plan=plan_name, info=build_info(plan=plan_name, model=MODEL_NAME, device=str(device))
@@ -257,12 +262,13 @@ def build_run(config: TrainConfig, run_dir: Path, checkpoint_url: str | None = N
     )
 
 
-def save_checkpoint(run: Run) -> None:
+def save_checkpoint(run: Run, extra_meta: dict[str, Any] | None = None) -> None:
     """Write the training state as of the last update, plus the best snapshot when there is one.
 
     `online` is always the live network, consistent with its target and Adam moments, so a resumed
     run (even with a larger `run.steps`) trains on from where it stopped. The best policy travels
     beside it as the tensor `best.online` and `meta["best_eval"]` ({"step", "mean_return"}).
+    `extra_meta`: what a caller's own loop needs back on resume (a pack: the step a run diverged at).
     """
     state = run.state.tensors()
     if run.best.online is not None:
@@ -280,15 +286,17 @@ def save_checkpoint(run: Run) -> None:
                 "config": run.config.model_dump(mode="json"),
                 "best_eval": run.best.meta(),
                 "param_layout": run.state.layout_record(),
+                **(extra_meta or {}),
             },
         )
     )
 
 
-def restore_checkpoint(run: Run) -> bool:
-    checkpoint = run.checkpointer.load_latest()
+def restore_checkpoint(run: Run, step: int | None = None) -> dict[str, Any] | None:
+    """Load the latest complete checkpoint (or that of `step`) into `run`; its metadata, None if there is none."""
+    checkpoint = run.checkpointer.load_latest() if step is None else run.checkpointer.load(step)
     if checkpoint is None:
-        return False
+        return None
     run.state.check_layout(checkpoint.meta.get("param_layout"))
     state = dict(checkpoint.state)
     best_online = state.pop(BEST_ONLINE, None)
@@ -302,7 +310,7 @@ def restore_checkpoint(run: Run) -> bool:
     decode_generator(torch.default_generator, checkpoint.meta["torch_cpu_rng"])
     run.step = checkpoint.step
     run.wall_seconds = checkpoint.meta.get("wall_seconds", 0.0)
-    return True
+    return checkpoint.meta
 
 
 def fill_replay(run: Run) -> None:
@@ -511,7 +519,7 @@ def _run_training(
         out(f"--resume: no checkpoint in {run.checkpointer.url}; starting at step 0")
     fill_replay(run)
     start_plan(run)
-    termination = _Termination()
+    termination = Termination()
     termination.install()
     port = resolve_metrics_port(config.run.metrics_port)
     exporter: Exporter | None = serve(run.metrics.registry, port) if port is not None else None

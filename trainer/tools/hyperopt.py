@@ -20,8 +20,8 @@ hyper-parameters) train as one pack, up to `--pack-size` (DEFAULT_PACK) a pod. A
 `PACKABLE` changes what the step is (shapes, switches): trials then pack only with those that drew the
 same values of it, which for a continuous one means one trial per pod, and suggest says so in the job's
 log. In a pack, a run that diverges (its guard froze it) or ends without a usable objective is told
-FAIL for its trial alone; the pod fails (exit 1) only when every trial of its pack failed. A pack does
-not resume yet: a retried pod trains its unfinished trials again from step 0.
+FAIL for its trial alone; the pod fails (exit 1) only when every trial of its pack failed. A retried pod
+resumes its pack from the runs' last common checkpoint, as a lone trial resumes from its own.
 """
 
 from __future__ import annotations
@@ -420,7 +420,7 @@ def _train_pack(
     try:
         urls = [trial_url(checkpoint_url, number) for number in numbers]
         summaries = run_pack_training(
-            list(configs.values()), dirs, log, trials=numbers, on_report=report, checkpoint_urls=urls
+            list(configs.values()), dirs, log, trials=numbers, on_report=report, checkpoint_urls=urls, resume=True
         )
     except PackError as error:  # not packable on this machine (e.g. on-device collection): one after another
         log(f"packs: trials {format_pack(numbers)} cannot train as one pack here ({error}); one after another")

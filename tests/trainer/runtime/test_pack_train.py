@@ -4,10 +4,17 @@ and a run that diverges is frozen and reported while the others train on."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from contracts.config import TrainConfig, load_config
@@ -93,3 +100,112 @@ def test_a_pack_stops_at_its_time_limit_and_finishes_every_run(tmp_path: Path) -
     for summary in summaries:
         assert summary["step"] == 1 and summary["stopped_by_time_limit"] is True
         assert len(summary["eval_returns"]) == 1 and summary["diverged_at_step"] is None
+
+
+# ---- resume: a pack goes on from its runs' checkpoints ---------------------------------------------------
+
+
+def _forget_steps_after(folder: Path, step: int) -> None:
+    """A crash after `step`'s checkpoint: later checkpoints and the summary never written."""
+    for checkpoint in (folder / "checkpoints").glob("step-*"):
+        if int(checkpoint.name.removeprefix("step-")) > step:
+            shutil.rmtree(checkpoint)
+    (folder / "summary.json").unlink()
+
+
+def test_a_resumed_pack_trains_on_as_each_run_resumed_alone(tmp_path: Path) -> None:
+    """A pack's runs are restored from their step-20 checkpoints (state, replay, generators, best policy) and trained
+    to 40: each ends where its solo `trainer train --resume` from the same checkpoint ends, bit for bit on the CPU."""
+    from trainer.runtime.checkpoint import Checkpointer
+    from trainer.runtime.train import run_training
+
+    more = ["run.steps=40", "run.log_every=20", "run.eval_every=20", "run.checkpoint_every=20"]
+    packed = configs(more, [*more, "optim.lr=0.001"])
+    dirs = [tmp_path / "pack" / f"seed-{c.run.seed}" for c in packed]
+    run_pack_training(packed, dirs, out=lambda line: None)
+    for folder in dirs:
+        _forget_steps_after(folder, 20)
+        shutil.copytree(folder / "checkpoints", tmp_path / "solo" / folder.name / "checkpoints")
+    lines: list[str] = []
+    summaries = run_pack_training(packed, dirs, out=lines.append, resume=True)
+    assert "resumed from checkpoint at step 20" in lines
+    for config, folder, summary in zip(packed, dirs, summaries, strict=True):
+        solo_dir = tmp_path / "solo" / folder.name
+        solo = run_training(config, solo_dir, resume=True, show_progress=False, out=lambda line: None)
+        assert summary["step"] == solo["step"] == 40
+        for key in ("losses", "eval_returns", "best_eval_step", "best_eval_return", "replay_size"):
+            assert summary[key] == solo[key], key
+        mine = Checkpointer(str(folder / "checkpoints")).load(40)
+        theirs = Checkpointer(str(solo_dir / "checkpoints")).load(40)
+        for name, tensor in theirs.state.items():
+            assert torch.equal(mine.state[name], tensor), name
+
+
+def test_a_run_that_diverged_before_the_restart_stays_frozen(tmp_path: Path) -> None:
+    """Seed 2 froze at step 6, between checkpoints (every 4); the pack crashes at its last report, before its final
+    checkpoints (seed 1's last at 8), and resumes: seed 2 is restored frozen at 6 from the checkpoint written when
+    it froze, seed 1 goes on from 8 to 12."""
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_the_end(report: dict[str, Any]) -> None:
+        if report["step"] == 12:
+            raise Crash
+
+    packed = configs(["run.checkpoint_every=4"], ["loss.reward_scale=1e39", "run.checkpoint_every=4"])
+    dirs = [tmp_path / f"seed-{c.run.seed}" for c in packed]
+    with pytest.raises(Crash):
+        run_pack_training(packed, dirs, out=lambda line: None, on_report=crash_at_the_end)
+    lines: list[str] = []
+    summaries = run_pack_training(packed, dirs, out=lines.append, resume=True)
+    assert "resumed from checkpoint at step 8" in lines
+    assert "[run 1 seed 2] diverged at step 6 before the restart: stays frozen" in lines
+    assert (summaries[0]["step"], summaries[0]["diverged_at_step"]) == (12, None)
+    assert (summaries[1]["step"], summaries[1]["diverged_at_step"]) == (6, 6)
+
+
+def test_resume_without_a_step_every_running_run_completed_starts_at_step_0(tmp_path: Path) -> None:
+    packed = configs([], [])
+    dirs = [tmp_path / f"seed-{c.run.seed}" for c in packed]
+    run_pack_training(packed, dirs, out=lambda line: None)
+    shutil.rmtree(dirs[1] / "checkpoints")  # seed 2's checkpoints lost: the pack cannot go on from one step
+    lines: list[str] = []
+    summaries = run_pack_training(packed, dirs, out=lines.append, resume=True)
+    assert "--resume: no checkpoint common to the pack's runs; starting at step 0" in lines
+    assert [summary["step"] for summary in summaries] == [12, 12]
+
+
+def test_sigterm_checkpoints_every_run_and_resume_goes_on_from_there(tmp_path: Path) -> None:
+    """`trainer train-pack` as a pod runs it: SIGTERM (an eviction) writes both runs' checkpoints at the step it
+    stopped at and exits 143; `--resume` then trains on from that step."""
+    command = [sys.executable, "-m", "trainer", "train-pack", "--config", str(CARTPOLE), "--seeds", "1,2"]
+    overrides = [arg for item in [*SMALL, "run.log_every=2", "run.checkpoint_every=1000"] for arg in ("-o", item)]
+    out = tmp_path / "pack"
+    first = subprocess.Popen(
+        [*command, "--out", str(out), *overrides, "-o", "run.steps=100000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    progress = out / "seed-1" / "progress.json"
+    deadline = time.monotonic() + 240
+    while not (progress.exists() and json.loads(progress.read_text())["step"] >= 4):
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.stderr else ""
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 143, stderr
+    stopped = int(stderr.split("terminated at step ")[1].split(":")[0])
+    from trainer.runtime.checkpoint import Checkpointer
+
+    assert [Checkpointer(str(out / f"seed-{seed}" / "checkpoints")).complete_steps() for seed in (1, 2)] == [
+        [stopped],
+        [stopped],
+    ]
+    resumed = subprocess.run(
+        [*command, "--out", str(out), *overrides, "-o", f"run.steps={stopped + 4}", "--resume"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from checkpoint at step {stopped}" in resumed.stderr
+    assert [json.loads((out / f"seed-{s}" / "summary.json").read_text())["step"] for s in (1, 2)] == [stopped + 4] * 2
