@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,15 @@ def controller_factory() -> Iterator[Callable[[Settings], Controller]]:
 @pytest.fixture
 def controller(settings: Settings, controller_factory: Callable[[Settings], Controller]) -> Controller:
     return controller_factory(settings)
+
+
+@pytest.fixture
+def gc_restored() -> Iterator[None]:
+    """This process's garbage collector as it was, after a test that runs a serving process's start in it."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
 
 
 @pytest.fixture(scope="session")

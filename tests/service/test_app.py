@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,15 +26,6 @@ def test_argo_needs_a_pools_file(tmp_path: Path) -> None:
 def test_the_database_is_migrated_at_start(tmp_path: Path) -> None:
     app = create_app(make_settings(tmp_path, run_reconciler=False))
     assert app.state.services.store.list_jobs() == ([], None)
-
-
-@pytest.fixture
-def gc_restored() -> Iterator[None]:
-    """This process's garbage collector as it was, after a test that runs a serving process's start in it."""
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
 
 
 def test_each_worker_process_freezes_what_it_built_before_it_serves(

@@ -167,15 +167,6 @@ def test_the_job_view_shows_each_run_of_a_pack(capsys: pytest.CaptureFixture[str
     assert lines[start + 2].split() == ["1", "7", "5", "100", "diverged", "(frozen)"]
 
 
-@pytest.fixture
-def gc_restored() -> Iterator[None]:
-    """This process's garbage collector as it was, after a test that runs a serving process's start in it."""
-    threshold = gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*threshold)
-
-
 def test_serve_freezes_what_it_built_before_it_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None
 ) -> None:
