@@ -104,6 +104,18 @@ def gc_restored() -> Iterator[None]:
     gc.set_threshold(*threshold)
 
 
+@pytest.fixture
+def served_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """A controller's settings as a serving process reads them, from FOXHUNT_* variables (no reconciler, no GPUs)."""
+    settings = make_settings(tmp_path, run_reconciler=False)
+    monkeypatch.setenv("FOXHUNT_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("FOXHUNT_JOBS_DIR", str(settings.jobs_dir))
+    monkeypatch.setenv("FOXHUNT_POOLS_FILE", str(settings.pools_file))
+    monkeypatch.setenv("FOXHUNT_RUN_RECONCILER", "0")
+    monkeypatch.setenv("FOXHUNT_LOCAL_GPUS", "0")
+    return settings
+
+
 @pytest.fixture(scope="session")
 def postgres_admin_url() -> Iterator[str]:
     """One real PostgreSQL server for the session; each test gets its own database on it."""

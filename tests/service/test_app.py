@@ -29,16 +29,10 @@ def test_the_database_is_migrated_at_start(tmp_path: Path) -> None:
 
 
 def test_each_worker_process_freezes_what_it_built_before_it_serves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None
+    served_settings: Settings, gc_restored: None
 ) -> None:
     """`foxhunt serve --workers N`: each worker's app (uvicorn's factory) leaves the collector as serve does
     (tests/service/test_cli.py)."""
-    settings = make_settings(tmp_path, run_reconciler=False)
-    monkeypatch.setenv("FOXHUNT_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("FOXHUNT_JOBS_DIR", str(settings.jobs_dir))
-    monkeypatch.setenv("FOXHUNT_POOLS_FILE", str(settings.pools_file))
-    monkeypatch.setenv("FOXHUNT_RUN_RECONCILER", "0")
-    monkeypatch.setenv("FOXHUNT_LOCAL_GPUS", "0")
     gc.unfreeze()
     app = app_from_environment()
     assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] == GC_YOUNG_THRESHOLD

@@ -168,17 +168,11 @@ def test_the_job_view_shows_each_run_of_a_pack(capsys: pytest.CaptureFixture[str
 
 
 def test_serve_freezes_what_it_built_before_it_serves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None
+    served_settings: Settings, monkeypatch: pytest.MonkeyPatch, gc_restored: None
 ) -> None:
     """The garbage collector's full collections skip the objects built at start (gc.freeze) and young collections
     run every GC_YOUNG_THRESHOLD allocations, from before the first request (docs/benchmarks/submit-latency.md,
     round 4: the collector took a tenth of a submission's CPU, its full collections up to 100 ms each)."""
-    settings = make_settings(tmp_path, run_reconciler=False)
-    monkeypatch.setenv("FOXHUNT_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("FOXHUNT_JOBS_DIR", str(settings.jobs_dir))
-    monkeypatch.setenv("FOXHUNT_POOLS_FILE", str(settings.pools_file))
-    monkeypatch.setenv("FOXHUNT_RUN_RECONCILER", "0")
-    monkeypatch.setenv("FOXHUNT_LOCAL_GPUS", "0")
     when_served: dict[str, int] = {}
 
     def run(*_args: object, **_kwargs: object) -> None:
