@@ -104,6 +104,10 @@
 #     PACK_TESTS narrows them with pytest's -k), then `core` packs of K = PACK_SIZES (1,4,16,64) as PACK_METHODS
 #     (fused-bf16,graph-bf16) beside those solo plans and zerocopy-bf16+combo (DEADLINE 560 s, its default here)
 #                                                               -> $OUT/pack_tests.log, $OUT/pack/bench.{json,md,png}
+#   packtrain (issue 31, real training): the batched collection's and the replay's GPU tests
+#     (tests/trainer/execution/test_pack_collect.py, tests/trainer/algo/replay), then scripts/pack_recipes.py: the
+#     CartPole recipe as one pack of 16 seeds beside its solo run on cuda (DEADLINE 580 s, its default here)
+#                                                               -> $OUT/packtrain_tests.log, $OUT/packtrain/
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
 #   script's start, so the call ends in time and keeps what the earlier stages wrote.
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
@@ -136,6 +140,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13f ] && { stage=small13,prof13d; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round13g ] && { stage=bench13g; DEADLINE="${DEADLINE:-220}"; }
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
+[ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
 has() { [[ ",$stage," == *",$1,"* ]]; }
 left() {  # seconds for a stage: its own limit, or what is left of DEADLINE if less (at least 1)
   local rest=$(( ${DEADLINE:-550} - (SECONDS - began) ))
@@ -186,6 +191,14 @@ if has pack; then
   timeout "$(left 360)" python3 -m trainer bench --configs core --methods zerocopy-bf16+combo \
     --pack "${PACK_SIZES:-1,4,16,64}" --pack-methods "${PACK_METHODS:-fused-bf16,graph-bf16}" --repeats 3 --no-timer-overhead --out "$OUT/pack" \
     "${extra[@]}" 2>&1 | tee "$OUT/bench_pack.log" | grep -v "Warn\|check(" | tail -24
+fi
+
+# ---- issue 31: packs in real training (stage packtrain) ----
+if has packtrain; then
+  budget=$(left 90)
+  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" \
+    tests/trainer/execution/test_pack_collect.py tests/trainer/algo/replay 2>&1 | tee "$OUT/packtrain_tests.log" | tail -8
+  timeout "$(left 480)" python3 scripts/pack_recipes.py --out "$OUT/packtrain" --max-seconds 180 2>&1 | tee "$OUT/packtrain.log" | tail -30
 fi
 
 # ---- issue 15: the market's collection graph (stage collect) ----

@@ -93,6 +93,28 @@ def test_batched_collection_stores_each_runs_solo_transitions(tmp_path: Path, wh
         assert mine.replay.storage.obs.data_ptr() != solo.replay.storage.obs.data_ptr()
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_random_collection_stores_each_runs_solo_transitions(tmp_path: Path) -> None:
+    """On cuda (whole levels of all trees a kernel, the batched writes, the runs' generators on the device), with
+    every action random (ε = 1: a batched forward's rounding cannot flip a greedy pick) each run's replay, returns
+    and explore generator equal its solo run's, bit for bit."""
+    configs = [
+        config.model_copy(update={"run": config.run.model_copy(update={"device": "cuda"}),
+                                  "data": config.data.model_copy(update={"epsilon_start": 1.0, "epsilon_end": 1.0})})
+        for config in run_configs()
+    ]  # fmt: skip
+    solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
+    _, collector = packed(configs, runs)
+    assert collector.whole_levels
+    for step in range(0, 400, 50):
+        for solo in solos:
+            solo.step = step
+            collect(solo, solo.act_fn(), 50)
+        collector.collect([0, 1, 2], step, 50, runs[0].timer)
+    for solo, mine in zip(solos, runs, strict=True):
+        assert_collected_alike(solo, mine)
+
+
 @pytest.mark.parametrize("live", [[0, 2], [1]], ids=["two-live", "one-live"])
 def test_a_run_left_out_collects_nothing(tmp_path: Path, live: list[int]) -> None:
     """The runs left out (frozen) keep their replay, envs and generator as they were; the live ones collect their
