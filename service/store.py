@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -29,14 +30,17 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import TextClause
 
 from service.domain import TERMINAL_STATES, BackendStatus, JobFields, JobState, RunProgress
 from service.errors import Forbidden, IdempotencyConflict, InvalidRequest, InvalidTransition, JobNotFound
@@ -260,6 +264,32 @@ def _new_row(job: NewJob, now: datetime) -> dict[str, Any]:
     }
 
 
+def _json_datetime(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()  # naive UTC, as the DateTime columns hold it
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+@functools.cache
+def _pg_insert_statement(job_columns: tuple[str, ...]) -> TextClause:
+    """PostgreSQL: a batch's jobs, labels and events in one statement (one round trip), each table's rows given
+    as one JSON array (`json_populate_recordset` types each field as the table's column)."""
+
+    def rows_of(table: Table, columns: Sequence[str], parameter: str) -> str:
+        names = ", ".join(f'"{c}"' for c in columns)
+        return (
+            f'INSERT INTO "{table.name}" ({names}) SELECT {names} '
+            f'FROM json_populate_recordset(NULL::"{table.name}", CAST(:{parameter} AS json))'
+        )
+
+    events = ("job_id", "state", "reason", "message", "attempt", "at")
+    return text(
+        f"WITH new_jobs AS ({rows_of(_JOBS, job_columns, 'jobs')}), "
+        f"new_labels AS ({rows_of(_LABELS, ('job_id', 'key', 'value'), 'labels')}) "
+        f"{rows_of(_EVENTS, events, 'events')}"
+    )
+
+
 @dataclass
 class _Submission:
     """One caller's job in a group commit, and what became of it."""
@@ -476,12 +506,13 @@ class Store:
                 submission.done = True
 
     def _admit_and_insert(self, s: Session, batch: list[_Submission]) -> None:
-        for tenant, pool in sorted({(b.job.tenant, b.job.pool) for b in batch if b.admit is not None}):
+        """Admit and insert a batch. Its statements, each a round trip to PostgreSQL: the admission locks, one
+        read (the ids already stored and the GPU use of each tenant and pool to admit on), one insert (jobs,
+        labels and events; on SQLite three, which cost no round trip)."""
+        keys = sorted({(b.job.tenant, b.job.pool) for b in batch if b.admit is not None})
+        for tenant, pool in keys:
             self._lock_admission(s, tenant, pool)  # in one order, so two controllers cannot deadlock
-        ids = {b.job.id for b in batch}
-        query = select(_JOBS.c.id, _JOBS.c.request_hash).where(_JOBS.c.id.in_(ids))
-        stored: dict[str, str] = {job_id: digest for job_id, digest in s.execute(query)}
-        used: dict[tuple[str, str], int] = {}
+        stored, used = self._stored_and_used(s, [b.job.id for b in batch], keys)
         rows: list[dict[str, Any]] = []
         labels: list[dict[str, Any]] = []
         events: list[dict[str, Any]] = []
@@ -492,8 +523,6 @@ class Store:
                 continue
             if b.admit is not None:
                 key = (job.tenant, job.pool)
-                if key not in used:
-                    used[key] = self._gpu_use(s, tenant=job.tenant, pool=job.pool)
                 try:
                     b.admit(used[key])
                 except Exception as error:  # refused (the quota): this submission alone
@@ -514,11 +543,46 @@ class Store:
                     "at": at,
                 }
             )
-        if rows:
+        if not rows:
+            return
+        if self._sqlite:
             s.execute(insert(_JOBS), rows)
             if labels:
                 s.execute(insert(_LABELS), labels)
             s.execute(insert(_EVENTS), events)
+            return
+        # one statement, of a fixed text whatever the batch: each table's rows as one JSON parameter (SQLAlchemy's
+        # multi-row VALUES took milliseconds to compile and to key for its cache, per batch size)
+        s.execute(
+            _pg_insert_statement(tuple(rows[0])),
+            {
+                "jobs": json.dumps(rows, default=_json_datetime),
+                "labels": json.dumps(labels),
+                "events": json.dumps(events, default=_json_datetime),
+            },
+        )
+
+    @staticmethod
+    def _stored_and_used(
+        s: Session, ids: list[str], keys: list[tuple[str, str]]
+    ) -> tuple[dict[str, str], dict[tuple[str, str], int]]:
+        """In one statement: the request hash of each of `ids` already stored, and the GPUs in use by each
+        (tenant, pool) of `keys` (what `_gpu_use` reads)."""
+        parts = [select(literal("id"), _JOBS.c.id, _JOBS.c.request_hash, literal(0)).where(_JOBS.c.id.in_(set(ids)))]
+        parts.extend(
+            select(literal("use"), literal(tenant), literal(pool), func.coalesce(func.sum(_JOBS.c.gpus), 0)).where(
+                _JOBS.c.tenant == tenant, _JOBS.c.pool == pool, _JOBS.c.state.in_(_ACTIVE)
+            )
+            for tenant, pool in keys
+        )
+        stored: dict[str, str] = {}
+        used: dict[tuple[str, str], int] = {}
+        for kind, first, second, gpus in s.execute(union_all(*parts)):
+            if kind == "id":
+                stored[first] = second
+            else:
+                used[(first, second)] = int(gpus)
+        return stored, used
 
     def get_job(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
         """The job with its history; `tenant` restricts visibility (None: admin)."""

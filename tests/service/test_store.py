@@ -445,3 +445,43 @@ def test_a_failed_batch_fails_its_waiting_submissions_and_the_next_one_commits(
     monkeypatch.setattr(store, "_admit_and_insert", insert)
     [(job, created)] = asyncio.run(submit(["a"]))  # type: ignore[misc]
     assert created and job.id == "a" and store.find_job("b") is None
+
+
+def test_a_batch_is_one_read_and_on_postgresql_one_insert_statement(store: Store) -> None:
+    """A batch's statements (on PostgreSQL each a round trip): the admission lock, one read of the ids already
+    stored and of the GPU use, and one insert of the jobs, their labels and events (PostgreSQL; SQLite three
+    inserts, no round trips). Before, the read was two statements and the insert three."""
+    from sqlalchemy import event
+
+    store.insert_job(new_job("stored", labels={"x": "1"}), admit=_quota(10))
+    statements: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement.split()[0].upper())
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+
+        async def submit() -> list[object]:
+            jobs = [
+                store.insert_job_async(new_job("stored", labels={"x": "1"}), admit=_quota(10)),
+                store.insert_job_async(new_job("a", labels={"x": "2", "y": "3"}), admit=_quota(10)),
+                store.insert_job_async(new_job("b"), admit=_quota(10)),
+                store.insert_job_async(new_job("c", tenant="team-b", pool="h200", gpus=8), admit=_quota(10)),
+                store.insert_job_async(new_job("d", tenant="team-b", pool="h200"), admit=_quota(8)),
+            ]
+            return await asyncio.gather(*jobs, return_exceptions=True)
+
+        stored, a, b, c, refused = asyncio.run(submit())
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    assert (stored[1], a[1], b[1], c[1]) == (False, True, True, True)  # type: ignore[index]
+    assert isinstance(refused, QuotaExceeded)  # c's 8 GPUs, earlier in the batch, count against d
+    postgres = store.engine.dialect.name == "postgresql"
+    inserts = ["WITH"] if postgres else ["INSERT"] * 3  # WITH new_jobs AS (INSERT …), … INSERT INTO job_events
+    locks = ["SELECT"] * 2 if postgres else []  # (team-a, cpu), (team-b, h200)
+    replay = ["SELECT", "SELECT"]  # the stored job and its events, read after the batch for the replay
+    assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == [*locks, "SELECT", *inserts, *replay], statements
+    assert store.get_job("a").labels == {"x": "2", "y": "3"} and store.get_job("c").labels == {}
+    assert [e.state for e in store.get_job("a").events] == [JobState.QUEUED]
+    assert store.gpu_use(tenant="team-b", pool="h200") == 8 and store.gpu_use(tenant="team-a", pool="cpu") == 3
