@@ -8,6 +8,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.schemas import JobCreate, Problem, ProgressReport
@@ -46,6 +48,13 @@ _STATUS: dict[type[Exception], tuple[int, str, str]] = {
     ServiceUnavailable: (503, "unavailable", "Service unavailable"),
     BackendUnavailable: (503, "backend-unavailable", "Backend unavailable"),
 }
+STORE_RETRY_AFTER_SECONDS = 1
+"""Retry-After of a 503 while the database is out: the pool reconnects on the next request that finds it back."""
+
+STORE_OUTAGES: tuple[type[Exception], ...] = (OperationalError, InterfaceError, PoolTimeout)
+"""What the store raises while its database cannot serve (down, restarting, refusing or dropping connections, the
+pool exhausted, SQLite's lock held past its timeout): transient, unlike a constraint or a bug."""
+
 _TITLES = {
     400: "Bad request",
     404: "Not found",
@@ -122,6 +131,14 @@ def _http(request: Request, error: Exception) -> ProblemResponse:
     return problem(error.status_code, "http", title, str(error.detail), request, headers=headers)
 
 
+def _store_unavailable(request: Request, error: Exception) -> ProblemResponse:
+    """503 with Retry-After, naming only the error's kind (its text holds the database's host and name); handled
+    here, the connection stays open and no traceback is logged per request."""
+    detail = f"the job store is unavailable ({type(error).__name__}); retry"
+    retry = {"Retry-After": str(STORE_RETRY_AFTER_SECONDS)}
+    return problem(503, "store-unavailable", "Store unavailable", detail, request, headers=retry)
+
+
 def _unexpected(request: Request, error: Exception) -> ProblemResponse:
     """A bug: problem+json 500 that names nothing internal. Starlette re-raises the error after this
     answer is sent, so the server still logs its traceback."""
@@ -134,6 +151,8 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(BackendUnavailable, domain_problem)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
+    for outage in STORE_OUTAGES:
+        app.add_exception_handler(outage, _store_unavailable)
 
 
 def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
