@@ -16,7 +16,7 @@ from service.errors import Unauthorized
 from service.store import Store, TokenInfo
 
 TOKEN_PREFIX = "fxh_"
-TENANT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # whole name: fullmatch (`$` passes "a\n")
 """A tenant name is a DNS label (RFC 1123): it becomes a Kubernetes label value and part of object names."""
 
 
@@ -42,7 +42,7 @@ def create_token(store: Store, *, name: str, tenant: str, admin: bool = False) -
     """A new token: (secret, stored info). The secret is not kept anywhere."""
     if not tenant.strip() or not name.strip():
         raise ValueError("token name and tenant must not be empty")
-    if not TENANT_NAME.match(tenant):
+    if not TENANT_NAME.fullmatch(tenant):
         raise ValueError(
             f"invalid tenant name {tenant!r}: use at most 63 lower-case letters, digits and '-', "
             "starting and ending with a letter or digit (e.g. team-a)"

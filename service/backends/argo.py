@@ -88,8 +88,8 @@ _PHASES = {
     "Failed": JobState.FAILED,
     "Error": JobState.ERROR,
 }
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # fullmatch: `$` would pass "a\n"
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
 
 
 # ---- the Workflow we create --------------------------------------------------------------------
@@ -121,10 +121,10 @@ def pod_spec_patch(placement: Placement) -> str:
 
 def workflow_manifest(spec: JobSpec, *, progress_secret: str, template: str = "compile-and-train") -> dict[str, Any]:
     """The Workflow for one job attempt: a template reference, parameters and our labels, nothing else."""
-    if not _DNS_LABEL.match(spec.job_id):
+    if not _DNS_LABEL.fullmatch(spec.job_id):
         raise ValueError(f"job id {spec.job_id!r} is not a lowercase RFC 1123 label of at most 63 characters")
     for what, value in (("tenant", spec.tenant), ("pool", spec.pool)):
-        if not _LABEL_VALUE.match(value):
+        if not _LABEL_VALUE.fullmatch(value):
             raise ValueError(f"{what} {value!r} is not a valid Kubernetes label value")
     labels = {
         LABEL_JOB: spec.job_id,
@@ -467,7 +467,7 @@ class ArgoBackend:
 
     def _latest(self, job_id: str) -> dict[str, Any]:
         """The newest attempt's Workflow of a job, or BackendNotFound."""
-        selector = f"{SELECTOR},{LABEL_JOB}={job_id}" if _LABEL_VALUE.match(job_id) else None
+        selector = f"{SELECTOR},{LABEL_JOB}={job_id}" if _LABEL_VALUE.fullmatch(job_id) else None
         if selector is None:
             raise BackendNotFound(f"no Workflow for job {job_id!r}")
         found = self._call(f"list Workflows of job {job_id}", self._list_workflows, label_selector=selector)

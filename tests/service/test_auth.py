@@ -129,7 +129,9 @@ def test_admin_sees_every_tenant() -> None:
     assert Principal(tenant="team-a", name="alice").visible_tenant == "team-a"
 
 
-@pytest.mark.parametrize("tenant", ["Team A", "team_a", "-team", "team-", "a" * 64, "équipe", "team\x00a", "TEAM"])
+@pytest.mark.parametrize(
+    "tenant", ["Team A", "team_a", "-team", "team-", "a" * 64, "équipe", "team\x00a", "TEAM", "team-a\n", "\nteam-a"]
+)
 def test_a_tenant_name_that_is_no_dns_label_is_refused_and_no_token_is_stored(store: Store, tenant: str) -> None:
     with pytest.raises(ValueError, match="invalid tenant name"):
         create_token(store, name="ci", tenant=tenant)

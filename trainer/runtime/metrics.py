@@ -57,7 +57,7 @@ METRICS_READER = "metrics"
 """The StepTimer reader the scrape-time collector drains (the loop's own drains take nothing from it)."""
 
 INFO_KEYS: tuple[str, ...] = ("job_id", "pool", "plan", "model", "commit", "device")
-_COMPONENT = re.compile(r"^[a-z][a-z0-9_]*$")
+_COMPONENT = re.compile(r"[a-z][a-z0-9_]*")  # fullmatch: `$` would pass "a\n"
 
 
 def build_info(
@@ -192,7 +192,7 @@ class TrainerMetrics:
     def observe_step_times(self, drained: Mapping[str, list[float]]) -> None:
         """Observe each step's seconds per component, as returned by `StepTimer.drain()`."""
         for component, values in drained.items():
-            if not _COMPONENT.match(component):
+            if not _COMPONENT.fullmatch(component):
                 raise ValueError(f"component {component!r} must match [a-z][a-z0-9_]*")
             child = self.step_seconds.labels(self.plan, component)
             for seconds in values:

@@ -59,12 +59,12 @@ IQN's share of the trunk's (`iqn` times IQN's own layers, forward and backward).
 GRAPH_COMPONENTS: tuple[str, ...] = ("sample", "graph", "aux_stream", "guard")
 """Component names every graphed plan uses (a plan may add its own)."""
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")  # fullmatch: `$` would pass "a\n"
 _CPU = "cpu"
 
 
 def _check_name(name: str) -> None:
-    if not _NAME.match(name) or name == STEP:
+    if not _NAME.fullmatch(name) or name == STEP:
         raise ValueError(f"component name {name!r} must match [a-z][a-z0-9_]* and not be {STEP!r}")
 
 

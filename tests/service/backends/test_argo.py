@@ -174,6 +174,8 @@ def test_manifest_references_the_template_and_passes_parameters_only() -> None:
         ({"job_id": "Job_1"}, "job id 'Job_1' is not a lowercase RFC 1123 label"),
         ({"tenant": "acme corp"}, "tenant 'acme corp' is not a valid Kubernetes label value"),
         ({"pool": "x" * 64}, "pool"),
+        ({"job_id": "job-1\n"}, "job id 'job-1"),  # `$` in a re pattern passes a final newline
+        ({"tenant": "team-a\n"}, "tenant 'team-a"),
     ],
 )
 def test_manifest_refuses_names_kubernetes_would_refuse(overrides: dict[str, str], message: str) -> None:

@@ -154,6 +154,8 @@ def test_bad_input_is_refused_with_a_clear_message() -> None:
         pass
     with pytest.raises(ValueError, match="component name"), timer.section(STEP):
         pass
+    with pytest.raises(ValueError, match="component name"), timer.section("forward\n"):  # a label of its own
+        pass
     with pytest.raises(ValueError, match="record_span takes CUDA events"):
         timer.record_span("graph", object(), object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="capacity"):
