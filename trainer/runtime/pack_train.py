@@ -355,7 +355,7 @@ def finish_run(
 ) -> dict[str, Any]:
     """A packed run's summary.json, after its last checkpoint; `returns`: its final evaluation's, if played."""
     outcome = {"stopped_by_time_limit": timed_out, "stopped_at_return": False, "packed": True}
-    summary = write_summary(run, out, {**outcome, "diverged_at_step": diverged_at}, returns)
+    summary = write_summary(run, out, {**outcome, DIVERGED_AT: diverged_at}, returns)
     returns = summary["eval_returns"]
     if returns:
         out(f"evaluation: mean return {summary['eval_return_mean']:.2f} over {len(returns)} episodes")
