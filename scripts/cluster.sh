@@ -698,6 +698,9 @@ up() {
   fi
   timed build build
   local start=$SECONDS
+  # A cluster that was never taken down (a killed test run, a restarted machine) leaves the
+  # kubelet's bind mount of its root folder, and its pods' volumes, behind: `rm` cannot remove them.
+  unmount_state
   rm -rf "$STATE"
   mkdir -p "$STATE/logs" "$STATE/run"
   pki
