@@ -7,6 +7,7 @@ runs. Every field has a description and bounds; the CLI overrides fields by dott
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from contracts.datasets import DatasetAccess
 from contracts.plans import PlanName
+from contracts.search import MAX_DIMENSIONS, SearchDimension
 from contracts.yamlfile import read_yaml
 
 STEPS_PER_EPOCH = 2000
@@ -325,6 +327,21 @@ class RunConfig(_Section):
     )
 
 
+class SearchConfig(_Section):
+    """A hyper-parameter search's space (a job with hyperopt_trials; `trainer hyperopt`). A single run ignores it."""
+
+    space: dict[str, SearchDimension] | None = Field(
+        None,
+        max_length=MAX_DIMENSIONS,
+        description=(
+            "Dotted config field -> {type: float|int|categorical, low, high, log, step, choices}; None: the default "
+            "space (contracts/search.py DEFAULT_SPACE). Trials pack several to a pod when only the seed and numeric "
+            "hyper-parameters differ (contracts/packs.py PACKABLE); a searched shape or switch puts trials that drew "
+            "different values of it in different pods."
+        ),
+    )
+
+
 class TrainConfig(_Section):
     """Everything one training job needs; the controller's job schema embeds it unchanged."""
 
@@ -334,6 +351,16 @@ class TrainConfig(_Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+
+    @model_validator(mode="after")
+    def _searched_fields_exist(self) -> TrainConfig:
+        for name in self.search.space or {}:
+            section, _, field = name.partition(".")
+            model = type(self).model_fields.get(section) if section != "search" else None
+            if model is None or field not in model.annotation.model_fields:  # type: ignore[union-attr]
+                raise ValueError(f"search.space: {name!r} is not a config field to search (section.field: optim.lr)")
+        return self
 
     @model_validator(mode="after")
     def _fits(self) -> TrainConfig:
@@ -454,6 +481,42 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def with_values(base: TrainConfig, values: dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:
+    """`base` with each dotted field set to its exact value (a trial's parameters), then `overrides`, validated."""
+    tree = copy.deepcopy(base.model_dump(mode="json"))
+    for name, value in values.items():
+        *sections, field = name.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {section} is not a section")
+        node[field] = value
+    return build_config(tree, overrides)
+
+
+def check_search(config: TrainConfig, trials: int, corners: dict[str, list[Any]] | None = None) -> None:
+    """A job's search, checked before any trial runs (ConfigError, one line): a space only with trials, an
+    objective to maximise, and each searched field's bounds and choices (`corners`; by default those of
+    `search.space`) making a valid config, so that no trial fails on validation alone. The controller checks a
+    job with it at submission, the trainer's suggest step again with the space it samples."""
+    space = config.search.space or {}
+    if trials < 1:
+        if space:
+            raise ConfigError("search.space is the space of a hyper-parameter search: the job asks for none (0 trials)")
+        return
+    if config.run.eval_episodes < 1:
+        raise ConfigError(f"run.eval_episodes is {config.run.eval_episodes}: the search needs >= 1 for its objective")
+    if corners is None:
+        corners = {name: dimension.corners() for name, dimension in space.items()}
+    for name, values in corners.items():
+        for value in values:
+            try:
+                with_values(config, {name: value})
+            except ConfigError as error:
+                raise ConfigError(f"space {name}: {value!r} does not make a valid config: {error}") from None
 
 
 def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -3,7 +3,7 @@ without importing the trainer's execution (torch), and the pack itself refuses c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from contracts.config import TrainConfig
@@ -42,6 +42,24 @@ PACKABLE: frozenset[str] = frozenset(
 """Config fields (dotted) that may differ between the runs of a pack: the seed and the numbers the step,
 the replay's sampler and exploration read as values. Everything else (shapes, switches, schedules, the
 checked IQN κ and IQL expectile) must be equal: it changes what the step is."""
+
+
+def unpackable(searched: Iterable[str]) -> list[str]:
+    """The searched fields a pack's runs cannot vary (not in PACKABLE): trials that drew different values of
+    them train in different packs."""
+    return sorted(name for name in searched if name not in PACKABLE)
+
+
+def packing_note(searched: Iterable[str]) -> str | None:
+    """What a search of these fields means for its packs, for the job's message; None when every trial may pack."""
+    fixed = unpackable(searched)
+    if not fixed:
+        return None
+    return (
+        f"the search space varies {', '.join(fixed)}, which the runs of a pack cannot vary (it changes the model's "
+        "shapes or the step): trials pack only with those that drew the same values, the others run one pack "
+        "(for a continuous field, one trial) per pod"
+    )
 
 
 class PackError(ValueError):

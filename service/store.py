@@ -100,6 +100,8 @@ class NewJob(JobFields):
     request_hash: str
     gpus: int
     config: dict[str, Any]
+    message: str | None = None
+    """What the controller says of the job at admission (its first event's message too), until a backend says more."""
 
 
 class JobRecord(NewJob):
@@ -248,7 +250,7 @@ def _new_row(job: NewJob, now: datetime) -> dict[str, Any]:
         "deadline": _naive(job.deadline),
         "state": JobState.QUEUED.value,
         "reason": None,
-        "message": None,
+        "message": job.message,
         "phase": None,
         "attempt": 0,
         "submitted_attempt": None,
@@ -477,7 +479,7 @@ class Store:
         job = mine.job
         values = mine.values
         at = _aware(values["created_at"])
-        first = JobEvent(state=JobState.QUEUED, reason=None, message=None, attempt=0, at=at)  # type: ignore[arg-type]
+        first = JobEvent(state=JobState.QUEUED, reason=None, message=job.message, attempt=0, at=at)  # type: ignore[arg-type]
         record = {**values, "deadline": job.deadline, "created_at": at, "updated_at": at, "events": [first]}
         return JobRecord.model_validate(record)
 
@@ -538,7 +540,7 @@ class Store:
                     "job_id": job.id,
                     "state": JobState.QUEUED.value,
                     "reason": None,
-                    "message": None,
+                    "message": job.message,
                     "attempt": 0,
                     "at": at,
                 }

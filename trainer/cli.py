@@ -447,7 +447,11 @@ app.add_typer(hyperopt_app, name="hyperopt")
 StorageOption = Annotated[str, typer.Option(help="Optuna storage URL, e.g. sqlite:///runs/optuna.db or postgresql://…")]
 StudyOption = Annotated[str, typer.Option(help="Study name (one per job).")]
 SpaceOption = Annotated[
-    Path | None, typer.Option(help="YAML search space: dotted.name -> {type, low, high, log, step, choices}.")
+    Path | None,
+    typer.Option(
+        help="YAML search space: dotted.name -> {type, low, high, log, step, choices}; default: the config's "
+        "search.space, else the default space."
+    ),
 ]
 
 
@@ -491,7 +495,16 @@ def hyperopt_run(
         run_dir.mkdir(parents=True, exist_ok=True)
         url = storage or f"sqlite:///{run_dir.resolve() / 'optuna.db'}"
         best = search(
-            base, load_space(space), trials, url, study, run_dir, typer.echo, trial_steps, checkpoint_url, pack_size
+            base,
+            load_space(space, base),
+            trials,
+            url,
+            study,
+            run_dir,
+            typer.echo,
+            trial_steps,
+            checkpoint_url,
+            pack_size,
         )
         typer.echo(json.dumps({k: best[k] for k in ("trial", "value", "params", "eval_return_mean")}))
 
@@ -515,7 +528,7 @@ def hyperopt_suggest(
 
     def body() -> None:
         base = load_config(config)
-        parsed = load_space(space)
+        parsed = load_space(space, base)
         check_space(parsed, base)
         opened = open_study(storage, study, create=True, seed=base.run.seed)
         say = functools.partial(typer.echo, err=True)

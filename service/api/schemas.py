@@ -13,6 +13,7 @@ from contracts.config import (
     STEPS_PER_EPOCH,
     TrainConfig,
     check_model,
+    check_search,
     check_steps_or_epochs,
 )
 from contracts.plans import PlanName
@@ -84,6 +85,11 @@ class JobCreate(BaseModel):
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> JobCreate:
         check_steps_or_epochs(self.config, self.epochs)
+        return self
+
+    @model_validator(mode="after")
+    def _search(self) -> JobCreate:
+        check_search(self.config, self.hyperopt_trials)  # the suggest step's own check, before anything runs
         return self
 
 

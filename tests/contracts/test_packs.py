@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.packs import MAX_PACK, PackError, check_packable
+from contracts.packs import MAX_PACK, PackError, check_packable, packing_note
 from tests.factories import tiny_config
 
 
@@ -21,3 +21,9 @@ def test_only_the_seed_and_numeric_hyper_parameters_may_differ() -> None:
         check_packable([base, tiny_config(["loss.iqn_kappa=2.0"])])
     with pytest.raises(PackError, match=f"1 to {MAX_PACK}"):
         check_packable([base] * (MAX_PACK + 1))
+
+
+def test_the_packing_note_names_only_the_fields_a_pack_cannot_vary() -> None:
+    assert packing_note(["optim.lr", "run.seed"]) is None
+    note = packing_note(["optim.lr", "model.hidden", "loss.cql"])
+    assert note is not None and note.startswith("the search space varies loss.cql, model.hidden, which the runs of")

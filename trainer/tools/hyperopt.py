@@ -26,24 +26,23 @@ resumes its pack from the runs' last common checkpoint, as a lone trial resumes 
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from contracts.config import ConfigError, TrainConfig, build_config, dump_config, format_validation_error
+from contracts.config import ConfigError, TrainConfig, check_search, dump_config, format_validation_error, with_values
+from contracts.search import DEFAULT_SPACE, SearchDimension
 from contracts.yamlfile import read_yaml
 
 Log = Callable[[str], None]
-Choice = None | bool | int | float | str
 
 OBJECTIVE = "eval_return_mean"
 PACKED = ["run.collect_graph=false"]
@@ -51,14 +50,6 @@ PACKED = ["run.collect_graph=false"]
 so on-device collection, which gives the same transitions uncaptured (config: run.collect_graph), is off."""
 DEFAULT_PACK = 16
 """Trials one pod trains as one pack at most (`trial --trials`); a pack holds up to 64 runs (MAX_PACK)."""
-
-# The default search space: dotted TrainConfig field -> spec (the same format as a --space file).
-DEFAULT_SPACE: dict[str, dict[str, Any]] = {
-    "optim.lr": {"type": "float", "low": 1e-5, "high": 1e-3, "log": True},
-    "loss.cql_alpha": {"type": "float", "low": 0.0, "high": 1.0},
-    "optim.target_tau": {"type": "float", "low": 1e-3, "high": 5e-2, "log": True},
-    "replay.alpha": {"type": "float", "low": 0.3, "high": 0.9},
-}
 
 
 class HyperoptError(ValueError):
@@ -69,41 +60,15 @@ class TrialFailed(RuntimeError):
     """A trial that crashed or produced no usable objective; it is recorded FAIL in the study."""
 
 
-class SearchDimension(BaseModel):
-    """One dimension of the space; `log` samples uniformly in log space, `step` discretises."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: float | None = None
-    choices: list[Choice] | None = None
-
-    @model_validator(mode="after")
-    def _shape(self) -> SearchDimension:
-        if self.type == "categorical":
-            if not self.choices:
-                raise ValueError("categorical needs a non-empty 'choices' list")
-            if self.low is not None or self.high is not None or self.log or self.step is not None:
-                raise ValueError("categorical takes only 'choices'")
-            return self
-        if self.choices is not None:
-            raise ValueError(f"{self.type} takes low/high, not 'choices'")
-        if self.low is None or self.high is None:
-            raise ValueError(f"{self.type} needs 'low' and 'high'")
-        if self.type == "int" and not (self.low.is_integer() and self.high.is_integer()):
-            raise ValueError(f"int needs whole low/high, got {self.low}..{self.high}")
-        return self
-
-    def distribution(self) -> BaseDistribution:
-        if self.type == "categorical":
-            return CategoricalDistribution(self.choices or [])
-        assert self.low is not None and self.high is not None
-        if self.type == "int":
-            return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
-        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+def distribution(dimension: SearchDimension) -> BaseDistribution:
+    """A dimension of the space as the Optuna distribution trials are asked from."""
+    if dimension.type == "categorical":
+        return CategoricalDistribution(dimension.choices or [])
+    low, high = dimension.corners()
+    assert isinstance(low, int | float) and isinstance(high, int | float)
+    if dimension.type == "int":
+        return IntDistribution(int(low), int(high), log=dimension.log, step=int(dimension.step or 1))
+    return FloatDistribution(low, high, log=dimension.log, step=dimension.step)
 
 
 def parse_space(data: Any) -> dict[str, BaseDistribution]:
@@ -113,7 +78,7 @@ def parse_space(data: Any) -> dict[str, BaseDistribution]:
     space: dict[str, BaseDistribution] = {}
     for name, raw in data.items():
         try:
-            space[str(name)] = SearchDimension.model_validate(raw).distribution()
+            space[str(name)] = distribution(SearchDimension.model_validate(raw))
         except ValidationError as error:
             raise HyperoptError(f"space {name}: {format_validation_error(error)}") from None
         except ValueError as error:  # Optuna's own checks: low > high, log with low <= 0, bad step
@@ -121,30 +86,18 @@ def parse_space(data: Any) -> dict[str, BaseDistribution]:
     return space
 
 
-def load_space(path: Path | None) -> dict[str, BaseDistribution]:
-    """The --space YAML file, or DEFAULT_SPACE when none is given."""
-    if path is None:
-        return parse_space(DEFAULT_SPACE)
-    return parse_space(read_yaml(path, "space file", HyperoptError))
-
-
-def with_params(document: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a config document with each dotted parameter set to its exact sampled value."""
-    tree = copy.deepcopy(document)
-    for name, value in params.items():
-        *sections, field = name.split(".")
-        node = tree
-        for section in sections:
-            node = node.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{name}: {section} is not a section")
-        node[field] = value
-    return tree
+def load_space(path: Path | None, base: TrainConfig) -> dict[str, BaseDistribution]:
+    """The --space YAML file; else the config's `search.space`; else DEFAULT_SPACE."""
+    if path is not None:
+        return parse_space(read_yaml(path, "space file", HyperoptError))
+    if base.search.space is not None:
+        return parse_space({name: dimension.model_dump() for name, dimension in base.search.space.items()})
+    return parse_space(DEFAULT_SPACE)
 
 
 def trial_config(base: TrainConfig, params: dict[str, Any], extra: list[str] | None = None) -> TrainConfig:
     """Base config plus the trial's parameters (and `extra` overrides), validated; ConfigError if not."""
-    return build_config(with_params(base.model_dump(mode="json"), params), extra)
+    return with_values(base, params, extra)
 
 
 def _corners(distribution: BaseDistribution) -> list[Any]:
@@ -156,14 +109,10 @@ def _corners(distribution: BaseDistribution) -> list[Any]:
 
 def check_space(space: dict[str, BaseDistribution], base: TrainConfig) -> None:
     """Every bound and choice must make a valid config, so no trial fails on validation alone."""
-    if base.run.eval_episodes < 1:
-        raise HyperoptError(f"run.eval_episodes is {base.run.eval_episodes}: the search needs >= 1 for its objective")
-    for name, distribution in space.items():
-        for value in _corners(distribution):
-            try:
-                trial_config(base, {name: value})
-            except ConfigError as error:
-                raise HyperoptError(f"space {name}: {value!r} does not make a valid config: {error}") from None
+    try:
+        check_search(base, 1, {name: _corners(distribution) for name, distribution in space.items()})
+    except ConfigError as error:
+        raise HyperoptError(str(error)) from None
 
 
 def _quiet_optuna() -> None:
@@ -203,13 +152,6 @@ def suggest(study: optuna.Study, space: dict[str, BaseDistribution], trials: int
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))][:trials]
 
 
-def unpackable(space: dict[str, BaseDistribution]) -> list[str]:
-    """The searched fields a pack cannot vary between its runs (not in PACKABLE): they change the step."""
-    from contracts.packs import PACKABLE
-
-    return sorted(name for name in space if name not in PACKABLE)
-
-
 def plan_packs(
     study: optuna.Study,
     numbers: list[int],
@@ -222,7 +164,7 @@ def plan_packs(
     together when their configs differ only in PACKABLE fields (`check_packable`): a searched field outside it
     (a shape, a switch) puts trials that drew different values of it into different packs, and `log` says how
     many trials that leaves alone. A chunk that `check_packable` still refuses runs one trial per pack."""
-    from contracts.packs import MAX_PACK, PackError, check_packable
+    from contracts.packs import MAX_PACK, PackError, check_packable, unpackable
 
     size = max(1, min(pack_size, MAX_PACK))
     fixed = unpackable(space)

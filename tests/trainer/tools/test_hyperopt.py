@@ -22,6 +22,7 @@ from trainer.tools.hyperopt import (
     HyperoptError,
     TrialFailed,
     check_space,
+    load_space,
     objective_of,
     open_study,
     parse_space,
@@ -333,3 +334,28 @@ def test_a_pack_option_that_names_no_trials_is_refused(config_file: Path, storag
     for bad in ("", "0,x", "1,1", "-1"):
         code, _, stderr = invoke("trial", "--trials", bad, "--storage", storage, "--study", "s")
         assert code == 2 and "--trials takes" in stderr, bad
+
+
+def test_the_space_comes_from_the_space_file_else_the_configs_search_space_else_the_default(tmp_path: Path) -> None:
+    searched = {"model.hidden": {"type": "categorical", "choices": [16, 32]}}
+    base = build_config({**TINY, "search": {"space": searched}})
+    assert load_space(None, base) == parse_space(searched)
+    assert load_space(None, build_config(TINY)) == parse_space(DEFAULT_SPACE)
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump({"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-3}}))
+    assert list(load_space(space_file, base)) == ["optim.lr"]
+
+
+def test_suggest_checks_and_searches_the_space_its_config_carries(tmp_path: Path, storage: str) -> None:
+    """A job's config carries its space to the suggest step (the controller passes the config, not a file)."""
+    config = tmp_path / "searched.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "search": {"space": {"replay.alpha": {"type": "float", "low": 0.5,
+                                                                                     "high": 2.0}}}}))  # fmt: skip
+    code, _, stderr = invoke("suggest", "--config", str(config), "--trials", "2", "--storage", storage, "--study", "s")
+    assert code == 2 and stderr.startswith("error: space replay.alpha: 2.0 does not make a valid config")
+    hidden = {"model.hidden": {"type": "categorical", "choices": [16]}, "optim.lr": DEFAULT_SPACE["optim.lr"]}
+    config.write_text(yaml.safe_dump({**TINY, "search": {"space": hidden}}))
+    code, stdout, stderr = invoke("suggest", "--config", str(config), "--trials", "2", "--storage", storage,
+                                  "--study", "t")  # fmt: skip
+    assert (code, json.loads(stdout)) == (0, ["0,1"]) and "model.hidden=16 optim.lr=" in stderr
+    assert "the space searches model.hidden, which a pack's runs cannot vary" in stderr

@@ -101,6 +101,42 @@ def test_model_is_dqn_or_refused(controller: Controller) -> None:
     assert _submit(controller, model="dqn").json()["model"] == "dqn"
 
 
+def test_a_search_space_in_the_config_is_checked_and_a_searched_shape_is_named_in_the_jobs_message(
+    controller: Controller,
+) -> None:
+    """The job's config carries the space its suggest step samples (`search.space`). A field a pack cannot vary
+    (a shape) means trials that drew different values of it run in separate pods: the job says so from the start.
+    What the suggest step would refuse is refused at submission, before anything runs."""
+    hidden = {"model.hidden": {"type": "categorical", "choices": [16, 32]}}
+    searched = _submit(controller, config={"run": {"steps": 2}, "search": {"space": hidden}}, hyperopt_trials=4)
+    assert searched.status_code == 201, searched.text
+    note = "the search space varies model.hidden, which the runs of a pack cannot vary"
+    job = searched.json()
+    assert job["message"].startswith(note) and job["history"][0]["message"].startswith(note)
+    assert job["config"]["search"]["space"]["model.hidden"]["choices"] == [16, 32]
+    assert controller.request("GET", f"/v1/jobs/{job['id']}").json()["history"][0]["message"].startswith(note)
+    controller.request("DELETE", f"/v1/jobs/{job['id']}")
+    default_space = _submit(controller, hyperopt_trials=4).json()  # numbers only: every trial may pack
+    assert default_space["message"] is None and default_space["config"]["search"] == {"space": None}
+    controller.request("DELETE", f"/v1/jobs/{default_space['id']}")
+    refused = {
+        "search.space: 'model.width' is not a config field to search": ({"model.width": hidden["model.hidden"]}, 4),
+        "space replay.alpha: 2.0 does not make a valid config": (
+            {"replay.alpha": {"type": "float", "low": 0.5, "high": 2.0}},
+            4,
+        ),
+        "log sampling needs low > 0": ({"optim.lr": {"type": "float", "low": 0, "high": 1e-3, "log": True}}, 4),
+        "search.space is the space of a hyper-parameter search: the job asks for none": (hidden, 0),
+    }
+    for message, (space, trials) in refused.items():
+        bad = _submit(controller, config={"run": {"steps": 2}, "search": {"space": space}}, hyperopt_trials=trials)
+        assert bad.status_code == 422 and bad.headers["content-type"] == PROBLEM
+        assert message in bad.json()["detail"], bad.json()
+    no_objective = _submit(controller, config={"run": {"steps": 2, "eval_episodes": 0}}, hyperopt_trials=2)
+    assert no_objective.status_code == 422 and "run.eval_episodes is 0: the search needs" in no_objective.text
+    assert controller.request("GET", "/v1/jobs", as_="root").json()["items"][0]["id"] == default_space["id"]
+
+
 def test_bad_submissions_get_problem_details(controller: Controller) -> None:
     bad_config = controller.request("POST", "/v1/jobs", json={"config": {"run": {"steps": 0}}})
     assert bad_config.status_code == 422 and bad_config.headers["content-type"] == PROBLEM
