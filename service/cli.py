@@ -79,7 +79,8 @@ def _print_job(job: dict[str, Any], as_json: bool) -> None:
         typer.echo(f"{'breakdown':>14}: {parts}")
     _print_runs(job.get("runs") or [])
     for event in job.get("history", []):
-        typer.echo(f"{'':>14}  {event['at']} {event['state']} {event.get('reason') or ''}")
+        said = " ".join(part for part in (event.get("reason"), event.get("message")) if part)
+        typer.echo(f"{'':>14}  {event['at']} {event['state']} {said}".rstrip())
 
 
 def _figure(value: float | None) -> str:
@@ -207,6 +208,13 @@ def submit(
             min=0, help="Hyper-parameter trials before the full run (0: none), on the local backend as on Argo."
         ),
     ] = None,
+    space: Annotated[
+        Path | None,
+        typer.Option(
+            help="The search's space, a YAML file: dotted.name -> {type, low, high, log, step, choices} (the "
+            "config's search.space; default: the default space)."
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Job name (also makes the submission idempotent).")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Idempotency-Key.")] = None,
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="key=value, repeatable.")] = None,
@@ -222,6 +230,14 @@ def submit(
         if not config.is_file():
             raise _fail(f"config file not found: {config}", 2)
         body["config"] = yaml.safe_load(config.read_text()) or {}
+    if space is not None:
+        if not space.is_file():
+            raise _fail(f"space file not found: {space}", 2)
+        sections = body.setdefault("config", {})
+        search = sections.setdefault("search", {}) if isinstance(sections, dict) else None
+        if not isinstance(search, dict):
+            raise _fail(f"--space: the config file {config} must be a mapping, its search section too", 2)
+        search["space"] = yaml.safe_load(space.read_text())
     labels: dict[str, str] = {}
     for item in label or []:
         key, sep, value = item.partition("=")
@@ -246,6 +262,8 @@ def submit(
         typer.echo(json.dumps(job, indent=2))
     else:
         typer.echo(f"{job['id']} {job['state']}")
+        if job.get("message"):
+            typer.echo(f"note: {job['message']}")
     if follow:
         _stream_logs(api_url, token, job["id"])
 

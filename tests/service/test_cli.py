@@ -71,6 +71,34 @@ def test_submit_with_hyperopt_trials_runs_the_search_locally(served: tuple[Contr
     assert refused.exit_code == 2
 
 
+def test_submit_space_gives_the_job_its_search_space_and_prints_what_it_means_for_packs(
+    served: tuple[Controller, str], tmp_path: Path
+) -> None:
+    controller, _ = served
+    token = controller.headers["alice"]["Authorization"].split()[1]
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "model.hidden: {type: categorical, choices: [16, 32]}\noptim.lr: {type: float, low: 1.0e-4, high: 1.0e-3}\n"
+    )
+    out = invoke("submit", "--pool", "cpu", "--hyperopt-trials", "4", "--space", str(space), "--token", token)
+    job_id = out.splitlines()[0].split()[0]
+    assert out.splitlines()[1].startswith("note: the search space varies model.hidden, which the runs of a pack")
+    shown = json.loads(invoke("jobs", "show", job_id, "--json", "--token", token))
+    assert list(shown["config"]["search"]["space"]) == ["model.hidden", "optim.lr"]
+    assert "QUEUED the search space varies model.hidden" in invoke("jobs", "show", job_id, "--token", token)
+    invoke("jobs", "cancel", job_id, "--token", token)
+    missing = runner.invoke(app, ["submit", "--space", str(tmp_path / "nope.yaml"), "--token", token])
+    assert missing.exit_code == 2 and "space file not found" in missing.output
+    unknown = runner.invoke(app, ["submit", "--hyperopt-trials", "2", "--space", str(space), "--token", token,
+                                  "--config", str(_write(tmp_path / "c.yaml", "model: {hiddn: 3}\n"))])  # fmt: skip
+    assert unknown.exit_code == 1 and "422" in unknown.output
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def test_submit_follow_list_show_cancel_retry(served: tuple[Controller, str], tmp_path: Path) -> None:
     controller, _ = served
     token = controller.headers["alice"]["Authorization"].split()[1]

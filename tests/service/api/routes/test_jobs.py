@@ -408,6 +408,45 @@ def test_a_real_job_with_two_trials_runs_the_whole_pipeline_on_cpu(
     assert json.loads((job_dir / "run" / "status.json").read_text())["status"] == "Succeeded"
 
 
+def test_a_real_search_of_a_shape_trains_the_trials_that_drew_one_value_as_a_pack_and_the_other_alone(
+    tmp_path: Path, controller_factory: Callable[[Settings], Controller]
+) -> None:
+    """The job's own space searches model.head_hidden, which a pack's runs cannot vary. With run.seed 0 the study's
+    sampler draws head_hidden 16, 8, 16 for trials 0, 1, 2 (Optuna pinned): trials 0 and 2 train as one pack, trial
+    1 alone, and the job said so from its submission."""
+    c = controller_factory(make_settings(tmp_path, local_command=list(DEFAULT_LOCAL_COMMAND)))
+    config = tiny_train_config(steps=4)
+    config["run"]["cpu_threads"] = 1
+    config["search"] = {
+        "space": {
+            "model.head_hidden": {"type": "categorical", "choices": [8, 16]},
+            "optim.lr": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True},
+        }
+    }
+    created = c.request("POST", "/v1/jobs", json={"config": config, "pool": "cpu", "hyperopt_trials": 3})
+    assert created.status_code == 201, created.text
+    assert created.json()["message"].startswith("the search space varies model.head_hidden, which the runs of a pack")
+    job = c.wait_for(created.json()["id"], timeout=300)
+    log = c.request("GET", f"/v1/jobs/{job['id']}/logs").text
+    assert job["state"] == "SUCCEEDED", log[-3000:]
+    marks = [line.split(" starting: ")[0] for line in log.splitlines() if " starting: " in line]
+    started = [mark.removeprefix("--- foxhunt: step ") for mark in marks if mark.startswith("--- foxhunt: step ")]
+    assert started[2:5] == ["hyperopt-suggest", "hyperopt-trial 0,2", "hyperopt-trial 1"]
+    assert "trial 0: model.head_hidden=16 " in log and "trial 1: model.head_hidden=8 " in log
+    assert "1 of 3 trials run one per pod" in log and "packs: 3 trials in 2 pod(s): 0,2 1" in log
+    hyperopt = tmp_path / "jobs" / job["id"] / "run" / "hyperopt"
+    best = json.loads((hyperopt / "best-config.json").read_text())
+    assert best["model"]["head_hidden"] in (8, 16) and best["search"]["space"]["model.head_hidden"]["choices"] == [
+        8,
+        16,
+    ]
+    packed = {
+        trial: json.loads((hyperopt / f"trial-{trial}" / "summary.json").read_text()).get("packed")
+        for trial in range(3)
+    }
+    assert packed == {0: True, 1: None, 2: True}, packed
+
+
 def test_a_job_given_in_epochs_trains_epochs_times_2000_steps_with_the_real_trainer(
     tmp_path: Path, controller_factory: Callable[[Settings], Controller]
 ) -> None:
