@@ -95,6 +95,11 @@
 #   round13e = full13: `full` with eager, both compiles and zerocopy-bf16+combo                  -> $OUT/full/
 #   round13f = small13,prof13d: round13d without the bench (DEADLINE 300 s)
 #   round13g = bench13g: `core` with compile, compile-bf16 and zerocopy-bf16+combo (DEADLINE 220 s) -> $OUT/core/
+#   round15 (issue 32) = tests15,prof15: the C51 target kernel's tests (CPU form and GPU, Inductor too) and the
+#     fused plans with it = eager on `core` (float32; bf16 with combined kernels); then zerocopy-bf16+combo
+#     without and with run.c51_target_kernel=triton (variant suffix +c51k), each compiled afresh, twice in turn:
+#     the step time, the kernels per step and how much they move between two compilations of one variant
+#     (DEADLINE 580 s)                                  -> $OUT/gpu_tests_round15.log, $OUT/profile_round15_core.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -139,6 +144,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13e ] && { stage=full13; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round13f ] && { stage=small13,prof13d; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round13g ] && { stage=bench13g; DEADLINE="${DEADLINE:-220}"; }
+[ "$stage" = round15 ] && { stage=tests15,prof15; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
 has() { [[ ",$stage," == *",$1,"* ]]; }
@@ -182,6 +188,12 @@ if has profile; then
   timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy-bf16 --top 25 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
 fi
+
+# ---- issue 32: round 15 ----
+has tests15 && MARK="gpu or not gpu" gpu_tests gpu_tests_round15.log 200 tests/trainer/execution/kernels/test_c51.py \
+  tests/trainer/execution/plans/test_equivalence.py::test_the_c51_target_kernel_matches_eager_after_50_steps
+has prof15 && TOP=40 profile_core profile_round15_core.txt 370 \
+  zerocopy-bf16+combo zerocopy-bf16+combo+c51k zerocopy-bf16+combo zerocopy-bf16+combo+c51k
 
 # ---- issue 31: packs of runs (stage pack) ----
 if has pack; then

@@ -22,7 +22,7 @@ from trainer.algo.batch import Batch
 from trainer.algo.budgets import BUDGET_NAMES, AdamMoments, adam_update, combine_budgeted, ema, spectral_project
 from trainer.algo.losses._select import take
 from trainer.algo.losses.aux import next_state_loss
-from trainer.algo.losses.c51 import c51_cross_entropy, categorical_projection, double_dqn_action, expected_q
+from trainer.algo.losses.c51 import c51_cross_entropy, double_dqn_action, expected_q, target_distribution
 from trainer.algo.losses.causal import intervene, intervention_effects
 from trainer.algo.losses.cql import cql_penalty
 from trainer.algo.losses.ensemble import ensemble_loss
@@ -89,6 +89,9 @@ class Hyper:
     # How the attention model's self-attention runs, not what it is: the fused plans swap in the Triton
     # kernels (`trainer.execution.kernels.window_attention`).
     attend: Callable[[Tensor], Tensor] = self_attention
+    # How the C51 target is computed, not what it is: with run.c51_target_kernel = triton the fused plans swap
+    # in one Triton kernel (`trainer.execution.kernels.c51`).
+    c51_target: Callable[..., Tensor] = target_distribution
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -108,6 +111,7 @@ class Hyper:
             },
             "autocast": torch.bfloat16 if config.run.precision == "bf16" else None,
             "attend": self_attention,
+            "c51_target": target_distribution,
         }
         sections = {**loss.model_dump(), **optim.model_dump()}
         copied = {f.name: sections[f.name] for f in fields(cls) if f.name not in derived}
@@ -237,9 +241,7 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
         pt = {name: view[1] for name, view in both.items()}  # the target network's own views
         z_next = iqn_quantiles(pt, h[1, rows:], draws.tau_target, d) if hp.iqn else None  # [B, T', K, A]
     q_target_obs = expected_q(target_logits, atoms) if hp.iql else None  # [B, K, A]
-    index = a_star[:, :, None, None].expand(-1, -1, 1, d.atoms)  # [B, K, 1, N]
-    next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
-    target_pmf = categorical_projection(next_pmf, reward, batch.done, hp.gamma, atoms)  # [B, K, N], float32
+    target_pmf = hp.c51_target(next_logits, a_star, reward, batch.done, hp.gamma, atoms)  # [B, K, N], float32
     z_target = None
     if z_next is not None:
         z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)

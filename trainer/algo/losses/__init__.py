@@ -11,6 +11,7 @@ from trainer.algo.losses.c51 import (
     double_dqn_action,
     dueling_logits,
     expected_q,
+    target_distribution,
 )
 from trainer.algo.losses.causal import intervene, intervention_effects
 from trainer.algo.losses.cql import cql_penalty
@@ -36,4 +37,5 @@ __all__ = [
     "iqn_target",
     "next_state_loss",
     "quantile_huber_loss",
+    "target_distribution",
 ]

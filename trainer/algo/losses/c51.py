@@ -46,6 +46,19 @@ def categorical_projection(next_pmf: Tensor, reward: Tensor, done: Tensor, gamma
     return (next_pmf[:, :, :, None] * weight[:, None, :, :].to(next_pmf.dtype)).sum(2)  # [B, K, N]
 
 
+def target_distribution(
+    next_logits: Tensor, a_star: Tensor, reward: Tensor, done: Tensor, gamma: float, support: Tensor
+) -> Tensor:
+    """The C51 target: the target net's distribution at the Double-DQN action, softmax(next_logits[a*]),
+    projected onto the support for reward + gamma (1 - done) z. next_logits [B, K, A, N], a_star [B, K]."""
+    sizes: dict[str, int] = {}
+    expect_shape("target_distribution", "next_logits", next_logits, "B K A N", sizes)
+    expect_shape("target_distribution", "a_star", a_star, "B K", sizes)
+    index = a_star[:, :, None, None].expand(-1, -1, 1, next_logits.shape[-1])  # [B, K, 1, N]
+    next_pmf = next_logits.gather(2, index).squeeze(2).softmax(-1)  # [B, K, N]
+    return categorical_projection(next_pmf, reward, done, gamma, support)  # [B, K, N]
+
+
 def expected_q(logits: Tensor, support: Tensor) -> Tensor:
     """Q(s, a) = sum_n softmax(logits)_n z_n, per branch and action."""
     sizes: dict[str, int] = {}

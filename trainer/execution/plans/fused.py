@@ -163,6 +163,10 @@ class FusedPlan(DualStreamPlan):
         model = config.model
         if self.compiled and window_attention.supports(model.attn_window, model.attn_dim // model.attn_heads):
             hp = dataclasses.replace(hp, attend=window_attention.window_attention_fused)
+        if self.compiled and config.run.c51_target_kernel == "triton":  # the config refuses too many atoms
+            from trainer.execution.kernels import c51
+
+            hp = dataclasses.replace(hp, c51_target=c51.c51_target)
         return hp
 
     @functools.cached_property

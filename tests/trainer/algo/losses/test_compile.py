@@ -35,6 +35,7 @@ def cases(gen: torch.Generator) -> dict[str, Case]:
     q = torch.randn(B, K, A, generator=gen)
     return {
         "categorical_projection": (losses.categorical_projection, (pmf, reward, done, 0.99, support)),
+        "target_distribution": (losses.target_distribution, (logits, action, reward, done, 0.99, support)),
         "double_dqn_action": (losses.double_dqn_action, (logits, support)),
         "c51_cross_entropy": (losses.c51_cross_entropy, (logits, action, pmf)),
         "expected_q": (losses.expected_q, (logits, support)),

@@ -128,13 +128,26 @@ def test_fused_bf16_matches_eager_after_50_steps(combo: bool, config_name: str) 
     assert_fed_plan_matches_eager(FusedPlan, config_name, precision="bf16", combo_kernels=combo)
 
 
+@pytest.mark.parametrize(
+    ("plan_class", "precision"), [(FusedFp32, "auto"), (FusedPlan, "bf16")], ids=["fused-fp32", "fused-bf16-combo"]
+)
+def test_the_c51_target_kernel_matches_eager_after_50_steps(plan_class: type[GraphPlan], precision: str) -> None:
+    """run.c51_target_kernel = triton (`trainer.execution.kernels.c51` inside the compiled step) on `core`."""
+    assert_fed_plan_matches_eager(plan_class, "core", precision, combo_kernels=precision == "bf16", c51="triton")
+
+
 def assert_fed_plan_matches_eager(
-    plan_class: type[GraphPlan], config_name: str, precision: str = "auto", combo_kernels: bool = False
+    plan_class: type[GraphPlan],
+    config_name: str,
+    precision: str = "auto",
+    combo_kernels: bool = False,
+    c51: str = "inductor",
 ) -> None:
     """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor."""
     config = config_for(config_name)
     config.run.precision = precision  # read by the plan; eager below runs float32
     config.run.combo_kernels = combo_kernels
+    config.run.c51_target_kernel = c51  # the fused plans' choice; eager runs the written form
     hp = Hyper.from_config(config_for(config_name))
     replay = new_replay(config)
     inputs = fed_inputs(config, replay, STEPS)
@@ -148,7 +161,7 @@ def assert_fed_plan_matches_eager(
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision}, combo kernels: {combo_kernels})"
+    name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision}, combo: {combo_kernels}, C51: {c51})"
     print(f"{config_name} {name} relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
     assert_within(errors, plan_class, precision)
