@@ -7,7 +7,6 @@ runs. Every field has a description and bounds; the CLI overrides fields by dott
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from pathlib import Path
@@ -506,7 +505,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def with_values(base: TrainConfig, values: dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:
     """`base` with each dotted field set to its exact value (a trial's parameters), then `overrides`, validated."""
-    tree = copy.deepcopy(base.model_dump(mode="json"))
+    tree = base.model_dump(mode="json")  # a new document: the config is not touched
     for name, value in values.items():
         *sections, field = name.split(".")
         node = tree
