@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -106,3 +107,23 @@ def matrix_mask(layout: ParamLayout) -> torch.Tensor:
     for spec in layout.matrices():
         layout.views(mask)[spec.name].fill_(True)
     return mask
+
+
+def steps_with_kernels(config: TrainConfig, kernels: dict[str, Any], updates: int = 3) -> TrainState:
+    """`updates` CPU training steps with the step's kernels swapped (`Hyper` fields, as a fused plan swaps them)
+    beside the same steps as written: each update's losses and, at the end, every state tensor agree. The
+    swapped run's state, for what the caller checks has trained."""
+    from trainer.algo.step import Draws, Hyper, StepFlags, train_step
+
+    reference, swapped = tiny_state(config), tiny_state(config)
+    hp = Hyper.from_config(config)
+    hp_kernels = dataclasses.replace(hp, **kernels)
+    for step in range(updates):
+        batch = random_batch(reference, 16, seed=step)
+        draws = Draws.empty(reference.dims, 16, torch.device("cpu")).fill_(torch.Generator().manual_seed(step))
+        want = train_step(reference, batch, draws, hp, StepFlags())
+        got = train_step(swapped, batch, draws, hp_kernels, StepFlags())
+        torch.testing.assert_close(got.losses, want.losses, rtol=1e-5, atol=1e-6)
+    for name, tensor in reference.tensors().items():
+        torch.testing.assert_close(swapped.tensors()[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+    return swapped
