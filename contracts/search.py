@@ -52,6 +52,8 @@ class SearchDimension(BaseModel):
             raise ValueError(f"log sampling needs low > 0, got {self.low}")
         if self.step is not None and self.step <= 0:
             raise ValueError(f"step must be > 0, got {self.step}")
+        if self.log and self.step is not None:
+            raise ValueError("log and step do not go together (log sampling is continuous)")
         if self.type == "int" and not (self.low.is_integer() and self.high.is_integer()):
             raise ValueError(f"int needs whole low/high, got {self.low}..{self.high}")
         return self

@@ -20,6 +20,7 @@ HIDDEN = {"model.hidden": {"type": "categorical", "choices": [16, 32]}}
         ({"type": "float", "low": 0.1, "high": 0.01}, "low (0.1) must not exceed high (0.01)"),
         ({"type": "float", "low": 0.0, "high": 0.1, "log": True}, "log sampling needs low > 0"),
         ({"type": "float", "low": 0.0, "high": 0.1, "step": 0}, "step must be > 0"),
+        ({"type": "float", "low": 0.1, "high": 1.0, "log": True, "step": 0.1}, "log and step do not go together"),
         ({"type": "int", "low": 8.5, "high": 64}, "int needs whole low/high"),
         ({"type": "float", "low": 0.0, "high": float("inf")}, "finite number"),
         ({"type": "categorical", "choices": []}, "non-empty 'choices'"),
