@@ -554,8 +554,26 @@ EOF
   wait_for containerd 30 ctr version
 }
 
+# The node's images outlive `down` (IMAGES_ROOT), and every checkout's trainer image is a new 5 GB one:
+# an image replaced on the node is forgotten, so that the layers no other image shares are collected.
+forget_image() {  # forget_image REF: drops REF, then CRI's names by id (sha256:...) of images left unnamed
+  ctr images rm --sync "$1" >/dev/null 2>&1 || true
+  ctr images ls | awk 'NR > 1 && $1 !~ /^sha256:/ { named[$3] = 1 } NR > 1 && $1 ~ /^sha256:/ { id[$1] = $3 }
+    END { for (ref in id) if (!(id[ref] in named)) print ref }' \
+    | xargs -r "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCKET" --namespace k8s.io images rm --sync >/dev/null 2>&1
+}
+
+forget_other_tags() {  # forget_other_tags REF: forgets the node's images of REF's repository under other tags
+  local ref="$1" other
+  for other in $(ctr images ls -q | awk -v repo="${ref%:*}:" -v ref="$ref" 'index($1, repo) == 1 && $1 != ref'); do
+    log "forgetting $other"
+    forget_image "$other"
+  done
+}
+
 image_from_files() {  # image_from_files REF ENTRYPOINT DIR: a one-layer image of DIR's files into containerd
   local ref="$1" entrypoint="$2" dir="$3" work diff
+  forget_image "docker.io/$ref"  # the one an earlier `up` made
   work="$(mktemp -d)"
   tar -C "$dir" --owner=0 --group=0 --numeric-owner -cf "$work/layer.tar" .
   diff="$(sha256sum "$work/layer.tar" | cut -d' ' -f1)"
@@ -659,6 +677,7 @@ load_images() {  # load_images IMAGE...: from the Docker engine (DOCKER, DOCKER_
       continue
     fi
     "${DOCKER:-docker}" image inspect "$image" >/dev/null || { log "$image: not in the Docker engine"; return 1; }
+    forget_other_tags "docker.io/library/$image"
     timed "load $image" bash -c '"$1" save "$2" | "$3" --address "$4" --namespace k8s.io images import -' _ \
       "${DOCKER:-docker}" "$image" "$CONTAINERD_BIN/ctr" "$CONTAINERD_SOCKET" >/dev/null
   done

@@ -41,7 +41,7 @@ class Engine:
 
 @contextmanager
 def docker_engine(root: Path = CACHE) -> Iterator[Engine]:
-    """dockerd with its data under `root`; stopped at the end, the data kept."""
+    """dockerd with its data under `root`; stopped at the end, its tagged images and build cache kept."""
     dockerd = ensure_debian_packages("dockerd", "docker.io")
     ensure_debian_packages("debootstrap", "debootstrap")
     root.mkdir(parents=True, exist_ok=True)
@@ -68,6 +68,10 @@ def docker_engine(root: Path = CACHE) -> Iterator[Engine]:
     finally:
         for container in client("ps", "-aq", check=False).stdout.split():
             client("rm", "-f", container, check=False)
+        # Every rebuild leaves the image its tag moved away from (5 GB for a trainer) and more build cache:
+        # the cache keeps tagged images and the newest 4 GB of build cache, or it fills the disk in a few runs.
+        client("image", "prune", "--force", check=False)
+        client("builder", "prune", "--force", "--keep-storage", "4GB", check=False)
         stop_process(process, timeout=60)
         log.close()
         # The engine leaves its netns mounted under the exec root; unmount what is ours, deepest first.

@@ -202,6 +202,9 @@ def trainer_image(cluster: Cluster) -> str:
         assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
         image_id = engine("image", "inspect", "--format", "{{.Id}}", "foxhunt-trainer:cluster-tests").stdout
         tag = image_id.strip().removeprefix("sha256:")[:12]
+        for stale in engine("images", "foxhunt-trainer", "--format", "{{.Tag}}").stdout.split():
+            if stale not in {tag, "cluster-tests", "images-test"}:  # an earlier checkout's, now unused
+                engine("rmi", f"foxhunt-trainer:{stale}")
         engine("tag", "foxhunt-trainer:cluster-tests", f"foxhunt-trainer:{tag}")
         loaded = subprocess.run(
             [str(SCRIPT), "load", f"foxhunt-trainer:{tag}"], env=env, capture_output=True, text=True, timeout=1800
