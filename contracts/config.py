@@ -256,14 +256,15 @@ class RunConfig(_Section):
             "kernel by itself plus copies of its inputs). Kept so that stored configs naming it still load."
         ),
     )
-    c51_target_kernel: Literal["inductor", "triton"] = Field(
-        "inductor",
+    c51_target_kernel: Literal["auto", "inductor", "triton"] = Field(
+        "auto",
         description=(
             "How the fused and zerocopy plans compute the C51 target on a GPU (the Double-DQN gather, the target "
-            "softmax and the projection): Inductor's fusion of the written form, or 'triton', one kernel with one "
-            f"program per sample (at most {C51_KERNEL_MAX_ATOMS} atoms). On an H100 (round 14) 'triton' took the "
-            "step from 0.848 to 0.810 ms with one kernel more; the default stays until an H200 measures it. No "
-            "effect on the other plans, on packs, nor on the CPU."
+            "softmax and the projection): Inductor's fusion of the written form ('inductor'), or one Triton kernel "
+            f"with one program per sample ('triton', at most {C51_KERNEL_MAX_ATOMS} atoms); 'auto' is 'triton' "
+            "where the atoms fit, else 'inductor'. On an H100 'triton' took `core`'s zerocopy-bf16+combo step "
+            "from 0.836 and 0.841 ms to 0.799 and 0.798 ms (two compilations each, 2026-12-06). No effect on the "
+            "other plans, on packs, nor on the CPU."
         ),
     )
     precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(

@@ -97,7 +97,8 @@
 #   round13g = bench13g: `core` with compile, compile-bf16 and zerocopy-bf16+combo (DEADLINE 220 s) -> $OUT/core/
 #   round15 (issue 32) = tests15,prof15: the C51 target kernel's tests (CPU form and GPU, Inductor too) and the
 #     fused plans with it = eager on `core` (float32; bf16 with combined kernels); then zerocopy-bf16+combo
-#     without and with run.c51_target_kernel=triton (variant suffix +c51k), each compiled afresh, twice in turn:
+#     with run.c51_target_kernel=inductor (variant suffix +c51i) and with the kernel (since round 15 the default,
+#     `auto`), each compiled afresh, twice in turn:
 #     the step time, the kernels per step and how much they move between two compilations of one variant
 #     (DEADLINE 580 s)                                  -> $OUT/gpu_tests_round15.log, $OUT/profile_round15_core.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
@@ -189,12 +190,6 @@ if has profile; then
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
 fi
 
-# ---- issue 32: round 15 ----
-has tests15 && MARK="gpu or not gpu" gpu_tests gpu_tests_round15.log 200 tests/trainer/execution/kernels/test_c51.py \
-  tests/trainer/execution/plans/test_equivalence.py::test_the_c51_target_kernel_matches_eager_after_50_steps
-has prof15 && TOP=40 profile_core profile_round15_core.txt 370 \
-  zerocopy-bf16+combo zerocopy-bf16+combo+c51k zerocopy-bf16+combo zerocopy-bf16+combo+c51k
-
 # ---- issue 31: packs of runs (stage pack) ----
 if has pack; then
   budget=$(left 200)
@@ -209,8 +204,11 @@ fi
 if has packtrain; then
   budget=$(left 90)
   timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" \
-    tests/trainer/execution/test_pack_collect.py tests/trainer/algo/replay 2>&1 | tee "$OUT/packtrain_tests.log" | tail -8
-  timeout "$(left 480)" python3 scripts/pack_recipes.py --out "$OUT/packtrain" --max-seconds 180 2>&1 | tee "$OUT/packtrain.log" | tail -30
+    tests/trainer/execution/test_pack_collect.py tests/trainer/algo/replay tests/trainer/execution/data/test_transfer.py 2>&1 \
+    | tee "$OUT/packtrain_tests.log" | tail -8
+  timeout "$(left 480)" python3 scripts/pack_recipes.py --out "$OUT/packtrain" --max-seconds 180 ${PACKTRAIN_ARGS:-} 2>&1 \
+    | tee "$OUT/packtrain.log" | tail -30
+  find "$OUT/packtrain/runs" -type f ! -name "*.json" -delete 2>/dev/null  # checkpoints: too large to come back
 fi
 
 # ---- issue 15: the market's collection graph (stage collect) ----
@@ -245,6 +243,13 @@ gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   timeout "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
 }
+
+# ---- issue 32: round 15 ----
+has tests15 && MARK="gpu or not gpu" gpu_tests gpu_tests_round15.log 200 tests/trainer/execution/kernels/test_c51.py \
+  tests/trainer/execution/plans/test_equivalence.py::test_the_c51_target_kernel_matches_eager_after_50_steps
+has prof15 && TOP=40 profile_core profile_round15_core.txt 370 \
+  zerocopy-bf16+combo+c51i zerocopy-bf16+combo zerocopy-bf16+combo+c51i zerocopy-bf16+combo
+
 bf16_test="tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
 
 # round 2

@@ -90,7 +90,11 @@ def _combo_grouping(nodes: int) -> Iterator[None]:
         ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(default)
 
 
-OVERRIDE_FLAGS = {"tree": "replay.search=tree", "c51k": "run.c51_target_kernel=triton"}
+OVERRIDE_FLAGS = {
+    "tree": "replay.search=tree",
+    "c51k": "run.c51_target_kernel=triton",
+    "c51i": "run.c51_target_kernel=inductor",
+}
 """Variant flags that are config overrides."""
 SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "combo16": lambda: combo_kernel_cap(16),

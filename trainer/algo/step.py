@@ -89,7 +89,7 @@ class Hyper:
     # How the attention model's self-attention runs, not what it is: the fused plans swap in the Triton
     # kernels (`trainer.execution.kernels.window_attention`).
     attend: Callable[[Tensor], Tensor] = self_attention
-    # How the C51 target is computed, not what it is: with run.c51_target_kernel = triton the fused plans swap
+    # How the C51 target is computed, not what it is: by run.c51_target_kernel (auto, triton) the fused plans swap
     # in one Triton kernel (`trainer.execution.kernels.c51`).
     c51_target: Callable[..., Tensor] = target_distribution
 

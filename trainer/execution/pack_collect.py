@@ -40,6 +40,7 @@ from trainer.algo.replay.sampler import sum_paths
 from trainer.algo.replay.storage import TensorStorage
 from trainer.algo.replay.writer import HostAdd, RingWriter, backfill_host
 from trainer.execution.data.gym_source import GymSource, HostStep, batch_obs, flatten_obs, linear_epsilon
+from trainer.execution.data.transfer import host_to_device
 from trainer.execution.pack import Pack
 from trainer.runtime.timing import StepTimer
 
@@ -73,6 +74,16 @@ class PackCollector:
         self.leaves, self.depth, self.capacity = sampler.leaves, sampler.depth, sampler.capacity
         self.whole_levels = self.device.type == "cuda"  # one kernel a level of all K trees: fewer launches
         self.greedy = torch.func.vmap(self._greedy)  # ([L, P], [L, N, F]) -> [L, N, K]
+        self._indices: dict[tuple[int, ...], Tensor] = {}  # live runs -> their index [L] on the device
+
+    def to_device(self, host: np.ndarray) -> Tensor:
+        return host_to_device(host, self.device)
+
+    def live_index(self, live: Sequence[int]) -> Tensor:
+        key = tuple(live)
+        if key not in self._indices:
+            self._indices[key] = torch.tensor(key, dtype=torch.int64, device=self.device)
+        return self._indices[key]
 
     def _greedy(self, online: Tensor, obs: Tensor) -> Tensor:
         """One run's greedy actions [N, K] from its flat parameters [P] (vmap's body)."""
@@ -91,7 +102,7 @@ class PackCollector:
         with each run's own schedule; timed as act, env and store on `timer` (the pack's collection is one)."""
         if not live:
             return
-        index = torch.tensor(list(live), dtype=torch.int64, device=self.device)  # [L]
+        index = self.live_index(live)  # [L]
         for update in range(step, step + updates):
             epsilon = [linear_epsilon(update, *self.schedules[i]) for i in live]
             for _ in range(self.env_steps):
@@ -100,7 +111,7 @@ class PackCollector:
     def step(self, live: list[int], index: Tensor, epsilon: list[float], timer: StepTimer) -> None:
         """One step of every live run's envs: act, step, store."""
         with timer.section("act"):
-            obs = torch.from_numpy(np.stack([self.sources[i].observation for i in live])).to(self.device)  # [L, N, F]
+            obs = self.to_device(np.stack([self.sources[i].observation for i in live]))  # [L, N, F]
             with torch.no_grad():
                 greedy = self.act(live, index, obs.to(torch.float32)).to(torch.int64)  # [L, N, K]
         with timer.section("env"):
@@ -121,27 +132,27 @@ class PackCollector:
             torch.rand(n, 1, generator=self.explore[i], out=draw[row])
             torch.randint(0, self.actions, (n, k), generator=self.explore[i], out=random[row])
         # a float32 ε per run: a float32 tensor compared with a Python float compares in float32 too
-        threshold = torch.tensor(epsilon, dtype=torch.float32, device=self.device)[:, None, None]  # [L, 1, 1]
+        threshold = self.to_device(np.asarray(epsilon, dtype=np.float32))[:, None, None]  # [L, 1, 1]
         return torch.where(draw < threshold, random, greedy)
 
     def store(self, live: list[int], index: Tensor, obs: Tensor, action: Tensor, steps: list[HostStep]) -> None:
         """Every live run's rows (`obs` [L, N, F] and `action` [L, N, K] as acted on, the rest in `steps`) into its
         rows of the stacked replay, as each run's `ReplayBuffer.add` would write them."""
-        pack, dev, n = self.pack, self.device, self.streams
+        pack, n = self.pack, self.streams
         plans: list[HostAdd] = [self.writers[i].advance(step.last) for i, step in zip(live, steps, strict=True)]
         serial = np.stack([plan.serial for plan in plans])  # [L, N]
-        slots = torch.from_numpy(serial % self.capacity).to(dev, non_blocking=True)  # [L, N]
+        slots = self.to_device(serial % self.capacity)  # [L, N]
         run = index[:, None].expand(-1, n)  # [L, N]
         storage = pack.storage
         storage["obs"][run, slots] = obs.to(storage["obs"].dtype)
-        next_obs = torch.from_numpy(np.stack([step.next_obs for step in steps])).to(dev)  # [L, N, F]
+        next_obs = self.to_device(np.stack([step.next_obs for step in steps]))  # [L, N, F]
         storage["next_obs"][run, slots] = next_obs.to(storage["next_obs"].dtype)
         storage["action"][run, slots] = action
         host = np.stack([np.stack([step.reward, step.done]) for step in steps])  # [L, 2, N] float32
-        columns = torch.from_numpy(host).to(dev)
+        columns = self.to_device(host)
         storage["reward"][run, slots] = columns[:, 0]
         storage["done"][run, slots] = columns[:, 1]
-        meta = torch.from_numpy(np.stack([plan.meta for plan in plans])).to(dev)  # [L, 5, N]
+        meta = self.to_device(np.stack([plan.meta for plan in plans]))  # [L, 5, N]
         for row, name in enumerate(TensorStorage.META):
             storage[name][run, slots] = meta[:, row]
         self.prioritise(live, index, run, slots)
@@ -149,7 +160,7 @@ class PackCollector:
             if len(plan.ended_start):
                 backfill_host(self.storages[i], plan.ended_start, plan.ended_length, n, self.writers[i].written)
         lengths = np.stack([plan.stream_step for plan in plans])  # [L, N]
-        storage["stream_len"][index] = torch.from_numpy(lengths).to(dev)
+        storage["stream_len"][index] = self.to_device(lengths)
 
     def prioritise(self, live: list[int], index: Tensor, run: Tensor, slots: Tensor) -> None:
         """`PrioritizedSampler.on_write` of every live run: new slots get p = max priority so far, to the α."""
@@ -169,7 +180,7 @@ class PackCollector:
         else:
             sum_paths(trees, run.reshape(-1), leaves.reshape(-1), self.depth)
         sizes = [min(len(self.writers[i]), self.capacity) for i in live]
-        sampler["size"][index] = torch.tensor(sizes, dtype=torch.int64, device=self.device)
+        sampler["size"][index] = self.to_device(np.asarray(sizes, dtype=np.int64))
 
     def evaluate(self, runs: Sequence[int], episodes: int, seeds: Sequence[int]) -> list[list[float]]:
         """`GymSource.evaluate` of every run in `runs` at once ([R][episodes] undiscounted returns): run r's episode

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from contracts.config import ConfigError, check_env_id
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions, goal_columns
+from trainer.execution.data.transfer import host_to_device
 
 GreedyFn = Callable[[Tensor], Tensor]
 """Greedy action of a policy: obs [N, F] float32 -> actions [N, K] int64, on the training device."""
@@ -229,7 +230,7 @@ class GymSource:
         """Pick the actions and send them (async envs start stepping); `finish_collect` returns the rows."""
         if self._sent is not None:
             raise RuntimeError("start_collect called twice without finish_collect")
-        obs = torch.from_numpy(self._obs).to(self.device)  # [N, F]
+        obs = host_to_device(self._obs, self.device)  # [N, F]
         if greedy_fn is None:
             greedy = torch.zeros(self.num_envs, self.spec.branches, dtype=torch.int64, device=self.device)
             epsilon = 1.0
@@ -259,9 +260,9 @@ class GymSource:
         rows = Transitions(
             obs=step.obs,
             action=step.action,
-            reward=torch.from_numpy(step.reward).to(self.device),
-            next_obs=torch.from_numpy(step.next_obs).to(self.device),
-            done=torch.from_numpy(step.done).to(self.device),
+            reward=host_to_device(step.reward, self.device),
+            next_obs=host_to_device(step.next_obs, self.device),
+            done=host_to_device(step.done, self.device),
             last=torch.from_numpy(step.last),
             episode_step=torch.from_numpy(step.episode_step),
         )

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from contracts.config import TrainConfig
+from contracts.config import C51_KERNEL_MAX_ATOMS, TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.step import Hyper, SectionTimer, StepFlags, StepOutput, train_step
 from trainer.execution.plans._capture import StreamRouter
@@ -163,7 +163,8 @@ class FusedPlan(DualStreamPlan):
         model = config.model
         if self.compiled and window_attention.supports(model.attn_window, model.attn_dim // model.attn_heads):
             hp = dataclasses.replace(hp, attend=window_attention.window_attention_fused)
-        if self.compiled and config.run.c51_target_kernel == "triton":  # the config refuses too many atoms
+        kernel = config.run.c51_target_kernel  # 'triton' with too many atoms: the config refuses it
+        if self.compiled and (kernel == "triton" or (kernel == "auto" and model.atoms <= C51_KERNEL_MAX_ATOMS)):
             from trainer.execution.kernels import c51
 
             hp = dataclasses.replace(hp, c51_target=c51.c51_target)

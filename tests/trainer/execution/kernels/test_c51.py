@@ -90,8 +90,12 @@ def test_compiled_on_the_gpu_the_target_is_the_kernel() -> None:
     torch.testing.assert_close(target, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_fused_plans_run_the_kernel_when_the_config_asks_and_the_other_plans_never() -> None:
+def test_the_fused_plans_run_the_kernel_by_default_where_the_atoms_fit_and_the_other_plans_never() -> None:
     fused, graph = object.__new__(FusedPlan), object.__new__(GraphPlan)  # hyper() reads the config alone
-    asked = tiny_config(["run.c51_target_kernel=triton"])
-    assert fused.hyper(asked).c51_target is c51_target and fused.hyper(tiny_config()).c51_target is target_distribution
-    assert graph.hyper(asked).c51_target is target_distribution
+    asked, default = tiny_config(["run.c51_target_kernel=triton"]), tiny_config()
+    assert default.run.c51_target_kernel == "auto"
+    assert fused.hyper(asked).c51_target is c51_target and fused.hyper(default).c51_target is c51_target
+    too_wide = tiny_config([f"model.atoms={C51_KERNEL_MAX_ATOMS + 1}"])  # auto: Inductor's form, not a refusal
+    assert fused.hyper(too_wide).c51_target is target_distribution
+    assert fused.hyper(tiny_config(["run.c51_target_kernel=inductor"])).c51_target is target_distribution
+    assert graph.hyper(asked).c51_target is target_distribution and graph.hyper(default).c51_target is target_distribution
