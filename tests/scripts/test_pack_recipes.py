@@ -50,4 +50,18 @@ def test_a_row_cut_by_its_time_limit_says_so(tmp_path: Path) -> None:
         argv += ["-o", override]
     (pack,) = main(argv)["rows"]
     assert pack["time_limit"] is True and pack["updates"] == 2
-    assert "| pack K=2 cpu | pack-eager | 2 (time limit) |" in table([pack], 475, "solo")
+    assert "| pack K=2 cpu | pack-eager | 2 (time limit) |" in table([pack], "475", "solo")
+
+
+def test_the_market_scores_each_seed_by_its_margin_over_the_heuristic(tmp_path: Path) -> None:
+    argv = ["--out", str(tmp_path), "--config", "examples/market.yaml", "--device", "cpu", "--plan", "eager"]
+    argv += ["--pack", "2", "--steps", "10", "--cpu-steps", "0", "--margin", "-100", "--max-seconds", "0"]
+    for override in ["run.eval_every=10", "run.eval_select_episodes=1", "run.eval_episodes=2", "data.learning_starts=64"]:
+        argv += ["-o", override]
+    document = main(argv)
+    pack, solo = document["rows"]
+    summary = json.loads((tmp_path / "runs" / "pack" / "seed-1" / "summary.json").read_text())
+    assert pack["scores"][0] == summary["margin_over_heuristic"] != summary["eval_return_mean"]
+    assert pack["reached"] == 2 and solo["reached"] == 1  # every margin is above -100
+    assert "| reached margin -100 |" in document["table"] and document["margin"] == -100
+    assert f"{summary['margin_over_heuristic']:+.2f}" in document["table"].splitlines()[2]
