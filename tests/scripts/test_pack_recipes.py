@@ -56,7 +56,8 @@ def test_a_row_cut_by_its_time_limit_says_so(tmp_path: Path) -> None:
 def test_the_market_scores_each_seed_by_its_margin_over_the_heuristic(tmp_path: Path) -> None:
     argv = ["--out", str(tmp_path), "--config", "examples/market.yaml", "--device", "cpu", "--plan", "eager"]
     argv += ["--pack", "2", "--steps", "10", "--cpu-steps", "0", "--margin", "-100", "--max-seconds", "0"]
-    for override in ["run.eval_every=10", "run.eval_select_episodes=1", "run.eval_episodes=2", "data.learning_starts=64"]:
+    short = ["run.eval_every=10", "run.eval_select_episodes=1", "run.eval_episodes=2", "data.learning_starts=64"]
+    for override in short:
         argv += ["-o", override]
     document = main(argv)
     pack, solo = document["rows"]
