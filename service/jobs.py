@@ -14,7 +14,6 @@ from functools import partial
 from contracts.config import STEPS_PER_EPOCH, ConfigError, TrainConfig, check_job_settings
 from contracts.datasets import DatasetAccess, DatasetRefused, check_local_file, locate
 from contracts.packs import packing_note
-from contracts.search import DEFAULT_SPACE
 from service.api.schemas import JobCreate
 from service.auth import Principal
 from service.errors import DatasetNotAllowed, IdempotencyConflict, SettingNotAllowed, UnknownPool
@@ -160,7 +159,7 @@ class JobService:
                 deadline=body.deadline,
                 config=config.model_dump(mode="json", exclude=steps),
                 labels=dict(body.labels),
-                message=packing_note(config.search.space or DEFAULT_SPACE) if body.hyperopt_trials > 1 else None,
+                message=packing_note(config.search.space or {}) if body.hyperopt_trials > 1 else None,
             ),
             # checked and inserted in one transaction: concurrent submissions cannot overrun the quota;
             # a replay (the key's job is stored) returns that job, and no quota is checked for it

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from contracts.config import C51_KERNEL_MAX_ATOMS, TrainConfig
+from contracts.config import TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.step import Hyper, SectionTimer, StepFlags, StepOutput, train_step
 from trainer.execution.plans._capture import StreamRouter
@@ -164,10 +164,11 @@ class FusedPlan(DualStreamPlan):
         if self.compiled and window_attention.supports(model.attn_window, model.attn_dim // model.attn_heads):
             hp = dataclasses.replace(hp, attend=window_attention.window_attention_fused)
         kernel = config.run.c51_target_kernel  # 'triton' with too many atoms: the config refuses it
-        if self.compiled and (kernel == "triton" or (kernel == "auto" and model.atoms <= C51_KERNEL_MAX_ATOMS)):
+        if self.compiled and kernel != "inductor":
             from trainer.execution.kernels import c51
 
-            hp = dataclasses.replace(hp, c51_target=c51.c51_target)
+            if kernel == "triton" or c51.supports(model.atoms):
+                hp = dataclasses.replace(hp, c51_target=c51.c51_target)
         return hp
 
     @functools.cached_property
