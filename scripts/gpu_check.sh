@@ -111,9 +111,10 @@
 #     (fused-bf16,graph-bf16) beside those solo plans and zerocopy-bf16+combo (DEADLINE 560 s, its default here)
 #                                                               -> $OUT/pack_tests.log, $OUT/pack/bench.{json,md,png}
 #   packtrain (issue 31, real training): the batched collection's and the replay's GPU tests
-#     (tests/trainer/execution/test_pack_collect.py, tests/trainer/algo/replay), then scripts/pack_recipes.py: the
-#     CartPole recipe as one pack of 16 seeds beside its solo run on cuda (DEADLINE 580 s, its default here)
-#                                                               -> $OUT/packtrain_tests.log, $OUT/packtrain/
+#     (tests/trainer/execution/test_pack_collect.py, test_pack_market.py, tests/trainer/algo/replay; PACKTRAIN_TESTS=
+#     skips them), then scripts/pack_recipes.py: the CartPole recipe as one pack of 16 seeds beside its solo run on
+#     cuda, or each of PACKTRAIN_ROWS' ";"-separated option lists (DEADLINE 580 s, its default here)
+#                                                   -> $OUT/packtrain_tests.log, $OUT/packtrain<i>/, packtrain<i>.log
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
 #   script's start, so the call ends in time and keeps what the earlier stages wrote.
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
@@ -203,12 +204,16 @@ fi
 # ---- issue 31: packs in real training (stage packtrain) ----
 if has packtrain; then
   budget=$(left 90)
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" \
-    tests/trainer/execution/test_pack_collect.py tests/trainer/algo/replay tests/trainer/execution/data/test_transfer.py 2>&1 \
-    | tee "$OUT/packtrain_tests.log" | tail -8
-  timeout "$(left 480)" python3 scripts/pack_recipes.py --out "$OUT/packtrain" --max-seconds 180 ${PACKTRAIN_ARGS:-} 2>&1 \
-    | tee "$OUT/packtrain.log" | tail -30
-  rm -rf /tmp/packtrain-runs && mv "$OUT/packtrain/runs" /tmp/packtrain-runs  # too large to come back; the rows hold the results
+  [ -n "${PACKTRAIN_TESTS-1}" ] && timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" \
+    tests/trainer/execution/test_pack_collect.py tests/trainer/execution/test_pack_market.py tests/trainer/algo/replay \
+    tests/trainer/execution/data/test_transfer.py 2>&1 | tee "$OUT/packtrain_tests.log" | tail -8
+  # PACKTRAIN_ROWS: one pack_recipes.py run per ";"-separated argument list, each into $OUT/packtrain<i>/
+  IFS=';' read -ra rows <<< "${PACKTRAIN_ROWS:-${PACKTRAIN_ARGS:-}}"; [ ${#rows[@]} -eq 0 ] && rows=("")
+  for i in "${!rows[@]}"; do
+    timeout "$(left 480)" python3 scripts/pack_recipes.py --out "$OUT/packtrain$i" --max-seconds 180 ${rows[$i]} 2>&1 \
+      | tee "$OUT/packtrain$i.log" | tail -12
+    rm -rf "/tmp/packtrain-runs$i" && mv "$OUT/packtrain$i/runs" "/tmp/packtrain-runs$i"  # too large to come back
+  done
 fi
 
 # ---- issue 15: the market's collection graph (stage collect) ----

@@ -47,6 +47,25 @@ SMALL_CARTPOLE = [
     "run.batch_size=16",
 ]
 """Overrides for a real training (examples/cartpole.yaml) small enough for the CPU: the bench's and the pack's."""
+SMALL_MARKET = [
+    "model.hidden=16",
+    "model.head_hidden=8",
+    "model.iqn_hidden=8",
+    "model.iqn_embed=8",
+    "model.iqn_taus=2",
+    "model.iqn_target_taus=2",
+    "model.attn_dim=8",
+    "model.attn_ffn=8",
+    "data.num_envs=4",
+    "data.market_features=16",
+    "data.market_horizon=16",
+    "data.learning_starts=32",
+    "data.epsilon_decay_steps=40",
+    "replay.capacity=300",
+    "run.batch_size=16",
+    "run.collect_graph=false",
+]
+"""Overrides for examples/market.yaml (the torch market, HER on) small enough for the CPU: the pack's tests."""
 
 
 def tiny_config(overrides: list[str] | None = None, **sections: dict[str, Any]) -> TrainConfig:

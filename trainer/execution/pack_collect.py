@@ -7,8 +7,10 @@ one env step of the pack is
 - act: one greedy forward of every live run, `greedy_action` vmapped over the pack's stacked online parameters
   [L, P] and the runs' observations [L, N, F] (the products become batched products, as in the pack's step);
 - env: each run's ε-greedy draws from its own explore generator, in its solo run's order (K draw kernels: a
-  generator's numbers cannot be drawn in a batch), one batched pick between random and greedy, one copy of every
-  run's actions to the host, then each run's own envs stepped with its own actions;
+  generator's numbers cannot be drawn in a batch), one batched pick between random and greedy, then the runs' envs
+  stepped (`PackEnvs`): Gymnasium's (`GymPackEnvs`: one copy of every run's actions to the host, each run's own
+  vector env stepped with its own), or the torch market's (`trainer.execution.pack_market.MarketPackEnvs`: every
+  run's N markets one batch of K x N on the device, each run's noise from its own generator);
 - store: each run's writer moves its host bookkeeping on (`RingWriter.advance`), then the rows of every live run
   go into the stacked storage [K, C, ...] with one indexed write per column, and the new slots' priorities into
   the stacked sum-trees, whose changed paths are summed (`sum_paths`) or, on a GPU, whole levels of all K trees
@@ -23,7 +25,7 @@ returns differ by a rounding the greedy pick can differ, as the pack's step itse
 stated tolerance (`tests/trainer/execution/test_pack.py`). A run not in `live` (a frozen run) collects nothing.
 
 `evaluate` plays the runs' greedy episodes side by side the same way (each run's own seeds and envs, one
-batched forward a step): run i's returns are those its `GymSource.evaluate` gives.
+batched forward a step): run i's returns are those its source's `evaluate` gives.
 """
 
 from __future__ import annotations
@@ -39,10 +41,26 @@ from trainer.algo.model import greedy_action
 from trainer.algo.replay.sampler import sum_paths
 from trainer.algo.replay.storage import TensorStorage
 from trainer.algo.replay.writer import HostAdd, RingWriter, backfill_host
-from trainer.execution.data.gym_source import GymSource, HostStep, batch_obs, flatten_obs, linear_epsilon
+from trainer.execution.data.gym_source import GymSource, linear_epsilon
+from trainer.execution.data.market_torch import TorchMarketSource
 from trainer.execution.data.transfer import host_to_device
 from trainer.execution.pack import Pack
+from trainer.execution.pack_envs import GymPackEnvs, PackEnvs, PackRows
+from trainer.execution.pack_market import MarketPackEnvs
 from trainer.runtime.timing import StepTimer
+
+
+def pack_envs(sources: Sequence[object], device: torch.device) -> PackEnvs:
+    """The runs' envs as one: all Gymnasium sources (goal-free), or all torch markets; else `PackError`."""
+    gym = [source for source in sources if isinstance(source, GymSource)]
+    if len(gym) == len(sources):
+        if any(source.spec.goal is not None for source in gym):
+            raise PackError("a pack collects goal-conditioned Gymnasium rows run by run")
+        return GymPackEnvs(gym, device)
+    markets = [source for source in sources if isinstance(source, TorchMarketSource)]
+    if len(markets) == len(sources):
+        return MarketPackEnvs(markets)
+    raise PackError("a pack collects as one from Gymnasium sources or the torch market (data.market_backend torch)")
 
 
 class PackCollector:
@@ -51,15 +69,11 @@ class PackCollector:
     def __init__(self, pack: Pack, sources: Sequence[object], explore: Sequence[torch.Generator]) -> None:
         if len(sources) != pack.size or len(explore) != pack.size:
             raise PackError(f"a pack of {pack.size} runs collects from one source and generator per run")
-        gym = [source for source in sources if isinstance(source, GymSource)]
-        if len(gym) != pack.size:
-            raise PackError("a pack collects as one from Gymnasium sources only (data.source gym, or the host market)")
         writers = [replay.writer for replay in pack.replays]
         if not all(isinstance(writer, RingWriter) for writer in writers):
             raise PackError("a pack collects as one through the replay's host writer (run.collect_graph=false)")
-        if any(replay.storage.spec.goal is not None for replay in pack.replays):
-            raise PackError("a pack collects goal-conditioned rows run by run")
-        self.pack, self.sources, self.explore = pack, gym, list(explore)
+        self.envs = pack_envs(sources, pack.device)
+        self.pack, self.explore = pack, list(explore)
         self.writers: list[RingWriter] = [w for w in writers if isinstance(w, RingWriter)]
         self.storages: list[TensorStorage] = [replay.storage for replay in pack.replays]
         self.device = pack.device
@@ -111,17 +125,14 @@ class PackCollector:
     def step(self, live: list[int], index: Tensor, epsilon: list[float], timer: StepTimer) -> None:
         """One step of every live run's envs: act, step, store."""
         with timer.section("act"):
-            obs = self.to_device(np.stack([self.sources[i].observation for i in live]))  # [L, N, F]
+            obs = self.envs.observe(live, index)  # [L, N, F]
             with torch.no_grad():
                 greedy = self.act(live, index, obs.to(torch.float32)).to(torch.int64)  # [L, N, K]
         with timer.section("env"):
             action = self.epsilon_greedy(greedy, live, epsilon)  # [L, N, K]
-            host = action.cpu().numpy()
-            for row, i in enumerate(live):
-                self.sources[i].send(obs[row], action[row], host[row])
-            steps = [self.sources[i].finish_step() for i in live]
+            rows = self.envs.step(live, index, obs, action)
         with timer.section("store"):
-            self.store(live, index, obs, action, steps)
+            self.store(live, index, obs, action, rows)
 
     def epsilon_greedy(self, greedy: Tensor, live: list[int], epsilon: list[float]) -> Tensor:
         """`epsilon_greedy` of each run, its draws from its own generator in its solo order ([L, N, K])."""
@@ -135,23 +146,23 @@ class PackCollector:
         threshold = self.to_device(np.asarray(epsilon, dtype=np.float32))[:, None, None]  # [L, 1, 1]
         return torch.where(draw < threshold, random, greedy)
 
-    def store(self, live: list[int], index: Tensor, obs: Tensor, action: Tensor, steps: list[HostStep]) -> None:
-        """Every live run's rows (`obs` [L, N, F] and `action` [L, N, K] as acted on, the rest in `steps`) into its
-        rows of the stacked replay, as each run's `ReplayBuffer.add` would write them."""
+    def store(self, live: list[int], index: Tensor, obs: Tensor, action: Tensor, rows: PackRows) -> None:
+        """Every live run's rows (`obs` [L, N, F] and `action` [L, N, K] as acted on, the envs' columns in `rows`)
+        into its rows of the stacked replay, as each run's `ReplayBuffer.add` would write them."""
         pack, n = self.pack, self.streams
-        plans: list[HostAdd] = [self.writers[i].advance(step.last) for i, step in zip(live, steps, strict=True)]
+        plans: list[HostAdd] = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
         serial = np.stack([plan.serial for plan in plans])  # [L, N]
         slots = self.to_device(serial % self.capacity)  # [L, N]
         run = index[:, None].expand(-1, n)  # [L, N]
         storage = pack.storage
         storage["obs"][run, slots] = obs.to(storage["obs"].dtype)
-        next_obs = self.to_device(np.stack([step.next_obs for step in steps]))  # [L, N, F]
-        storage["next_obs"][run, slots] = next_obs.to(storage["next_obs"].dtype)
+        storage["next_obs"][run, slots] = rows.next_obs.to(storage["next_obs"].dtype)
         storage["action"][run, slots] = action
-        host = np.stack([np.stack([step.reward, step.done]) for step in steps])  # [L, 2, N] float32
-        columns = self.to_device(host)
-        storage["reward"][run, slots] = columns[:, 0]
-        storage["done"][run, slots] = columns[:, 1]
+        storage["reward"][run, slots] = rows.reward
+        storage["done"][run, slots] = rows.done
+        if rows.achieved_goal is not None and rows.base_reward is not None:
+            storage["achieved_goal"][run, slots] = rows.achieved_goal
+            storage["base_reward"][run, slots] = rows.base_reward
         meta = self.to_device(np.stack([plan.meta for plan in plans]))  # [L, 5, N]
         for row, name in enumerate(TensorStorage.META):
             storage[name][run, slots] = meta[:, row]
@@ -183,34 +194,11 @@ class PackCollector:
         sampler["size"][index] = self.to_device(np.asarray(sizes, dtype=np.int64))
 
     def evaluate(self, runs: Sequence[int], episodes: int, seeds: Sequence[int]) -> list[list[float]]:
-        """`GymSource.evaluate` of every run in `runs` at once ([R][episodes] undiscounted returns): run r's episode
-        e is seeded seeds[r] + e in an env of its own, all of them stepped side by side, with one greedy forward of
-        every run's current network a step. Episodes that ended keep their last observation in the forward (static
-        shapes) and are not stepped; their actions are not used."""
+        """Each run in `runs`'s `episodes` greedy returns ([R][episodes]) from its seed (its source's `evaluate`),
+        all of them played at once, one batched forward of every run's current network a step."""
         if not runs or episodes == 0:
             return [[] for _ in runs]
-        index = torch.tensor(list(runs), dtype=torch.int64, device=self.device)  # [R]
         online = self.pack.state["online"]
         if len(runs) < self.pack.size:
-            online = online[index]  # [R, P]
-        envs = [[self.sources[i].make_env() for _ in range(episodes)] for i in runs]
-        starts = zip(envs, seeds, strict=True)
-        first = [[env.reset(seed=seed + e)[0] for e, env in enumerate(row)] for row, seed in starts]
-        obs = np.stack([flatten_obs(batch_obs(row)) for row in first])  # [R, E, F]
-        returns = np.zeros((len(runs), episodes))  # [R, E]
-        active = np.ones((len(runs), episodes), dtype=bool)  # [R, E]
-        with torch.no_grad():
-            while active.any():
-                greedy = self.greedy(online, torch.from_numpy(obs).to(self.device)).to(torch.int64)  # [R, E, K]
-                actions = greedy.cpu().numpy()
-                for row, e in zip(*np.nonzero(active), strict=True):
-                    source = self.sources[runs[row]]
-                    env_action = source.env_action(actions[row, e : e + 1])[0]
-                    observation, reward, terminated, truncated, _ = envs[row][e].step(env_action)
-                    returns[row, e] += float(reward)
-                    obs[row, e] = flatten_obs(batch_obs([observation]))[0]
-                    active[row, e] = not (terminated or truncated)
-        for row in envs:
-            for env in row:
-                env.close()
-        return [[float(value) for value in row] for row in returns]
+            online = online[torch.tensor(list(runs), dtype=torch.int64, device=self.device)]  # [R, P]
+        return self.envs.evaluate(runs, episodes, seeds, online, self.greedy)

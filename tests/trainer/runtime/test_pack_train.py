@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from contracts.config import TrainConfig, load_config
-from tests.factories import SMALL_CARTPOLE
+from tests.factories import SMALL_CARTPOLE, SMALL_MARKET
 from trainer.runtime.pack_train import run_pack_training
 
 CARTPOLE = Path(__file__).resolve().parents[3] / "examples" / "cartpole.yaml"
+MARKET = CARTPOLE.with_name("market.yaml")
 SMALL = [
     *SMALL_CARTPOLE,
     "model.atoms=11",
@@ -91,6 +92,39 @@ def test_a_packed_run_trains_as_its_solo_run(tmp_path: Path) -> None:
             assert torch.equal(mine.state[name], tensor), name
         for name, tensor in theirs.replay.items():
             assert torch.equal(mine.replay[name], tensor), name
+
+
+def test_a_packed_market_run_collects_and_evaluates_as_its_solo_run(tmp_path: Path) -> None:
+    """The torch market (HER and attention on), two seeds as one pack whose markets step as one batch, 20 updates:
+    each run's stored rows, evaluations and margin over the heuristic are its solo run's, bit for bit on the CPU;
+    its parameters within 1e-4 (relative norm), since with attention on the pack's step is not bit for bit
+    (tests/trainer/execution/test_pack.py: `RTOL`) and the priorities it writes back follow its losses."""
+    from trainer.runtime.checkpoint import Checkpointer
+    from trainer.runtime.train import run_training
+
+    more = ["run.steps=20", "run.log_every=10", "run.eval_every=10", "run.checkpoint_every=10", "run.plan=eager"]
+    more += ["run.eval_select_episodes=2", "run.eval_episodes=2"]
+    packed = [load_config(MARKET, [*SMALL_MARKET, *more, f"run.seed={seed}"]) for seed in (1, 2)]
+    lines: list[str] = []
+    summaries = run_pack_training(packed, [tmp_path / "pack" / f"seed-{s}" for s in (1, 2)], out=lines.append)
+    assert not [line for line in lines if "collect one by one" in line]
+    for config, summary in zip(packed, summaries, strict=True):
+        solo_dir = tmp_path / "solo" / f"seed-{config.run.seed}"
+        solo = run_training(config, solo_dir, show_progress=False, out=lambda line: None)
+        for key in ("eval_returns", "best_eval_step", "baseline_means", "margin_over_heuristic", "replay_size"):
+            assert summary[key] == solo[key], key
+        mine = Checkpointer(str(tmp_path / "pack" / f"seed-{config.run.seed}" / "checkpoints")).load_latest()
+        theirs = Checkpointer(str(solo_dir / "checkpoints")).load_latest()
+        assert mine is not None and theirs is not None
+        for name, tensor in theirs.replay.items():
+            if name.startswith("storage."):
+                assert torch.equal(mine.replay[name], tensor), name
+        for name, tensor in theirs.state.items():
+            if tensor.is_floating_point():
+                error = (mine.state[name] - tensor).norm() / tensor.norm().clamp(min=1e-12)
+                assert error <= 1e-4, (name, float(error))
+            else:
+                assert torch.equal(mine.state[name], tensor), name
 
 
 def test_a_pack_stops_at_its_time_limit_and_finishes_every_run(tmp_path: Path) -> None:

@@ -322,6 +322,14 @@ class TorchMarket:
         return out
 
 
+def accumulate_returns(running: Tensor, ended: Tensor, reward: Tensor, last: bool) -> None:
+    """Add a step's `reward` [N] to the `running` returns; at an episode's `last` step they become `ended`'s."""
+    running += reward
+    if last:
+        ended.copy_(running)
+        running.zero_()
+
+
 def signal_policy(obs: Tensor) -> Tensor:
     """Torch twin of `market.signal_policy`: target sign(regime) * alpha on the grid ([N, F] -> [N, 3])."""
     view = torch.sign(obs[:, 7:8]) * obs[:, 8:11]  # [N, 3]
@@ -444,11 +452,15 @@ class TorchMarketSource:
             episode_step=torch.full((self.num_envs,), t, dtype=torch.int64),
         )
         rows.achieved_goal, rows.base_reward = goal_columns(self.spec, rows.obs, rows.next_obs, rows.reward)
-        self._return += out.reward
-        if last:
-            self._ended.copy_(self._return)
-            self._return.zero_()
+        accumulate_returns(self._return, self._ended, out.reward, last)
         return rows
+
+    def returns_over(self, running: Tensor, ended: Tensor) -> None:
+        """Keep the running and the last ended episodes' returns in `running` and `ended` [N] from now on (a pack's
+        rows of its stacked returns, which it accumulates for all its runs at once), with their current values."""
+        running.copy_(self._return)
+        ended.copy_(self._ended)
+        self._return, self._ended = running, ended
 
     def device_state(self) -> list[Tensor]:
         """Every tensor `step_rows` writes (the market's state and noise, the returns), for a capture to restore."""

@@ -1,0 +1,169 @@
+"""The torch market's envs of a pack's runs as one batch (`trainer.execution.pack_market`): every run's markets
+step, draw and collect as they do alone (bit for bit on the CPU), HER's goal columns included, and a run left
+out stores nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from contracts.config import TrainConfig, load_config
+from contracts.packs import PackError
+from tests.factories import SMALL_MARKET
+from trainer.execution.data.market_torch import TorchMarket, TorchMarketSource
+from trainer.execution.pack import Pack, PackRun
+from trainer.execution.pack_collect import PackCollector
+from trainer.execution.pack_market import MarketPackEnvs, StackedMarkets
+from trainer.runtime.timing import StepTimer
+from trainer.runtime.train import Run, build_run, collect, fill_replay
+
+MARKET = Path(__file__).resolve().parents[3] / "examples" / "market.yaml"
+
+
+def run_configs() -> list[TrainConfig]:
+    """Three small market runs (torch market on the CPU, HER on, episodes of 16 steps): their own seed and ε."""
+    schedules = ((0.3, 0.05), (0.6, 0.02), (0.2, 0.1))
+    return [
+        load_config(MARKET, [*SMALL_MARKET, f"run.seed={seed}", f"data.epsilon_start={eps}", f"data.epsilon_end={end}"])
+        for seed, (eps, end) in zip((1, 2, 3), schedules, strict=True)
+    ]
+
+
+def built(configs: list[TrainConfig], tmp_path: Path, tag: str) -> list[Run]:
+    runs = [build_run(config, tmp_path / f"{tag}-{i}") for i, config in enumerate(configs)]
+    for i, run in enumerate(runs):
+        assert isinstance(run.source, TorchMarketSource)
+        fill_replay(run)
+        with torch.no_grad():  # different networks per run, so each run's greedy actions are its own
+            run.state.online.add_(torch.randn(run.state.online.shape, generator=torch.Generator().manual_seed(i)))
+    return runs
+
+
+def packed(configs: list[TrainConfig], runs: list[Run]) -> PackCollector:
+    pack = Pack.of(configs, [PackRun(run.state, run.replay, run.generator) for run in runs])
+    return PackCollector(pack, [run.source for run in runs], [run.explore_generator for run in runs])
+
+
+def assert_collected_alike(solo: Run, mine: Run) -> None:
+    want, got = solo.replay.state_dict(), mine.replay.state_dict()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+    assert solo.online_source.finished_returns == mine.online_source.finished_returns
+    assert torch.equal(solo.explore_generator.get_state(), mine.explore_generator.get_state())
+    theirs, ours = solo.online_source, mine.online_source
+    assert isinstance(theirs, TorchMarketSource) and isinstance(ours, TorchMarketSource)
+    assert torch.equal(theirs.market.generator.get_state(), ours.market.generator.get_state())
+    assert torch.equal(theirs.market.state.obs, ours.market.state.obs)
+
+
+def test_markets_stacked_step_as_each_steps_alone() -> None:
+    """Three markets of 5 envs as one of 15, over two episodes (resets included): every step's rewards and next
+    observations, the final state and each market's generator equal the markets stepped one by one."""
+    alone = [TorchMarket(5, seed, "cpu") for seed in (4, 5, 6)]
+    stacked_markets = [TorchMarket(5, seed, "cpu") for seed in (4, 5, 6)]
+    stacked = StackedMarkets(stacked_markets)
+    actions = torch.Generator().manual_seed(0)
+    horizon = alone[0].params.horizon
+    for t in range(2 * horizon):
+        action = torch.randint(0, 5, (15, 3), generator=actions)
+        ended = t + 1 == horizon or t + 1 == 2 * horizon
+        out = stacked.step(action, ended)
+        for i, market in enumerate(alone):
+            want = market.step(action[5 * i : 5 * (i + 1)], ended)
+            assert torch.equal(out.reward[5 * i : 5 * (i + 1)], want.reward)
+            assert torch.equal(out.next_obs[5 * i : 5 * (i + 1)], want.next_obs)
+    for market, mine in zip(alone, stacked_markets, strict=True):
+        assert torch.equal(market.state.obs, mine.state.obs)  # run i's market reads its rows of the stack
+        assert torch.equal(market.state.alpha, mine.state.alpha)
+        assert torch.equal(market.generator.get_state(), mine.generator.get_state())
+
+
+def test_batched_market_collection_stores_each_runs_solo_transitions(tmp_path: Path) -> None:
+    """60 updates of 4 envs (episodes of 16 steps end; the 300-row ring wraps) with each run's ε schedule: each
+    run's replay (HER's achieved goals and base rewards included), finished returns, generators and market equal
+    its solo run's collecting through `trainer.runtime.train.collect`."""
+    configs = run_configs()
+    solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
+    collector = packed(configs, runs)
+    assert isinstance(collector.envs, MarketPackEnvs)
+    for step in range(0, 60, 20):
+        for solo in solos:
+            solo.step = step
+            collect(solo, solo.act_fn(), 20)
+        collector.collect([0, 1, 2], step, 20, StepTimer("cpu"))
+    assert runs[0].replay.storage.achieved_goal.abs().sum() > 0  # goal columns were written
+    assert len(runs[0].online_source.finished_returns) >= 4 * 3  # episodes ended
+    for solo, mine in zip(solos, runs, strict=True):
+        assert_collected_alike(solo, mine)
+
+
+def test_a_market_run_left_out_stores_nothing(tmp_path: Path) -> None:
+    """Run 1 frozen: its replay and explore generator stay as they were (its market steps on, with actions 0,
+    beside the others); runs 0 and 2 store their solo rows."""
+    configs = run_configs()
+    solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
+    collector = packed(configs, runs)
+    before = {name: t.clone() for name, t in runs[1].replay.state_dict().items()}
+    generator = runs[1].explore_generator.get_state()
+    collector.collect([0, 2], 0, 20, StepTimer("cpu"))
+    for name, tensor in runs[1].replay.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    assert torch.equal(runs[1].explore_generator.get_state(), generator)
+    for i in (0, 2):
+        solos[i].step = 0
+        collect(solos[i], solos[i].act_fn(), 20)
+        assert_collected_alike(solos[i], runs[i])
+
+
+def test_the_market_runs_evaluations_played_at_once_score_as_each_runs_own(tmp_path: Path) -> None:
+    configs = run_configs()
+    runs = built(configs, tmp_path, "pack")
+    collector = packed(configs, runs)
+    played = collector.evaluate([0, 2], 3, [100, 300])
+    for row, i in enumerate((0, 2)):
+        assert played[row] == runs[i].source.evaluate(runs[i].act_fn(), 3, (100, 300)[row])
+    assert len({value for row in played for value in row}) == 6
+
+
+def test_markets_at_different_episode_steps_are_refused(tmp_path: Path) -> None:
+    configs = run_configs()[:2]
+    runs = built(configs, tmp_path, "pack")
+    source = runs[1].online_source
+    assert isinstance(source, TorchMarketSource)
+    source.collect(None, 1.0, runs[1].explore_generator)
+    with pytest.raises(PackError, match="same episode step"):
+        packed(configs, runs)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_random_market_collection_stores_each_runs_solo_transitions(tmp_path: Path) -> None:
+    """On cuda, every action random (ε = 1: a batched forward's rounding cannot flip a greedy pick), 60 updates:
+    each run's stored integers (actions, bookkeeping), generators and markets' draws equal its solo run's, bit for
+    bit; its float columns too, or within 1e-6 where a stacked kernel sums an env's 3 assets in another order."""
+    configs = [
+        config.model_copy(update={"run": config.run.model_copy(update={"device": "cuda"}),
+                                  "data": config.data.model_copy(update={"epsilon_start": 1.0, "epsilon_end": 1.0})})
+        for config in run_configs()
+    ]  # fmt: skip
+    solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
+    collector = packed(configs, runs)
+    for step in range(0, 60, 20):
+        for solo in solos:
+            solo.step = step
+            collect(solo, solo.act_fn(), 20)
+        collector.collect([0, 1, 2], step, 20, StepTimer("cuda"))
+    torch.cuda.synchronize()
+    for solo, mine in zip(solos, runs, strict=True):
+        want, got = solo.replay.state_dict(), mine.replay.state_dict()
+        for name, tensor in want.items():
+            if tensor.is_floating_point():
+                torch.testing.assert_close(got[name], tensor, rtol=1e-6, atol=1e-6, msg=name)
+            else:
+                assert torch.equal(got[name], tensor), name
+        assert torch.equal(solo.explore_generator.get_state(), mine.explore_generator.get_state())
+        theirs, ours = solo.online_source, mine.online_source
+        assert isinstance(theirs, TorchMarketSource) and isinstance(ours, TorchMarketSource)
+        assert torch.equal(theirs.market.generator.get_state(), ours.market.generator.get_state())
+        torch.testing.assert_close(ours.market.state.obs, theirs.market.state.obs, rtol=1e-6, atol=1e-6)
