@@ -118,6 +118,7 @@ def row(
         "reached": sum(1 for r in scores if r is not None and r >= threshold) if scored else None,
         "diverged": [s["seed"] for s in summaries if s.get("diverged_at_step") is not None],
         "time_limit": any(s.get("stopped_by_time_limit") for s in summaries),
+        "breakdown_ms": summaries[0].get("breakdown_ms"),  # per update of the last report window (a pack's: shared)
     }
 
 
@@ -211,7 +212,8 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         document["rows"].append(result)
         write_json_atomic(path, document, indent=2)
         rate = f"{result['updates_per_s']:.1f} updates/s over {result['loop_seconds']:.1f} s"
-        print(f"{result['row']}: {rate}", flush=True)
+        parts = " ".join(f"{name} {ms:.3f}" for name, ms in (result["breakdown_ms"] or {}).items())
+        print(f"{result['row']}: {rate}; ms per update (a pack's: per pack update): {parts}", flush=True)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*batching rule.*")

@@ -30,7 +30,11 @@ batched forward a step): run i's returns are those its source's `evaluate` gives
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,6 +45,7 @@ from trainer.algo.model import greedy_action
 from trainer.algo.replay.sampler import sum_paths
 from trainer.algo.replay.storage import TensorStorage
 from trainer.algo.replay.writer import HostAdd, RingWriter, backfill_host
+from trainer.execution.collect import CaptureFn, Phase, Replayable, graph_capture
 from trainer.execution.data.gym_source import GymSource, linear_epsilon
 from trainer.execution.data.market_torch import TorchMarketSource
 from trainer.execution.data.transfer import host_to_device
@@ -48,6 +53,17 @@ from trainer.execution.pack import Pack
 from trainer.execution.pack_envs import GymPackEnvs, PackEnvs, PackRows
 from trainer.execution.pack_market import MarketPackEnvs
 from trainer.runtime.timing import StepTimer
+
+
+class BlockPlan(NamedTuple):
+    """What the host knows of M collection steps of L runs, on the device (one copy each): the writers'
+    bookkeeping (`RingWriter.advance` of each step) and each run's ε."""
+
+    slots: Tensor  # [M, L, N] int64, where each step's rows go
+    meta: Tensor  # [M, L, 5, N] int64, their bookkeeping (`TensorStorage.META`)
+    lengths: Tensor  # [M, L, N] int64, each stream's running episode length after the step
+    sizes: Tensor  # [M, L] int64, the rows each run's replay holds after the step
+    threshold: Tensor  # [M, L, 1, 1] float32, each run's ε at the step's update
 
 
 def pack_envs(sources: Sequence[object], device: torch.device) -> PackEnvs:
@@ -89,6 +105,9 @@ class PackCollector:
         self.whole_levels = self.device.type == "cuda"  # one kernel a level of all K trees: fewer launches
         self.greedy = torch.func.vmap(self._greedy)  # ([L, P], [L, N, F]) -> [L, N, K]
         self._indices: dict[tuple[int, ...], Tensor] = {}  # live runs -> their index [L] on the device
+        self.capture: CaptureFn | None = graph_capture(self.device)  # the market's blocks as CUDA graphs on a GPU
+        self.block_graphs: dict[tuple[bool, ...], Replayable] = {}  # pattern of episode ends -> its graph
+        self.block_buffers: dict[int, BlockPlan] = {}  # steps of a block -> the plan its graphs read
 
     def to_device(self, host: np.ndarray) -> Tensor:
         return host_to_device(host, self.device)
@@ -113,48 +132,146 @@ class PackCollector:
 
     def collect(self, live: Sequence[int], step: int, updates: int, timer: StepTimer) -> None:
         """The rows of updates step .. step + updates - 1 of every run in `live`, ε-greedy at each update's step
-        with each run's own schedule; timed as act, env and store on `timer` (the pack's collection is one)."""
+        with each run's own schedule; timed as act, env and store on `timer` (the pack's collection is one), or
+        as `collect_graph` where the block is one CUDA graph replay (`collect_block`)."""
         if not live:
             return
         index = self.live_index(live)  # [L]
+        steps = updates * self.env_steps
+        if isinstance(self.envs, MarketPackEnvs) and len(live) == self.pack.size and steps <= self.envs.horizon:
+            self.collect_block(list(live), index, step, updates, timer)
+            return
         for update in range(step, step + updates):
-            epsilon = [linear_epsilon(update, *self.schedules[i]) for i in live]
+            threshold = self.thresholds(live, [update])[0]  # [L, 1, 1]
             for _ in range(self.env_steps):
-                self.step(list(live), index, epsilon, timer)
+                self.step(list(live), index, threshold, timer)
 
-    def step(self, live: list[int], index: Tensor, epsilon: list[float], timer: StepTimer) -> None:
+    def thresholds(self, live: Sequence[int], updates: Sequence[int]) -> Tensor:
+        """Each run's ε at each of `updates`, [U, L, 1, 1] float32 on the device: a float32 tensor compared with a
+        Python float (the solo run's `epsilon_greedy`) compares in float32 too."""
+        epsilon = [[linear_epsilon(update, *self.schedules[i]) for i in live] for update in updates]
+        return self.to_device(np.asarray(epsilon, dtype=np.float32))[..., None, None]
+
+    def step(self, live: list[int], index: Tensor, threshold: Tensor, timer: StepTimer) -> None:
         """One step of every live run's envs: act, step, store."""
         with timer.section("act"):
             obs = self.envs.observe(live, index)  # [L, N, F]
             with torch.no_grad():
                 greedy = self.act(live, index, obs.to(torch.float32)).to(torch.int64)  # [L, N, K]
         with timer.section("env"):
-            action = self.epsilon_greedy(greedy, live, epsilon)  # [L, N, K]
+            action = self.epsilon_greedy(greedy, live, threshold)  # [L, N, K]
             rows = self.envs.step(live, index, obs, action)
         with timer.section("store"):
-            self.store(live, index, obs, action, rows)
+            plans = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
+            self.store(live, index, obs, action, rows, self.plan_block(live, [plans], threshold[None]), 0)
+            self.backfill(live, [plans])
 
-    def epsilon_greedy(self, greedy: Tensor, live: list[int], epsilon: list[float]) -> Tensor:
-        """`epsilon_greedy` of each run, its draws from its own generator in its solo order ([L, N, K])."""
+    def epsilon_greedy(self, greedy: Tensor, live: list[int], threshold: Tensor) -> Tensor:
+        """`epsilon_greedy` of each run (ε `threshold` [L, 1, 1]), its draws from its own generator in its solo
+        order ([L, N, K])."""
         n, k = greedy.shape[1:]
         draw = torch.empty((len(live), n, 1), device=self.device)  # [L, N, 1]
         random = torch.empty((len(live), n, k), dtype=torch.int64, device=self.device)  # [L, N, K]
         for row, i in enumerate(live):
             torch.rand(n, 1, generator=self.explore[i], out=draw[row])
             torch.randint(0, self.actions, (n, k), generator=self.explore[i], out=random[row])
-        # a float32 ε per run: a float32 tensor compared with a Python float compares in float32 too
-        threshold = self.to_device(np.asarray(epsilon, dtype=np.float32))[:, None, None]  # [L, 1, 1]
         return torch.where(draw < threshold, random, greedy)
 
-    def store(self, live: list[int], index: Tensor, obs: Tensor, action: Tensor, rows: PackRows) -> None:
+    # ---- the torch market's blocks: every host value known up front, so a block can be one graph ----------------
+
+    def collect_block(self, live: list[int], index: Tensor, step: int, updates: int, timer: StepTimer) -> None:
+        """The M = updates x `data.env_steps_per_update` steps of every run's markets, which all end their episodes
+        at steps the host knows (`Phase`): the writers' bookkeeping and ε of all M steps made first and copied to the
+        device at once (`BlockPlan`), then the block's device work (`block_body`), captured on a GPU as one CUDA
+        graph per pattern of episode ends and replayed (timed as `collect_graph`), then the host's part."""
+        assert isinstance(self.envs, MarketPackEnvs)
+        envs, steps = self.envs, updates * self.env_steps
+        ends = Phase(envs.episode_step, steps).ends(envs.horizon)
+        plans = [[self.writers[i].advance(np.full(self.streams, end)) for i in live] for end in ends]
+        block = self.plan_block(live, plans, self.thresholds(live, [step + m // self.env_steps for m in range(steps)]))
+        if self.capture is None:
+            self.block_body(live, index, ends, block, timer)
+        else:
+            with timer.section("collect_graph"):
+                self.block_graph(live, index, ends, block).replay()
+        envs.advance(steps, ended=any(ends))
+        self.backfill(live, plans)
+
+    def block_body(
+        self, live: list[int], index: Tensor, ends: tuple[bool, ...], block: BlockPlan, timer: StepTimer | None
+    ) -> None:
+        """A block's device work, step m ending every episode iff ends[m]; timed on `timer` (None: captured)."""
+        assert isinstance(self.envs, MarketPackEnvs)
+
+        def section(name: str) -> AbstractContextManager[object]:
+            return timer.section(name) if timer is not None else contextlib.nullcontext()
+
+        for m, last in enumerate(ends):
+            with section("act"):
+                obs = self.envs.observe(live, index)  # [L, N, F]
+                with torch.no_grad():
+                    greedy = self.act(live, index, obs).to(torch.int64)  # [L, N, K]
+            with section("env"):
+                action = self.epsilon_greedy(greedy, live, block.threshold[m])
+                rows = self.envs.step_rows(live, index, obs, action, last)
+            with section("store"):
+                self.store(live, index, obs, action, rows, block, m)
+
+    def block_graph(self, live: list[int], index: Tensor, ends: tuple[bool, ...], block: BlockPlan) -> Replayable:
+        """The block's graph for its pattern of episode ends, captured the first time the pattern comes. The
+        graph reads its plan from static buffers, which `block` is copied into. Capturing warms the body up on
+        the block's own plan: it writes the rows of the slots the replay then writes again (the replay overwrites
+        every column there, the priorities' sums are recomputed from the leaves), and steps the markets and draws
+        numbers, which are put back (`device_state`, the generators) before the replay."""
+        assert isinstance(self.envs, MarketPackEnvs) and self.capture is not None
+        static = self.block_buffers.get(len(ends))
+        if static is None:
+            static = self.block_buffers[len(ends)] = BlockPlan(*(torch.empty_like(t) for t in block))
+        for buffer, values in zip(static, block, strict=True):
+            buffer.copy_(values)
+        graph = self.block_graphs.get(ends)
+        if graph is None:
+            generators = [*self.explore, *self.envs.generators()]
+            saved = [t.clone() for t in self.envs.device_state()]
+            states = [generator.get_state() for generator in generators]
+            graph = self.capture(functools.partial(self.block_body, live, index, ends, static, None), generators)
+            with torch.no_grad():
+                for tensor, value in zip(self.envs.device_state(), saved, strict=True):
+                    tensor.copy_(value)
+            for generator, state in zip(generators, states, strict=True):
+                generator.set_state(state)
+            self.block_graphs[ends] = graph
+        return graph
+
+    # ---- storing ---------------------------------------------------------------------------------------------
+
+    def plan_block(self, live: list[int], plans: list[list[HostAdd]], threshold: Tensor) -> BlockPlan:
+        """The device's copy of M steps' writer plans (`plans[m][row]`, run live[row]), with their ε `threshold`
+        [M, L, 1, 1]; made after the writers' `advance` of all M steps."""
+        serial = np.stack([[plan.serial for plan in step] for step in plans])  # [M, L, N]
+        meta = np.stack([[plan.meta for plan in step] for step in plans])  # [M, L, 5, N]
+        lengths = np.stack([[plan.stream_step for plan in step] for step in plans])  # [M, L, N]
+        # rows each run holds after step m: its writer's count then, less the rows of its later steps
+        written = np.asarray([self.writers[i].written for i in live])  # [L]
+        later = np.arange(len(plans) - 1, -1, -1)[:, None] * self.streams  # [M, 1]
+        sizes = np.minimum(written[None, :] - later, self.capacity)  # [M, L]
+        return BlockPlan(
+            slots=self.to_device(serial % self.capacity),
+            meta=self.to_device(meta),
+            lengths=self.to_device(lengths),
+            sizes=self.to_device(sizes),
+            threshold=threshold,
+        )
+
+    def store(
+        self, live: list[int], index: Tensor, obs: Tensor, action: Tensor, rows: PackRows, block: BlockPlan, m: int
+    ) -> None:
         """Every live run's rows (`obs` [L, N, F] and `action` [L, N, K] as acted on, the envs' columns in `rows`)
-        into its rows of the stacked replay, as each run's `ReplayBuffer.add` would write them."""
-        pack, n = self.pack, self.streams
-        plans: list[HostAdd] = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
-        serial = np.stack([plan.serial for plan in plans])  # [L, N]
-        slots = self.to_device(serial % self.capacity)  # [L, N]
+        into its rows of the stacked replay at step m of `block`, as each run's `ReplayBuffer.add` would write them
+        (the episodes they end are back-filled by the host afterwards: `backfill`)."""
+        storage, n = self.pack.storage, self.streams
+        slots = block.slots[m]  # [L, N]
         run = index[:, None].expand(-1, n)  # [L, N]
-        storage = pack.storage
         storage["obs"][run, slots] = obs.to(storage["obs"].dtype)
         storage["next_obs"][run, slots] = rows.next_obs.to(storage["next_obs"].dtype)
         storage["action"][run, slots] = action
@@ -163,15 +280,20 @@ class PackCollector:
         if rows.achieved_goal is not None and rows.base_reward is not None:
             storage["achieved_goal"][run, slots] = rows.achieved_goal
             storage["base_reward"][run, slots] = rows.base_reward
-        meta = self.to_device(np.stack([plan.meta for plan in plans]))  # [L, 5, N]
         for row, name in enumerate(TensorStorage.META):
-            storage[name][run, slots] = meta[:, row]
+            storage[name][run, slots] = block.meta[m, :, row]
         self.prioritise(live, index, run, slots)
-        for i, plan in zip(live, plans, strict=True):
-            if len(plan.ended_start):
-                backfill_host(self.storages[i], plan.ended_start, plan.ended_length, n, self.writers[i].written)
-        lengths = np.stack([plan.stream_step for plan in plans])  # [L, N]
-        storage["stream_len"][index] = self.to_device(lengths)
+        self.pack.sampler["size"][index] = block.sizes[m]
+        storage["stream_len"][index] = block.lengths[m]
+
+    def backfill(self, live: list[int], plans: list[list[HostAdd]]) -> None:
+        """The lengths of the episodes that `plans`' steps ended into their rows still in each ring now (a row
+        written since over one of them keeps its own: the same as back-filling at the step the episode ended)."""
+        for step in plans:
+            for i, plan in zip(live, step, strict=True):
+                if len(plan.ended_start):
+                    written = self.writers[i].written
+                    backfill_host(self.storages[i], plan.ended_start, plan.ended_length, self.streams, written)
 
     def prioritise(self, live: list[int], index: Tensor, run: Tensor, slots: Tensor) -> None:
         """`PrioritizedSampler.on_write` of every live run: new slots get p = max priority so far, to the α."""
@@ -190,8 +312,6 @@ class PackCollector:
                 torch.add(children[..., 0], children[..., 1], out=trees[:, 1 << depth : 2 << depth])
         else:
             sum_paths(trees, run.reshape(-1), leaves.reshape(-1), self.depth)
-        sizes = [min(len(self.writers[i]), self.capacity) for i in live]
-        sampler["size"][index] = self.to_device(np.asarray(sizes, dtype=np.int64))
 
     def evaluate(self, runs: Sequence[int], episodes: int, seeds: Sequence[int]) -> list[list[float]]:
         """Each run in `runs`'s `episodes` greedy returns ([R][episodes]) from its seed (its source's `evaluate`),

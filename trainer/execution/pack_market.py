@@ -106,7 +106,19 @@ class MarketPackEnvs:
     def observe(self, live: Sequence[int], index: Tensor) -> Tensor:
         return self.markets.observations()[index]  # [L, N, F], a copy (an indexed read)
 
+    @property
+    def episode_step(self) -> int:
+        """The step every market is at in its episode (the host's counter)."""
+        return self.sources[0].episode_step
+
     def step(self, live: Sequence[int], index: Tensor, obs: Tensor, action: Tensor) -> PackRows:
+        last = self.episode_step + 1 >= self.horizon
+        rows = self.step_rows(live, index, obs, action, last)
+        self.advance(1, ended=last)
+        return rows
+
+    def step_rows(self, live: Sequence[int], index: Tensor, obs: Tensor, action: Tensor, last: bool) -> PackRows:
+        """`step`'s device work, for a step whose episodes end iff `last` (capturable: no host value read)."""
         k, n = self.markets.runs, self.markets.num_envs
         if len(live) == k:
             every = action.reshape(k * n, -1)  # [K N, 3]
@@ -114,11 +126,8 @@ class MarketPackEnvs:
             every = torch.zeros((k, n, action.shape[-1]), dtype=action.dtype, device=self.device)
             every[index] = action
             every = every.view(k * n, -1)
-        last = self.sources[0].episode_step + 1 >= self.horizon
         out = self.markets.step(every, ended=last)
         accumulate_returns(self.running, self.ended, out.reward, last)
-        for source in self.sources:  # host step counters, and the ended returns to read back (views of `ended`)
-            source.advance(1, ended=last)
 
         def live_rows(column: Tensor) -> Tensor:
             by_run = column.view(k, n, *column.shape[1:])
@@ -136,6 +145,20 @@ class MarketPackEnvs:
         flat = len(live) * n
         achieved, base = goal_columns(self.spec, obs.reshape(flat, -1), next_obs.reshape(flat, -1), reward.reshape(-1))
         return rows._replace(achieved_goal=achieved.view(len(live), n, -1), base_reward=base.view(len(live), n))
+
+    def advance(self, steps: int, ended: bool) -> None:
+        """The host's part of `steps` steps (`step_rows`): every source's episode step counter, and the returns of
+        the episodes that `ended` among them (at most one end), to read back (views of `ended`)."""
+        for source in self.sources:
+            source.advance(steps, ended=ended)
+
+    def generators(self) -> list[torch.Generator]:
+        return list(self.markets.generators)
+
+    def device_state(self) -> list[Tensor]:
+        """Every tensor `step_rows` writes (the markets' state and noise, the returns), for a capture to restore."""
+        state = [getattr(self.markets.state, f.name) for f in fields(MarketState)]
+        return [*state, self.markets.noise.normal, self.markets.noise.uniform, self.running, self.ended]
 
     def evaluate(
         self, runs: Sequence[int], episodes: int, seeds: Sequence[int], online: Tensor, greedy: GreedyPack

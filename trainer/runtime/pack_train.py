@@ -253,7 +253,8 @@ def _train(
         elif online:
             for i in live:
                 collect(runs[i], runs[i].act_fn(), advanced)
-        output = plan.run(step)
+        with runs[live[0]].timer.section("update") if live else contextlib.nullcontext():  # the pack's, as one
+            output = plan.run(step)
         step += advanced
         for i, saved in frozen.items():  # the pack steps every run; a frozen one's state is put back
             runs[i].state.load_tensors(saved)

@@ -4,7 +4,9 @@ out stores nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,17 +18,21 @@ from trainer.execution.data.market_torch import TorchMarket, TorchMarketSource
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
 from trainer.execution.pack_market import MarketPackEnvs, StackedMarkets
+from trainer.execution.plans._capture import WARMUP_STEPS
 from trainer.runtime.timing import StepTimer
 from trainer.runtime.train import Run, build_run, collect, fill_replay
 
 MARKET = Path(__file__).resolve().parents[3] / "examples" / "market.yaml"
 
 
-def run_configs() -> list[TrainConfig]:
-    """Three small market runs (torch market on the CPU, HER on, episodes of 16 steps): their own seed and ε."""
+def run_configs(*more: str) -> list[TrainConfig]:
+    """Three small market runs (torch market on the CPU, HER on, episodes of 16 steps of 4 envs, a 300-row ring):
+    their own seed and ε."""
     schedules = ((0.3, 0.05), (0.6, 0.02), (0.2, 0.1))
     return [
-        load_config(MARKET, [*SMALL_MARKET, f"run.seed={seed}", f"data.epsilon_start={eps}", f"data.epsilon_end={end}"])
+        load_config(
+            MARKET, [*SMALL_MARKET, *more, f"run.seed={seed}", f"data.epsilon_start={eps}", f"data.epsilon_end={end}"]
+        )
         for seed, (eps, end) in zip((1, 2, 3), schedules, strict=True)
     ]
 
@@ -37,7 +43,8 @@ def built(configs: list[TrainConfig], tmp_path: Path, tag: str) -> list[Run]:
         assert isinstance(run.source, TorchMarketSource)
         fill_replay(run)
         with torch.no_grad():  # different networks per run, so each run's greedy actions are its own
-            run.state.online.add_(torch.randn(run.state.online.shape, generator=torch.Generator().manual_seed(i)))
+            noise = torch.randn(run.state.online.shape, generator=torch.Generator().manual_seed(i))
+            run.state.online.add_(noise.to(run.state.online.device))
     return runs
 
 
@@ -80,23 +87,63 @@ def test_markets_stacked_step_as_each_steps_alone() -> None:
         assert torch.equal(market.generator.get_state(), mine.generator.get_state())
 
 
-def test_batched_market_collection_stores_each_runs_solo_transitions(tmp_path: Path) -> None:
-    """60 updates of 4 envs (episodes of 16 steps end; the 300-row ring wraps) with each run's ε schedule: each
-    run's replay (HER's achieved goals and base rewards included), finished returns, generators and market equal
-    its solo run's collecting through `trainer.runtime.train.collect`."""
-    configs = run_configs()
+class Warmed:
+    """A `CaptureFn` on the CPU that does what capturing does to state: the body runs `WARMUP_STEPS` times (the
+    warm-up, on real data), and each replay runs it again."""
+
+    def __init__(self) -> None:
+        self.captured = 0
+
+    def __call__(self, body: Callable[[], None], generators: Sequence[torch.Generator]) -> SimpleNamespace:
+        for _ in range(WARMUP_STEPS):
+            body()
+        self.captured += 1
+        return SimpleNamespace(replay=body)
+
+
+def collect_alike(configs: list[TrainConfig], tmp_path: Path, chunk: int, capture: Warmed | None = None) -> list[Run]:
+    """60 updates of 4 envs, `chunk` updates a call (episodes of 16 steps end; the 300-row ring wraps) with each
+    run's ε schedule, packed and solo; asserts each run collected what its solo run did."""
     solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
     collector = packed(configs, runs)
     assert isinstance(collector.envs, MarketPackEnvs)
-    for step in range(0, 60, 20):
+    if capture is not None:
+        collector.capture = capture
+    for step in range(0, 60, chunk):
         for solo in solos:
             solo.step = step
-            collect(solo, solo.act_fn(), 20)
-        collector.collect([0, 1, 2], step, 20, StepTimer("cpu"))
+            collect(solo, solo.act_fn(), chunk)
+        collector.collect([0, 1, 2], step, chunk, StepTimer("cpu"))
     assert runs[0].replay.storage.achieved_goal.abs().sum() > 0  # goal columns were written
     assert len(runs[0].online_source.finished_returns) >= 4 * 3  # episodes ended
     for solo, mine in zip(solos, runs, strict=True):
         assert_collected_alike(solo, mine)
+    return runs
+
+
+@pytest.mark.parametrize("chunk", [4, 5, 20], ids=["blocks-ending-together", "blocks-ending-anywhere", "step-by-step"])
+def test_batched_market_collection_stores_each_runs_solo_transitions(tmp_path: Path, chunk: int) -> None:
+    """Each run's replay (HER's achieved goals and base rewards included), finished returns, generators and market
+    equal its solo run's collecting through `trainer.runtime.train.collect`: in blocks whose host values are
+    planned up front (4 or 5 updates a call; an episode ends at a block's last step, or anywhere in it), or step
+    by step (20 a call: longer than an episode)."""
+    collect_alike(run_configs(), tmp_path, chunk)
+
+
+def test_a_block_back_fills_only_the_episode_rows_it_did_not_write_over(tmp_path: Path) -> None:
+    """A 40-row ring, smaller than an episode (64 rows): rows written after an episode's end in the same block
+    take some of its slots; back-filled after the block, those keep their own bookkeeping, as in the solo run."""
+    runs = collect_alike(run_configs("replay.capacity=40"), tmp_path, 5)
+    assert (runs[0].replay.storage.episode_len == 16).any()
+
+
+def test_a_captured_block_collects_as_the_uncaptured_one(tmp_path: Path) -> None:
+    """Blocks replayed as captured (the body warmed up on the block's own plan, then run again): the warm-up's
+    rows are written over and its market steps and draws put back, so every run still collects its solo rows.
+    One capture per pattern of episode ends (5-step blocks from step 8 of 16-step episodes: 5 patterns in 12 blocks)."""
+    capture = Warmed()
+    collect_alike(run_configs(), tmp_path, 5, capture)
+    assert capture.captured == 5
 
 
 def test_a_market_run_left_out_stores_nothing(tmp_path: Path) -> None:
@@ -138,10 +185,11 @@ def test_markets_at_different_episode_steps_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_random_market_collection_stores_each_runs_solo_transitions(tmp_path: Path) -> None:
-    """On cuda, every action random (ε = 1: a batched forward's rounding cannot flip a greedy pick), 60 updates:
-    each run's stored integers (actions, bookkeeping), generators and markets' draws equal its solo run's, bit for
-    bit; its float columns too, or within 1e-6 where a stacked kernel sums an env's 3 assets in another order."""
+def test_on_a_gpu_captured_market_blocks_store_each_runs_solo_transitions(tmp_path: Path) -> None:
+    """On cuda, blocks of 5 updates replayed as CUDA graphs (one per pattern of episode ends), every action random
+    (ε = 1: a batched forward's rounding cannot flip a greedy pick), 60 updates: each run's stored integers
+    (actions, bookkeeping), generators and markets' draws equal its solo run's, bit for bit; its float columns
+    too, or within 1e-6 where a stacked kernel sums an env's 3 assets in another order."""
     configs = [
         config.model_copy(update={"run": config.run.model_copy(update={"device": "cuda"}),
                                   "data": config.data.model_copy(update={"epsilon_start": 1.0, "epsilon_end": 1.0})})
@@ -149,12 +197,14 @@ def test_on_a_gpu_random_market_collection_stores_each_runs_solo_transitions(tmp
     ]  # fmt: skip
     solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
     collector = packed(configs, runs)
-    for step in range(0, 60, 20):
+    assert collector.capture is not None
+    for step in range(0, 60, 5):
         for solo in solos:
             solo.step = step
-            collect(solo, solo.act_fn(), 20)
-        collector.collect([0, 1, 2], step, 20, StepTimer("cuda"))
+            collect(solo, solo.act_fn(), 5)
+        collector.collect([0, 1, 2], step, 5, StepTimer("cuda"))
     torch.cuda.synchronize()
+    assert len(collector.block_graphs) == 5
     for solo, mine in zip(solos, runs, strict=True):
         want, got = solo.replay.state_dict(), mine.replay.state_dict()
         for name, tensor in want.items():
@@ -165,5 +215,6 @@ def test_on_a_gpu_random_market_collection_stores_each_runs_solo_transitions(tmp
         assert torch.equal(solo.explore_generator.get_state(), mine.explore_generator.get_state())
         theirs, ours = solo.online_source, mine.online_source
         assert isinstance(theirs, TorchMarketSource) and isinstance(ours, TorchMarketSource)
+        assert theirs.finished_returns == pytest.approx(ours.finished_returns, rel=1e-6, abs=1e-6)
         assert torch.equal(theirs.market.generator.get_state(), ours.market.generator.get_state())
         torch.testing.assert_close(ours.market.state.obs, theirs.market.state.obs, rtol=1e-6, atol=1e-6)
