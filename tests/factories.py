@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -11,6 +13,7 @@ from contracts.config import TrainConfig, build_config
 from trainer.algo.batch import Batch
 from trainer.algo.model import ModelDims, ParamLayout, ParamSpec
 from trainer.algo.state import TrainState
+from trainer.execution.plans._capture import WARMUP_STEPS
 
 TINY_MODEL = {
     "hidden": 32,
@@ -146,3 +149,17 @@ def steps_with_kernels(config: TrainConfig, kernels: dict[str, Any], updates: in
     for name, tensor in reference.tensors().items():
         torch.testing.assert_close(swapped.tensors()[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
     return swapped
+
+
+class WarmedCapture:
+    """A `CaptureFn` on the CPU that does what capturing does to state: the body runs `WARMUP_STEPS` times (the
+    warm-up, on real data), and each replay runs it again."""
+
+    def __init__(self) -> None:
+        self.captured = 0
+
+    def __call__(self, body: Callable[[], None], generators: Sequence[torch.Generator]) -> SimpleNamespace:
+        for _ in range(WARMUP_STEPS):
+            body()
+        self.captured += 1
+        return SimpleNamespace(replay=body)

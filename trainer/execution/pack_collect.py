@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import NamedTuple
 
@@ -64,6 +64,14 @@ class BlockPlan(NamedTuple):
     lengths: Tensor  # [M, L, N] int64, each stream's running episode length after the step
     sizes: Tensor  # [M, L] int64, the rows each run's replay holds after the step
     threshold: Tensor  # [M, L, 1, 1] float32, each run's ε at the step's update
+
+
+class GymBuffers(NamedTuple):
+    """The static tensors the graph choosing a Gymnasium pack step's actions reads and writes (`step_captured`)."""
+
+    obs: Tensor  # [K, N, F]
+    threshold: Tensor  # [K, 1, 1] float32 ε
+    action: Tensor  # [K, N, B] int64
 
 
 def pack_envs(sources: Sequence[object], device: torch.device) -> PackEnvs:
@@ -106,8 +114,10 @@ class PackCollector:
         self.greedy = torch.func.vmap(self._greedy)  # ([L, P], [L, N, F]) -> [L, N, K]
         self._indices: dict[tuple[int, ...], Tensor] = {}  # live runs -> their index [L] on the device
         self.capture: CaptureFn | None = graph_capture(self.device)  # the market's blocks as CUDA graphs on a GPU
-        self.block_graphs: dict[tuple[bool, ...], Replayable] = {}  # pattern of episode ends -> its graph
+        self.graphs: dict[object, Replayable] = {}  # the market's pattern of episode ends, or a Gym step's part
         self.block_buffers: dict[int, BlockPlan] = {}  # steps of a block -> the plan its graphs read
+        self.gym_buffers: GymBuffers | None = None  # what a Gym step's graph choosing its actions reads
+        self.gym_rows: PackRows | None = None  # the envs' rows its graph storing them reads (with block_buffers[1])
 
     def to_device(self, host: np.ndarray) -> Tensor:
         return host_to_device(host, self.device)
@@ -153,17 +163,61 @@ class PackCollector:
         return self.to_device(np.asarray(epsilon, dtype=np.float32))[..., None, None]
 
     def step(self, live: list[int], index: Tensor, threshold: Tensor, timer: StepTimer) -> None:
-        """One step of every live run's envs: act, step, store."""
+        """One step of every live run's envs: act, step, store (`step_captured` where it can be)."""
+        if self.capture is not None and isinstance(self.envs, GymPackEnvs) and len(live) == self.pack.size:
+            self.step_captured(live, index, threshold, timer)
+            return
         with timer.section("act"):
             obs = self.envs.observe(live, index)  # [L, N, F]
-            with torch.no_grad():
-                greedy = self.act(live, index, obs.to(torch.float32)).to(torch.int64)  # [L, N, K]
+            action = self.choose(live, index, obs, threshold)  # [L, N, K]
         with timer.section("env"):
-            action = self.epsilon_greedy(greedy, live, threshold)  # [L, N, K]
             rows = self.envs.step(live, index, obs, action)
         with timer.section("store"):
             plans = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
             self.store(live, index, obs, action, rows, self.plan_block(live, [plans], threshold[None]), 0)
+            self.backfill(live, [plans])
+
+    def choose(self, live: list[int], index: Tensor, obs: Tensor, threshold: Tensor) -> Tensor:
+        """The live runs' ε-greedy actions [L, N, K] on `obs` [L, N, F] (ε `threshold` [L, 1, 1])."""
+        with torch.no_grad():
+            greedy = self.act(live, index, obs.to(torch.float32)).to(torch.int64)  # [L, N, K]
+        return self.epsilon_greedy(greedy, live, threshold)
+
+    def step_captured(self, live: list[int], index: Tensor, threshold: Tensor, timer: StepTimer) -> None:
+        """`step` of Gymnasium envs on a GPU with its device work as two CUDA graphs around the envs, which run on
+        the host: choosing the actions (the batched forward and each run's draws), and storing the rows. Each
+        replays on static buffers that the step's values are copied into; the host then launches two graphs and a
+        few copies a step instead of some hundred kernels (Python's dispatch of each was most of a pack step)."""
+        with timer.section("act"):
+            obs = self.envs.observe(live, index)
+            if self.gym_buffers is None:
+                shape = (len(live), self.streams, self.dims.branches)
+                action = torch.zeros(shape, dtype=torch.int64, device=self.device)
+                self.gym_buffers = GymBuffers(obs.clone(), threshold.clone(), action)
+            static = self.gym_buffers
+            static.obs.copy_(obs)
+            static.threshold.copy_(threshold)
+
+            def choose() -> None:
+                static.action.copy_(self.choose(live, index, static.obs, static.threshold))
+
+            self.captured("act", choose, self.explore).replay()
+        with timer.section("env"):
+            rows = self.envs.step(live, index, static.obs, static.action)
+        with timer.section("store"):
+            plans = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
+            block = self.plan_block(live, [plans], threshold[None])
+            if self.gym_rows is None:
+                self.gym_rows = rows._replace(**{name: getattr(rows, name).clone() for name in PackRows._fields[:3]})
+                self.block_buffers[1] = BlockPlan(*(t.clone() for t in block))
+            for buffer, values in zip(self.block_buffers[1], block, strict=True):
+                buffer.copy_(values)
+            for buffer, values in zip(self.gym_rows[:3], rows[:3], strict=True):
+                buffer.copy_(values)
+            store = functools.partial(
+                self.store, live, index, static.obs, static.action, self.gym_rows, self.block_buffers[1], 0
+            )
+            self.captured("store", store).replay()
             self.backfill(live, [plans])
 
     def epsilon_greedy(self, greedy: Tensor, live: list[int], threshold: Tensor) -> Tensor:
@@ -229,18 +283,32 @@ class PackCollector:
             static = self.block_buffers[len(ends)] = BlockPlan(*(torch.empty_like(t) for t in block))
         for buffer, values in zip(static, block, strict=True):
             buffer.copy_(values)
-        graph = self.block_graphs.get(ends)
+        generators = [*self.explore, *self.envs.generators()]
+        body = functools.partial(self.block_body, live, index, ends, static, None)
+        return self.captured(ends, body, generators, self.envs.device_state())
+
+    def captured(
+        self,
+        key: object,
+        body: Callable[[], None],
+        generators: Sequence[torch.Generator] = (),
+        state: Sequence[Tensor] = (),
+    ) -> Replayable:
+        """The graph of `body` under `key`, captured the first time. Capturing runs the body (its warm-up), which
+        draws from `generators` and writes `state`: both are put back, so that the first replay does what the body
+        would have done. What else the warm-up writes, the replay writes again (the bodies here read static
+        buffers that hold the step's own values before the capture)."""
+        graph = self.graphs.get(key)
         if graph is None:
-            generators = [*self.explore, *self.envs.generators()]
-            saved = [t.clone() for t in self.envs.device_state()]
+            assert self.capture is not None
+            saved = [tensor.clone() for tensor in state]
             states = [generator.get_state() for generator in generators]
-            graph = self.capture(functools.partial(self.block_body, live, index, ends, static, None), generators)
+            graph = self.graphs[key] = self.capture(body, generators)
             with torch.no_grad():
-                for tensor, value in zip(self.envs.device_state(), saved, strict=True):
+                for tensor, value in zip(state, saved, strict=True):
                     tensor.copy_(value)
-            for generator, state in zip(generators, states, strict=True):
-                generator.set_state(state)
-            self.block_graphs[ends] = graph
+            for generator, value in zip(generators, states, strict=True):
+                generator.set_state(value)
         return graph
 
     # ---- storing ---------------------------------------------------------------------------------------------

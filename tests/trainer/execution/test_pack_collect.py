@@ -11,7 +11,7 @@ import torch
 
 from contracts.config import TrainConfig, load_config
 from contracts.packs import PackError
-from tests.factories import SMALL_CARTPOLE
+from tests.factories import SMALL_CARTPOLE, WarmedCapture
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
@@ -93,11 +93,32 @@ def test_batched_collection_stores_each_runs_solo_transitions(tmp_path: Path, wh
         assert mine.replay.storage.obs.data_ptr() != solo.replay.storage.obs.data_ptr()
 
 
+def test_a_captured_step_collects_as_the_uncaptured_one(tmp_path: Path) -> None:
+    """Each step's choice of actions and its store replayed as captured (each body warmed up on the step's own
+    values, then run again): the warm-up's draws are put back and its rows written over, so every run still
+    collects its solo rows; two captures in all, reused by every later step."""
+    configs = run_configs()
+    solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
+    perturb(solos)
+    perturb(runs)
+    _, collector = packed(configs, runs)
+    collector.capture = capture = WarmedCapture()
+    for step in range(0, 400, 50):
+        for solo in solos:
+            solo.step = step
+            collect(solo, solo.act_fn(), 50)
+        collector.collect([0, 1, 2], step, 50, runs[0].timer)
+    assert capture.captured == 2
+    for solo, mine in zip(solos, runs, strict=True):
+        assert_collected_alike(solo, mine)
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_random_collection_stores_each_runs_solo_transitions(tmp_path: Path) -> None:
-    """On cuda (whole levels of all trees a kernel, the batched writes, the runs' generators on the device), with
-    every action random (ε = 1: a batched forward's rounding cannot flip a greedy pick) each run's replay, returns
-    and explore generator equal its solo run's, bit for bit."""
+    """On cuda (each step's choice of actions and its store CUDA graphs, whole levels of all trees a kernel, the
+    batched writes, the runs' generators on the device), with every action random (ε = 1: a batched forward's
+    rounding cannot flip a greedy pick) each run's replay, returns and explore generator equal its solo run's, bit
+    for bit."""
     configs = [
         config.model_copy(update={"run": config.run.model_copy(update={"device": "cuda"}),
                                   "data": config.data.model_copy(update={"epsilon_start": 1.0, "epsilon_end": 1.0})})
@@ -111,6 +132,7 @@ def test_on_a_gpu_random_collection_stores_each_runs_solo_transitions(tmp_path: 
             solo.step = step
             collect(solo, solo.act_fn(), 50)
         collector.collect([0, 1, 2], step, 50, runs[0].timer)
+    assert len(collector.graphs) == 2  # each step's choice and store replayed as CUDA graphs
     for solo, mine in zip(solos, runs, strict=True):
         assert_collected_alike(solo, mine)
 

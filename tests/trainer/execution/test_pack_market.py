@@ -4,21 +4,18 @@ out stores nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from contracts.config import TrainConfig, load_config
 from contracts.packs import PackError
-from tests.factories import SMALL_MARKET
+from tests.factories import SMALL_MARKET, WarmedCapture
 from trainer.execution.data.market_torch import TorchMarket, TorchMarketSource
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
 from trainer.execution.pack_market import MarketPackEnvs, StackedMarkets
-from trainer.execution.plans._capture import WARMUP_STEPS
 from trainer.runtime.timing import StepTimer
 from trainer.runtime.train import Run, build_run, collect, fill_replay
 
@@ -87,21 +84,9 @@ def test_markets_stacked_step_as_each_steps_alone() -> None:
         assert torch.equal(market.generator.get_state(), mine.generator.get_state())
 
 
-class Warmed:
-    """A `CaptureFn` on the CPU that does what capturing does to state: the body runs `WARMUP_STEPS` times (the
-    warm-up, on real data), and each replay runs it again."""
-
-    def __init__(self) -> None:
-        self.captured = 0
-
-    def __call__(self, body: Callable[[], None], generators: Sequence[torch.Generator]) -> SimpleNamespace:
-        for _ in range(WARMUP_STEPS):
-            body()
-        self.captured += 1
-        return SimpleNamespace(replay=body)
-
-
-def collect_alike(configs: list[TrainConfig], tmp_path: Path, chunk: int, capture: Warmed | None = None) -> list[Run]:
+def collect_alike(
+    configs: list[TrainConfig], tmp_path: Path, chunk: int, capture: WarmedCapture | None = None
+) -> list[Run]:
     """60 updates of 4 envs, `chunk` updates a call (episodes of 16 steps end; the 300-row ring wraps) with each
     run's ε schedule, packed and solo; asserts each run collected what its solo run did."""
     solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
@@ -141,7 +126,7 @@ def test_a_captured_block_collects_as_the_uncaptured_one(tmp_path: Path) -> None
     """Blocks replayed as captured (the body warmed up on the block's own plan, then run again): the warm-up's
     rows are written over and its market steps and draws put back, so every run still collects its solo rows.
     One capture per pattern of episode ends (5-step blocks from step 8 of 16-step episodes: 5 patterns in 12 blocks)."""
-    capture = Warmed()
+    capture = WarmedCapture()
     collect_alike(run_configs(), tmp_path, 5, capture)
     assert capture.captured == 5
 
@@ -204,7 +189,7 @@ def test_on_a_gpu_captured_market_blocks_store_each_runs_solo_transitions(tmp_pa
             collect(solo, solo.act_fn(), 5)
         collector.collect([0, 1, 2], step, 5, StepTimer("cuda"))
     torch.cuda.synchronize()
-    assert len(collector.block_graphs) == 5
+    assert len(collector.graphs) == 5
     for solo, mine in zip(solos, runs, strict=True):
         want, got = solo.replay.state_dict(), mine.replay.state_dict()
         for name, tensor in want.items():
