@@ -48,7 +48,7 @@ from trainer.algo.replay.writer import HostAdd, RingWriter, backfill_host
 from trainer.execution.collect import CaptureFn, Phase, Replayable, graph_capture
 from trainer.execution.data.gym_source import GymSource, linear_epsilon
 from trainer.execution.data.market_torch import TorchMarketSource
-from trainer.execution.data.transfer import host_to_device
+from trainer.execution.data.transfer import host_into, host_to_device
 from trainer.execution.pack import Pack
 from trainer.execution.pack_envs import GymPackEnvs, PackEnvs, PackRows
 from trainer.execution.pack_market import MarketPackEnvs
@@ -65,13 +65,33 @@ class BlockPlan(NamedTuple):
     sizes: Tensor  # [M, L] int64, the rows each run's replay holds after the step
     threshold: Tensor  # [M, L, 1, 1] float32, each run's ε at the step's update
 
+    @classmethod
+    def of(cls, packed: Tensor, threshold: Tensor) -> BlockPlan:
+        """The plan as views of `packed` [M, L, 7 N + 1] int64 (`PackCollector.plan_host`'s layout: one copy)."""
+        n = (packed.shape[-1] - 1) // 7
+        meta = packed[..., n : 6 * n].unflatten(-1, (5, n))
+        return cls(packed[..., :n], meta, packed[..., 6 * n : 7 * n], packed[..., 7 * n], threshold)
+
+
+class StaticPlan(NamedTuple):
+    """The buffers a captured body reads its `BlockPlan` from; each replay's plan is copied in first."""
+
+    packed: Tensor  # [M, L, 7 N + 1] int64
+    threshold: Tensor  # [M, L, 1, 1] float32
+
+    def load(self, packed: np.ndarray, epsilon: np.ndarray) -> BlockPlan:
+        host_into(self.packed, packed)
+        host_into(self.threshold, epsilon)
+        return BlockPlan.of(self.packed, self.threshold)
+
 
 class GymBuffers(NamedTuple):
-    """The static tensors the graph choosing a Gymnasium pack step's actions reads and writes (`step_captured`)."""
+    """The static tensors a Gymnasium pack step's graphs read and write (`step_captured`)."""
 
     obs: Tensor  # [K, N, F]
-    threshold: Tensor  # [K, 1, 1] float32 ε
     action: Tensor  # [K, N, B] int64
+    rows: PackRows  # next_obs [K, N, F], reward and done [K, N] (not `last`: the host's)
+    plan: StaticPlan  # one step's, its ε for the choice of actions
 
 
 def pack_envs(sources: Sequence[object], device: torch.device) -> PackEnvs:
@@ -115,9 +135,8 @@ class PackCollector:
         self._indices: dict[tuple[int, ...], Tensor] = {}  # live runs -> their index [L] on the device
         self.capture: CaptureFn | None = graph_capture(self.device)  # the market's blocks as CUDA graphs on a GPU
         self.graphs: dict[object, Replayable] = {}  # the market's pattern of episode ends, or a Gym step's part
-        self.block_buffers: dict[int, BlockPlan] = {}  # steps of a block -> the plan its graphs read
-        self.gym_buffers: GymBuffers | None = None  # what a Gym step's graph choosing its actions reads
-        self.gym_rows: PackRows | None = None  # the envs' rows its graph storing them reads (with block_buffers[1])
+        self.block_plans: dict[int, StaticPlan] = {}  # steps of a market block -> the plan its graphs read
+        self.gym_buffers: GymBuffers | None = None  # what a Gym step's graphs read and write
 
     def to_device(self, host: np.ndarray) -> Tensor:
         return host_to_device(host, self.device)
@@ -152,29 +171,32 @@ class PackCollector:
             self.collect_block(list(live), index, step, updates, timer)
             return
         for update in range(step, step + updates):
-            threshold = self.thresholds(live, [update])[0]  # [L, 1, 1]
+            epsilon = self.epsilons(live, [update])  # [1, L, 1, 1]
             for _ in range(self.env_steps):
-                self.step(list(live), index, threshold, timer)
+                self.step(list(live), index, epsilon, timer)
 
-    def thresholds(self, live: Sequence[int], updates: Sequence[int]) -> Tensor:
-        """Each run's ε at each of `updates`, [U, L, 1, 1] float32 on the device: a float32 tensor compared with a
-        Python float (the solo run's `epsilon_greedy`) compares in float32 too."""
+    def epsilons(self, live: Sequence[int], updates: Sequence[int]) -> np.ndarray:
+        """Each run's ε at each of `updates`, [U, L, 1, 1] float32: a float32 tensor compared with a Python float
+        (the solo run's `epsilon_greedy`) compares in float32 too."""
         epsilon = [[linear_epsilon(update, *self.schedules[i]) for i in live] for update in updates]
-        return self.to_device(np.asarray(epsilon, dtype=np.float32))[..., None, None]
+        return np.asarray(epsilon, dtype=np.float32)[..., None, None]
 
-    def step(self, live: list[int], index: Tensor, threshold: Tensor, timer: StepTimer) -> None:
-        """One step of every live run's envs: act, step, store (`step_captured` where it can be)."""
+    def step(self, live: list[int], index: Tensor, epsilon: np.ndarray, timer: StepTimer) -> None:
+        """One step of every live run's envs (ε `epsilon` [1, L, 1, 1]): act, step, store (`step_captured` where
+        it can be)."""
         if self.capture is not None and isinstance(self.envs, GymPackEnvs) and len(live) == self.pack.size:
-            self.step_captured(live, index, threshold, timer)
+            self.step_captured(live, index, epsilon, timer)
             return
         with timer.section("act"):
             obs = self.envs.observe(live, index)  # [L, N, F]
-            action = self.choose(live, index, obs, threshold)  # [L, N, K]
+            threshold = self.to_device(epsilon)
+            action = self.choose(live, index, obs, threshold[0])  # [L, N, K]
         with timer.section("env"):
             rows = self.envs.step(live, index, obs, action)
         with timer.section("store"):
             plans = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
-            self.store(live, index, obs, action, rows, self.plan_block(live, [plans], threshold[None]), 0)
+            block = BlockPlan.of(self.to_device(self.plan_host(live, [plans])), threshold)
+            self.store(live, index, obs, action, rows, block, 0)
             self.backfill(live, [plans])
 
     def choose(self, live: list[int], index: Tensor, obs: Tensor, threshold: Tensor) -> Tensor:
@@ -183,42 +205,41 @@ class PackCollector:
             greedy = self.act(live, index, obs.to(torch.float32)).to(torch.int64)  # [L, N, K]
         return self.epsilon_greedy(greedy, live, threshold)
 
-    def step_captured(self, live: list[int], index: Tensor, threshold: Tensor, timer: StepTimer) -> None:
+    def step_captured(self, live: list[int], index: Tensor, epsilon: np.ndarray, timer: StepTimer) -> None:
         """`step` of Gymnasium envs on a GPU with its device work as two CUDA graphs around the envs, which run on
         the host: choosing the actions (the batched forward and each run's draws), and storing the rows. Each
         replays on static buffers that the step's values are copied into; the host then launches two graphs and a
         few copies a step instead of some hundred kernels (Python's dispatch of each was most of a pack step)."""
+        assert isinstance(self.envs, GymPackEnvs)
         with timer.section("act"):
-            obs = self.envs.observe(live, index)
-            if self.gym_buffers is None:
-                shape = (len(live), self.streams, self.dims.branches)
-                action = torch.zeros(shape, dtype=torch.int64, device=self.device)
-                self.gym_buffers = GymBuffers(obs.clone(), threshold.clone(), action)
             static = self.gym_buffers
-            static.obs.copy_(obs)
-            static.threshold.copy_(threshold)
+            if static is None:
+                static = self.gym_buffers = self.gym_static(len(live))
+            host_into(static.obs, np.stack([self.envs.sources[i].observation for i in live]))
+            host_into(static.plan.threshold, epsilon)
 
             def choose() -> None:
-                static.action.copy_(self.choose(live, index, static.obs, static.threshold))
+                static.action.copy_(self.choose(live, index, static.obs, static.plan.threshold[0]))
 
             self.captured("act", choose, self.explore).replay()
         with timer.section("env"):
-            rows = self.envs.step(live, index, static.obs, static.action)
+            rows = self.envs.step(live, index, static.obs, static.action, into=static.rows)
         with timer.section("store"):
             plans = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
-            block = self.plan_block(live, [plans], threshold[None])
-            if self.gym_rows is None:
-                self.gym_rows = rows._replace(**{name: getattr(rows, name).clone() for name in PackRows._fields[:3]})
-                self.block_buffers[1] = BlockPlan(*(t.clone() for t in block))
-            for buffer, values in zip(self.block_buffers[1], block, strict=True):
-                buffer.copy_(values)
-            for buffer, values in zip(self.gym_rows[:3], rows[:3], strict=True):
-                buffer.copy_(values)
-            store = functools.partial(
-                self.store, live, index, static.obs, static.action, self.gym_rows, self.block_buffers[1], 0
-            )
+            block = static.plan.load(self.plan_host(live, [plans]), epsilon)
+            store = functools.partial(self.store, live, index, static.obs, static.action, static.rows, block, 0)
             self.captured("store", store).replay()
             self.backfill(live, [plans])
+
+    def gym_static(self, runs: int) -> GymBuffers:
+        assert isinstance(self.envs, GymPackEnvs)
+        n, features = self.streams, self.envs.sources[0].observation.shape[-1]
+        obs_dtype = torch.from_numpy(self.envs.sources[0].observation[:0]).dtype
+        zeros = functools.partial(torch.zeros, device=self.device)
+        rows = PackRows(zeros((runs, n, features), dtype=obs_dtype), zeros((runs, n)), zeros((runs, n)), np.zeros(0))
+        plan = StaticPlan(zeros((1, runs, 7 * n + 1), dtype=torch.int64), zeros((1, runs, 1, 1)))
+        action = zeros((runs, n, self.dims.branches), dtype=torch.int64)
+        return GymBuffers(zeros((runs, n, features), dtype=obs_dtype), action, rows, plan)
 
     def epsilon_greedy(self, greedy: Tensor, live: list[int], threshold: Tensor) -> Tensor:
         """`epsilon_greedy` of each run (ε `threshold` [L, 1, 1]), its draws from its own generator in its solo
@@ -242,12 +263,13 @@ class PackCollector:
         envs, steps = self.envs, updates * self.env_steps
         ends = Phase(envs.episode_step, steps).ends(envs.horizon)
         plans = [[self.writers[i].advance(np.full(self.streams, end)) for i in live] for end in ends]
-        block = self.plan_block(live, plans, self.thresholds(live, [step + m // self.env_steps for m in range(steps)]))
+        packed = self.plan_host(live, plans)
+        epsilon = self.epsilons(live, [step + m // self.env_steps for m in range(steps)])
         if self.capture is None:
-            self.block_body(live, index, ends, block, timer)
+            self.block_body(live, index, ends, BlockPlan.of(self.to_device(packed), self.to_device(epsilon)), timer)
         else:
             with timer.section("collect_graph"):
-                self.block_graph(live, index, ends, block).replay()
+                self.block_graph(live, index, ends, packed, epsilon).replay()
         envs.advance(steps, ended=any(ends))
         self.backfill(live, plans)
 
@@ -271,20 +293,24 @@ class PackCollector:
             with section("store"):
                 self.store(live, index, obs, action, rows, block, m)
 
-    def block_graph(self, live: list[int], index: Tensor, ends: tuple[bool, ...], block: BlockPlan) -> Replayable:
+    def block_graph(
+        self, live: list[int], index: Tensor, ends: tuple[bool, ...], packed: np.ndarray, epsilon: np.ndarray
+    ) -> Replayable:
         """The block's graph for its pattern of episode ends, captured the first time the pattern comes. The
-        graph reads its plan from static buffers, which `block` is copied into. Capturing warms the body up on
-        the block's own plan: it writes the rows of the slots the replay then writes again (the replay overwrites
-        every column there, the priorities' sums are recomputed from the leaves), and steps the markets and draws
-        numbers, which are put back (`device_state`, the generators) before the replay."""
+        graph reads its plan from static buffers, which the block's (`packed`, `epsilon`) is copied into. Capturing
+        warms the body up on the block's own plan: it writes the rows of the slots the replay then writes again
+        (the replay overwrites every column there, the priorities' sums are recomputed from the leaves), and steps
+        the markets and draws numbers, which are put back (`device_state`, the generators) before the replay."""
         assert isinstance(self.envs, MarketPackEnvs) and self.capture is not None
-        static = self.block_buffers.get(len(ends))
+        static = self.block_plans.get(len(ends))
         if static is None:
-            static = self.block_buffers[len(ends)] = BlockPlan(*(torch.empty_like(t) for t in block))
-        for buffer, values in zip(static, block, strict=True):
-            buffer.copy_(values)
+            static = self.block_plans[len(ends)] = StaticPlan(
+                torch.empty(packed.shape, dtype=torch.int64, device=self.device),
+                torch.empty(epsilon.shape, device=self.device),
+            )
+        block = static.load(packed, epsilon)
         generators = [*self.explore, *self.envs.generators()]
-        body = functools.partial(self.block_body, live, index, ends, static, None)
+        body = functools.partial(self.block_body, live, index, ends, block, None)
         return self.captured(ends, body, generators, self.envs.device_state())
 
     def captured(
@@ -313,9 +339,9 @@ class PackCollector:
 
     # ---- storing ---------------------------------------------------------------------------------------------
 
-    def plan_block(self, live: list[int], plans: list[list[HostAdd]], threshold: Tensor) -> BlockPlan:
-        """The device's copy of M steps' writer plans (`plans[m][row]`, run live[row]), with their ε `threshold`
-        [M, L, 1, 1]; made after the writers' `advance` of all M steps."""
+    def plan_host(self, live: list[int], plans: list[list[HostAdd]]) -> np.ndarray:
+        """M steps' writer plans (`plans[m][row]`, run live[row]) as one array [M, L, 7 N + 1] (`BlockPlan.of`):
+        slots, bookkeeping, running episode lengths and replay sizes; made after the writers' `advance` of all M."""
         serial = np.stack([[plan.serial for plan in step] for step in plans])  # [M, L, N]
         meta = np.stack([[plan.meta for plan in step] for step in plans])  # [M, L, 5, N]
         lengths = np.stack([[plan.stream_step for plan in step] for step in plans])  # [M, L, N]
@@ -323,13 +349,8 @@ class PackCollector:
         written = np.asarray([self.writers[i].written for i in live])  # [L]
         later = np.arange(len(plans) - 1, -1, -1)[:, None] * self.streams  # [M, 1]
         sizes = np.minimum(written[None, :] - later, self.capacity)  # [M, L]
-        return BlockPlan(
-            slots=self.to_device(serial % self.capacity),
-            meta=self.to_device(meta),
-            lengths=self.to_device(lengths),
-            sizes=self.to_device(sizes),
-            threshold=threshold,
-        )
+        flat = meta.reshape(*meta.shape[:2], -1)  # [M, L, 5 N]
+        return np.concatenate([serial % self.capacity, flat, lengths, sizes[..., None]], axis=-1).astype(np.int64)
 
     def store(
         self, live: list[int], index: Tensor, obs: Tensor, action: Tensor, rows: PackRows, block: BlockPlan, m: int

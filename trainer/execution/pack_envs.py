@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from trainer.execution.data.gym_source import GymSource, batch_obs, flatten_obs
-from trainer.execution.data.transfer import host_to_device
+from trainer.execution.data.transfer import host_into, host_to_device
 
 GreedyPack = Callable[[Tensor, Tensor], Tensor]
 """The runs' greedy actions: (their stacked online parameters [R, P], observations [R, E, F]) -> [R, E, K]."""
@@ -64,15 +64,24 @@ class GymPackEnvs:
     def observe(self, live: Sequence[int], index: Tensor) -> Tensor:
         return host_to_device(np.stack([self.sources[i].observation for i in live]), self.device)  # [L, N, F]
 
-    def step(self, live: Sequence[int], index: Tensor, obs: Tensor, action: Tensor) -> PackRows:
+    def step(
+        self, live: Sequence[int], index: Tensor, obs: Tensor, action: Tensor, into: PackRows | None = None
+    ) -> PackRows:
+        """`PackEnvs.step`; `into`: the rows' device columns copied into these buffers (a captured store's)."""
         host = action.cpu().numpy()
         for row, i in enumerate(live):
             self.sources[i].send(obs[row], action[row], host[row])
         steps = [self.sources[i].finish_step() for i in live]
-        next_obs = host_to_device(np.stack([step.next_obs for step in steps]), self.device)  # [L, N, F]
-        columns = host_to_device(np.stack([np.stack([step.reward, step.done]) for step in steps]), self.device)
+        next_obs = np.stack([step.next_obs for step in steps])  # [L, N, F]
+        reward = np.stack([step.reward for step in steps])  # [L, N]
+        done = np.stack([step.done for step in steps])  # [L, N]
         last = np.stack([step.last for step in steps])  # [L, N]
-        return PackRows(next_obs, reward=columns[:, 0], done=columns[:, 1], last=last)  # columns [L, 2, N]
+        if into is None:
+            next_t, reward_t, done_t = (host_to_device(column, self.device) for column in (next_obs, reward, done))
+            return PackRows(next_t, reward_t, done_t, last=last)
+        for buffer, column in zip(into[:3], (next_obs, reward, done), strict=True):
+            host_into(buffer, column)
+        return into._replace(last=last)
 
     def evaluate(
         self, runs: Sequence[int], episodes: int, seeds: Sequence[int], online: Tensor, greedy: GreedyPack

@@ -20,3 +20,9 @@ def host_to_device(host: np.ndarray, device: torch.device) -> Tensor:
     if device.type != "cuda":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def host_into(target: Tensor, host: np.ndarray) -> None:
+    """`host` copied into `target` (a static buffer a CUDA graph reads), queued on the current stream."""
+    tensor = torch.from_numpy(host)
+    target.copy_(tensor.pin_memory() if target.device.type == "cuda" else tensor, non_blocking=True)
