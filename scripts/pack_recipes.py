@@ -16,14 +16,14 @@ aggregate updates/s (every run's updates over the training loop's wall time, whi
 periodic evaluation, not the build, warm-up fill or graph capture), the speed-up over the first cuda solo row,
 each seed's final greedy mean return over the recipe's 20 evaluation episodes, and how many reached `--threshold`
 (475), or with `--margin M` each seed's margin over the heuristic (the market's bar, 1.0) and how many reached M.
-The pack row runs with run.collect_graph off: a pack collects through its runs' own objects. Each row's runs
-(config, progress, summary) stay in OUT/runs/<row>/.
+The pack row runs with run.collect_graph off: the pack captures its runs' collection itself
+(`trainer.execution.pack_collect`). Each row's runs (config, progress, summary) stay in OUT/runs/<row>/, and each
+row prints its breakdown (ms per update; a pack's per pack update).
 
-Time, measured on an H100 (2026-12-06, `bash scripts/gpu_check.sh packtrain`, docs/benchmarks/pack4/): CartPole's
-pack of 16 used its 180 s loop (29,546 of 30,000 updates a run), the solo run 73 s, and the call 346 s in all with
-imports, warm-up fills, capture, evaluations and the GPU tests; the market (`--config examples/market.yaml --margin
-1.0 --cpu-steps 0`) 148 s and 10 s, 201 s in all. On a CPU, tiny settings run it in seconds
-(`tests/scripts/test_pack_recipes.py`).
+Time, measured on an H100 (2026-12-06, `bash scripts/gpu_check.sh packtrain`, docs/benchmarks/pack5/): CartPole's
+pack of 16 trained its 30,000 updates a run in 107 s (fused) or was cut at 150 s (graph), its solo run 47-74 s;
+the market (`--config examples/market.yaml --margin 1.0 --cpu-steps 0`) 11-23 s and 4-10 s. A call of two rows
+with the GPU tests took 3-10 minutes. On a CPU, tiny settings run it in seconds (`tests/scripts/test_pack_recipes.py`).
 """
 
 from __future__ import annotations

@@ -39,24 +39,19 @@ SMALL_MODEL = [
     "model.attn_window=2",
 ]
 """Overrides for the smallest model the plan and bench tests build (capture and compilation stay quick)."""
-SMALL_CARTPOLE = [
+SMALL_NETWORK = [
     "model.hidden=16",
     "model.head_hidden=8",
     "model.iqn_hidden=8",
     "model.iqn_embed=8",
     "model.iqn_taus=2",
     "model.iqn_target_taus=2",
-    "data.learning_starts=32",
-    "run.batch_size=16",
 ]
+"""The smallest network of a real training on the CPU (the recipes' own are far wider)."""
+SMALL_CARTPOLE = [*SMALL_NETWORK, "data.learning_starts=32", "run.batch_size=16"]
 """Overrides for a real training (examples/cartpole.yaml) small enough for the CPU: the bench's and the pack's."""
 SMALL_MARKET = [
-    "model.hidden=16",
-    "model.head_hidden=8",
-    "model.iqn_hidden=8",
-    "model.iqn_embed=8",
-    "model.iqn_taus=2",
-    "model.iqn_target_taus=2",
+    *SMALL_NETWORK,
     "model.attn_dim=8",
     "model.attn_ffn=8",
     "data.num_envs=4",
@@ -163,3 +158,17 @@ class WarmedCapture:
             body()
         self.captured += 1
         return SimpleNamespace(replay=body)
+
+
+def on_cuda_exploring(configs: list[TrainConfig]) -> list[TrainConfig]:
+    """`configs` on cuda with every action random (ε = 1): a batched forward's rounding cannot flip a greedy pick,
+    so a pack's GPU collection can be compared with its solo runs' bit for bit."""
+    return [
+        config.model_copy(
+            update={
+                "run": config.run.model_copy(update={"device": "cuda"}),
+                "data": config.data.model_copy(update={"epsilon_start": 1.0, "epsilon_end": 1.0}),
+            }
+        )
+        for config in configs
+    ]

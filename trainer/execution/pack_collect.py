@@ -24,6 +24,12 @@ solo run's). On a GPU a batched product may sum in another order than one run's,
 returns differ by a rounding the greedy pick can differ, as the pack's step itself differs there within its
 stated tolerance (`tests/trainer/execution/test_pack.py`). A run not in `live` (a frozen run) collects nothing.
 
+On a GPU, where every run is live, a step's device work replays as CUDA graphs (the host's dispatch of its few
+hundred small kernels was most of a pack step): a Gymnasium step's as two graphs around the host's envs
+(`step_captured`: choosing the actions, storing the rows); the torch market's, whose host values are all known
+ahead (the writers' bookkeeping, ε, where episodes end), as one graph per block of a plan call's steps
+(`collect_block`). The graphs read static buffers the step's values are copied into (`BlockPlan`, one array).
+
 `evaluate` plays the runs' greedy episodes side by side the same way (each run's own seeds and envs, one
 batched forward a step): run i's returns are those its source's `evaluate` gives.
 """

@@ -4,7 +4,8 @@ Each run is built as `trainer train` builds it (`build_run`: its own environment
 folder) and warmed up on its own; then one `Pack` stacks their tensors and one `PackPlan` runs every update of
 all of them (graph plans: the packed graph; eager: the vmapped eager step). Between updates every live run
 collects from its own environment with its own policy, all of them at once (`PackCollector`: one batched act,
-one batched replay write; run by run where it cannot, e.g. the torch market). Each run at its own points
+one batched replay write, on a GPU as CUDA graphs; the torch market's envs one batch of every run's; run by run
+where it cannot, e.g. goal-conditioned Gymnasium envs). Each run at its own points
 evaluates (best-policy selection; the runs' episodes played side by side with a collector), reports
 (progress.json), checkpoints, and at the end writes its summary.json, exactly as a solo run's folder holds them.
 Their metrics are served (`run.metrics_port`) and pushed as one registry, each sample labelled with its `run`.

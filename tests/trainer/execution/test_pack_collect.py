@@ -11,7 +11,7 @@ import torch
 
 from contracts.config import TrainConfig, load_config
 from contracts.packs import PackError
-from tests.factories import SMALL_CARTPOLE, WarmedCapture
+from tests.factories import SMALL_CARTPOLE, WarmedCapture, on_cuda_exploring
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
@@ -119,11 +119,7 @@ def test_on_a_gpu_random_collection_stores_each_runs_solo_transitions(tmp_path: 
     batched writes, the runs' generators on the device), with every action random (ε = 1: a batched forward's
     rounding cannot flip a greedy pick) each run's replay, returns and explore generator equal its solo run's, bit
     for bit."""
-    configs = [
-        config.model_copy(update={"run": config.run.model_copy(update={"device": "cuda"}),
-                                  "data": config.data.model_copy(update={"epsilon_start": 1.0, "epsilon_end": 1.0})})
-        for config in run_configs()
-    ]  # fmt: skip
+    configs = on_cuda_exploring(run_configs())
     solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
     _, collector = packed(configs, runs)
     assert collector.whole_levels

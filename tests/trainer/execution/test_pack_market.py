@@ -11,7 +11,7 @@ import torch
 
 from contracts.config import TrainConfig, load_config
 from contracts.packs import PackError
-from tests.factories import SMALL_MARKET, WarmedCapture
+from tests.factories import SMALL_MARKET, WarmedCapture, on_cuda_exploring
 from trainer.execution.data.market_torch import TorchMarket, TorchMarketSource
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
@@ -175,11 +175,7 @@ def test_on_a_gpu_captured_market_blocks_store_each_runs_solo_transitions(tmp_pa
     (ε = 1: a batched forward's rounding cannot flip a greedy pick), 60 updates: each run's stored integers
     (actions, bookkeeping), generators and markets' draws equal its solo run's, bit for bit; its float columns
     too, or within 1e-6 where a stacked kernel sums an env's 3 assets in another order."""
-    configs = [
-        config.model_copy(update={"run": config.run.model_copy(update={"device": "cuda"}),
-                                  "data": config.data.model_copy(update={"epsilon_start": 1.0, "epsilon_end": 1.0})})
-        for config in run_configs()
-    ]  # fmt: skip
+    configs = on_cuda_exploring(run_configs())
     solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
     collector = packed(configs, runs)
     assert collector.capture is not None

@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -68,30 +69,42 @@ def test_a_diverging_run_is_frozen_and_the_others_train_on(tmp_path: Path) -> No
     assert summaries[1]["diverged_at_step"] == 6 and summaries[1]["step"] == 6
 
 
-def test_a_packed_run_trains_as_its_solo_run(tmp_path: Path) -> None:
-    """Two seeds with their own ε schedules, 40 updates as one pack (collection batched across the runs): each run's
-    losses, evaluations and final parameters are its solo run's (`trainer train`), bit for bit on the CPU."""
+class Latest(NamedTuple):
+    """A run's last checkpoint: its state's and its replay's tensors."""
+
+    state: dict[str, torch.Tensor]
+    replay: dict[str, torch.Tensor]
+
+
+def packed_beside_solo(packed: list[TrainConfig], tmp_path: Path, same: tuple[str, ...]) -> Iterator[Latest]:
+    """`packed` trained as one pack (collection batched), then each run alone (`trainer train`): asserts the
+    summaries' `same` keys equal, and yields each run's last checkpoint, packed and solo."""
     from trainer.runtime.checkpoint import Checkpointer
     from trainer.runtime.train import run_training
 
-    more = ["run.steps=40", "run.log_every=20", "run.eval_every=20", "run.checkpoint_every=20"]
-    packed = configs([*more, "data.epsilon_start=0.5"], [*more, "data.epsilon_start=0.8"])
     lines: list[str] = []
-    dirs = [tmp_path / "pack" / f"seed-{c.run.seed}" for c in packed]
-    summaries = run_pack_training(packed, dirs, out=lines.append)
+    summaries = run_pack_training(packed, [tmp_path / "pack" / f"seed-{c.run.seed}" for c in packed], out=lines.append)
     assert not [line for line in lines if "collect one by one" in line]
     for config, summary in zip(packed, summaries, strict=True):
         solo_dir = tmp_path / "solo" / f"seed-{config.run.seed}"
         solo = run_training(config, solo_dir, show_progress=False, out=lambda line: None)
-        for key in ("losses", "eval_returns", "best_eval_step", "best_eval_return", "replay_size"):
+        for key in same:
             assert summary[key] == solo[key], key
         mine = Checkpointer(str(tmp_path / "pack" / f"seed-{config.run.seed}" / "checkpoints")).load_latest()
         theirs = Checkpointer(str(solo_dir / "checkpoints")).load_latest()
         assert mine is not None and theirs is not None
-        for name, tensor in theirs.state.items():
-            assert torch.equal(mine.state[name], tensor), name
-        for name, tensor in theirs.replay.items():
-            assert torch.equal(mine.replay[name], tensor), name
+        yield Latest(mine.state, mine.replay), Latest(theirs.state, theirs.replay)
+
+
+def test_a_packed_run_trains_as_its_solo_run(tmp_path: Path) -> None:
+    """Two seeds with their own ε schedules, 40 updates as one pack (collection batched across the runs): each run's
+    losses, evaluations and final parameters are its solo run's (`trainer train`), bit for bit on the CPU."""
+    more = ["run.steps=40", "run.log_every=20", "run.eval_every=20", "run.checkpoint_every=20"]
+    packed = configs([*more, "data.epsilon_start=0.5"], [*more, "data.epsilon_start=0.8"])
+    same = ("losses", "eval_returns", "best_eval_step", "best_eval_return", "replay_size")
+    for mine, theirs in packed_beside_solo(packed, tmp_path, same):
+        for name, tensor in {**theirs.state, **theirs.replay}.items():
+            assert torch.equal({**mine.state, **mine.replay}[name], tensor), name
 
 
 def test_a_packed_market_run_collects_and_evaluates_as_its_solo_run(tmp_path: Path) -> None:
@@ -99,23 +112,11 @@ def test_a_packed_market_run_collects_and_evaluates_as_its_solo_run(tmp_path: Pa
     each run's stored rows, evaluations and margin over the heuristic are its solo run's, bit for bit on the CPU;
     its parameters within 1e-4 (relative norm), since with attention on the pack's step is not bit for bit
     (tests/trainer/execution/test_pack.py: `RTOL`) and the priorities it writes back follow its losses."""
-    from trainer.runtime.checkpoint import Checkpointer
-    from trainer.runtime.train import run_training
-
     more = ["run.steps=20", "run.log_every=10", "run.eval_every=10", "run.checkpoint_every=10", "run.plan=eager"]
     more += ["run.eval_select_episodes=2", "run.eval_episodes=2"]
     packed = [load_config(MARKET, [*SMALL_MARKET, *more, f"run.seed={seed}"]) for seed in (1, 2)]
-    lines: list[str] = []
-    summaries = run_pack_training(packed, [tmp_path / "pack" / f"seed-{s}" for s in (1, 2)], out=lines.append)
-    assert not [line for line in lines if "collect one by one" in line]
-    for config, summary in zip(packed, summaries, strict=True):
-        solo_dir = tmp_path / "solo" / f"seed-{config.run.seed}"
-        solo = run_training(config, solo_dir, show_progress=False, out=lambda line: None)
-        for key in ("eval_returns", "best_eval_step", "baseline_means", "margin_over_heuristic", "replay_size"):
-            assert summary[key] == solo[key], key
-        mine = Checkpointer(str(tmp_path / "pack" / f"seed-{config.run.seed}" / "checkpoints")).load_latest()
-        theirs = Checkpointer(str(solo_dir / "checkpoints")).load_latest()
-        assert mine is not None and theirs is not None
+    same = ("eval_returns", "best_eval_step", "baseline_means", "margin_over_heuristic", "replay_size")
+    for mine, theirs in packed_beside_solo(packed, tmp_path, same):
         for name, tensor in theirs.replay.items():
             if name.startswith("storage."):
                 assert torch.equal(mine.replay[name], tensor), name
