@@ -139,7 +139,7 @@ class PackCollector:
         self.whole_levels = self.device.type == "cuda"  # one kernel a level of all K trees: fewer launches
         self.greedy = torch.func.vmap(self._greedy)  # ([L, P], [L, N, F]) -> [L, N, K]
         self._indices: dict[tuple[int, ...], Tensor] = {}  # live runs -> their index [L] on the device
-        self.capture: CaptureFn | None = graph_capture(self.device)  # the market's blocks as CUDA graphs on a GPU
+        self.capture: CaptureFn | None = graph_capture(self.device)  # on a GPU: steps and blocks as CUDA graphs
         self.graphs: dict[object, Replayable] = {}  # the market's pattern of episode ends, or a Gym step's part
         self.block_plans: dict[int, StaticPlan] = {}  # steps of a market block -> the plan its graphs read
         self.gym_buffers: GymBuffers | None = None  # what a Gym step's graphs read and write
@@ -238,6 +238,7 @@ class PackCollector:
             self.backfill(live, [plans])
 
     def gym_static(self, runs: int) -> GymBuffers:
+        """The static buffers of `step_captured` for `runs` runs, in the dtypes the envs yield."""
         assert isinstance(self.envs, GymPackEnvs)
         n, features = self.streams, self.envs.sources[0].observation.shape[-1]
         obs_dtype = torch.from_numpy(self.envs.sources[0].observation[:0]).dtype
