@@ -357,7 +357,7 @@ class PackCollector:
         later = np.arange(len(plans) - 1, -1, -1)[:, None] * self.streams  # [M, 1]
         sizes = np.minimum(written[None, :] - later, self.capacity)  # [M, L]
         flat = meta.reshape(*meta.shape[:2], -1)  # [M, L, 5 N]
-        return np.concatenate([serial % self.capacity, flat, lengths, sizes[..., None]], axis=-1).astype(np.int64)
+        return np.concatenate([serial % self.capacity, flat, lengths, sizes[..., None]], axis=-1, dtype=np.int64)
 
     def store(
         self, live: list[int], index: Tensor, obs: Tensor, action: Tensor, rows: PackRows, block: BlockPlan, m: int
