@@ -114,6 +114,7 @@ class TrainerMetrics:
         labels["plan"] = plan
         self._info_labels = labels
         self._timer: StepTimer | None = None
+        self._reader = METRICS_READER
         self._gpu_memory = False
         # The histogram is exposed through _StepSeconds so a timer can be drained just before it is read.
         self.step_seconds = Histogram(
@@ -184,10 +185,20 @@ class TrainerMetrics:
         self.guard_skips_total.labels(plan)
         self._guard_seen = 0
 
-    def attach_timer(self, timer: StepTimer) -> None:
-        """Read `timer` at scrape time (non-blocking), so step times reach Prometheus without a sync."""
-        timer.add_reader(METRICS_READER)
-        self._timer = timer
+    def attach_timer(self, timer: StepTimer, reader: str = METRICS_READER) -> None:
+        """Read `timer` at scrape time (non-blocking), so step times reach Prometheus without a sync. `reader`: this
+        registry's queue of the timer, where several read one timer (a pack's runs share their step's)."""
+        timer.add_reader(reader)
+        self._timer, self._reader = timer, reader
+
+    def detach_timer(self) -> None:
+        """Observe what the timer has read back so far, then no more of its steps (a frozen packed run's)."""
+        self.drain_timer()
+        self._timer = None
+
+    def drain_timer(self) -> None:
+        if self._timer is not None:
+            self.observe_step_times(self._timer.drain(reader=self._reader))
 
     def observe_step_times(self, drained: Mapping[str, list[float]]) -> None:
         """Observe each step's seconds per component, as returned by `StepTimer.drain()`."""
@@ -269,9 +280,7 @@ class _StepSeconds(Collector):
         return list(self.metrics.step_seconds.describe())
 
     def collect(self) -> Iterator[Metric]:
-        timer = self.metrics._timer
-        if timer is not None:
-            self.metrics.observe_step_times(timer.drain(reader=METRICS_READER))
+        self.metrics.drain_timer()
         yield from self.metrics.step_seconds.collect()
 
 

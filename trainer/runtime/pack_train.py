@@ -9,6 +9,8 @@ where it cannot, e.g. goal-conditioned Gymnasium envs). Each run at its own poin
 evaluates (best-policy selection; the runs' episodes played side by side with a collector), reports
 (progress.json), checkpoints, and at the end writes its summary.json, exactly as a solo run's folder holds them.
 Their metrics are served (`run.metrics_port`) and pushed as one registry, each sample labelled with its `run`.
+One pack step serves every run, so it is timed once: the runs share one timer, each run's report and metrics
+reading it.
 
 Every report also goes, as one pack report with a `runs` entry per run (index, seed, trial, step, returns,
 diverged), to `on_report`: the CLI sends it to the controller (`trainer/runtime/progress.py`), whose job shows
@@ -35,7 +37,7 @@ from trainer.algo.step import StepOutput
 from trainer.execution.pack import Pack, PackError, PackOutput, PackPlan, PackRun
 from trainer.execution.pack_collect import PackCollector
 from trainer.runtime.checkpoint import Checkpointer
-from trainer.runtime.metrics import pack_registry, push, resolve_metrics_port, serve
+from trainer.runtime.metrics import METRICS_READER, pack_registry, push, resolve_metrics_port, serve
 from trainer.runtime.train import (
     EXIT_TERMINATED,
     FINAL_EVAL_SEED,
@@ -126,8 +128,14 @@ def build_pack(
 
     pack = Pack(configs, make)
     plan = PackPlan.for_plan(pack, runs[0].plan_name)
+    shared = runs[0].timer  # one pack step serves every run: one timer, read by each run's report and metrics
     for i, run in enumerate(runs):
         run.built_plan = PackMember(plan, i)
+        if i > 0:
+            run.timer = shared
+            run.metrics.attach_timer(shared, reader=f"{METRICS_READER}-{i}")
+    for i in diverged:
+        runs[i].metrics.detach_timer()
     return runs, plan, diverged
 
 
@@ -222,6 +230,7 @@ def _train(
     # run -> its state when it was frozen (a run restored as diverged is frozen from the start)
     frozen = {i: {name: t.clone() for name, t in runs[i].state.tensors().items()} for i in diverged_at}
     running = [run for i, run in enumerate(runs) if i not in frozen] or runs
+    timer = runs[0].timer  # the pack's (`build_pack`)
     skips = [0] * len(runs)  # each run's guard skips at the last report
     say = [functools.partial(_tagged, out, _tag(i, c, trials)) for i, c in enumerate(configs)]
     evaluations: dict[int, float] = {}  # run -> its last evaluation's mean return
@@ -247,15 +256,17 @@ def _train(
             raise SystemExit(EXIT_TERMINATED)
         advanced = plan.steps_per_call
         live = [i for i in range(len(runs)) if i not in frozen]
-        for i in live:  # each live run's step spans the pack's collection and update
-            runs[i].timer.begin_step()
-        if collector is not None and live:  # timed as one, on the first live run's timer
-            collector.collect(live, step, advanced, runs[live[0]].timer)
+        if live:  # the pack's step spans its collection and update; every run shares its timer
+            timer.begin_step()
+        if collector is not None and live:
+            collector.collect(live, step, advanced, timer)
         elif online:
             for i in live:
                 collect(runs[i], runs[i].act_fn(), advanced)
-        with runs[live[0]].timer.section("update") if live else contextlib.nullcontext():  # the pack's, as one
+        with timer.section("update") if live else contextlib.nullcontext():  # the pack's, as one
             output = plan.run(step)
+        if live:
+            timer.end_step()
         step += advanced
         for i, saved in frozen.items():  # the pack steps every run; a frozen one's state is put back
             runs[i].state.load_tensors(saved)
@@ -269,6 +280,7 @@ def _train(
                 if count > skips[i] and i not in frozen:
                     frozen[i] = {name: t.clone() for name, t in runs[i].state.tensors().items()}
                     diverged_at[i] = step
+                    runs[i].metrics.detach_timer()
                     say[i](f"diverged: the guard skipped {count - skips[i]} update(s) by step {step}; frozen")
             skips = now
         periodic = config.run.eval_every > 0  # 0: no periodic evaluation (nor a division by it)
@@ -278,7 +290,6 @@ def _train(
             if i in frozen and diverged_at[i] < step:
                 continue
             run.step, run.wall_seconds = step, wall
-            run.timer.end_step()
             run.metrics.steps_done(advanced)
             if evaluating and i not in frozen:
                 evaluations[i] = select(run, played[i], say[i]) if i in played else evaluate_for_selection(run, say[i])

@@ -15,6 +15,7 @@ from tests.factories import SMALL_CARTPOLE, WarmedCapture, on_cuda_exploring
 from trainer.execution.data.gym_source import GymSource
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
+from trainer.execution.pack_envs import GymPackEnvs
 from trainer.runtime.timing import StepTimer
 from trainer.runtime.train import Run, build_run, collect, fill_replay
 
@@ -23,8 +24,9 @@ EPSILONS = ((0.3, 0.05), (0.5, 0.02), (0.2, 0.1))
 """Each run's ε schedule (start, end): greedy and random actions both, and a different ε per run."""
 
 
-def run_configs(capacity: int = 300) -> list[TrainConfig]:
-    """Three runs of a small CartPole: their own seed and ε; a small ring, so 400 steps wrap it."""
+def run_configs(capacity: int = 300, streams: int = 1) -> list[TrainConfig]:
+    """Three runs of a small CartPole (`streams` envs each): their own seed and ε; a small ring, so 400 steps wrap
+    it."""
     return [
         load_config(
             CARTPOLE,
@@ -35,6 +37,7 @@ def run_configs(capacity: int = 300) -> list[TrainConfig]:
                 f"data.epsilon_end={end}",
                 "data.epsilon_decay_steps=200",
                 f"replay.capacity={capacity}",
+                f"data.num_envs={streams}",
             ],
         )
         for seed, (start, end) in zip((1, 2, 3), EPSILONS, strict=True)
@@ -70,17 +73,20 @@ def assert_collected_alike(solo: Run, mine: Run) -> None:
     assert torch.equal(solo.explore_generator.get_state(), mine.explore_generator.get_state())
 
 
-@pytest.mark.parametrize("whole_levels", [False, True], ids=["paths", "levels"])
-def test_batched_collection_stores_each_runs_solo_transitions(tmp_path: Path, whole_levels: bool) -> None:
+@pytest.mark.parametrize(("whole_levels", "streams"), [(False, 1), (True, 2)], ids=["paths-1env", "levels-2envs"])
+def test_batched_collection_stores_each_runs_solo_transitions(tmp_path: Path, whole_levels: bool, streams: int) -> None:
     """400 env steps (episodes end, the 300-row ring wraps) with ε from each run's schedule: each run's replay,
     returns and explore generator equal those of its solo run collecting through `trainer.runtime.train.collect`.
-    Both ways of summing the new priorities (changed paths: the CPU's; whole levels: a GPU's) are checked."""
-    configs = run_configs()
+    Both ways of summing the new priorities (changed paths: the CPU's; whole levels: a GPU's) are checked, and
+    the runs' envs stepped as one vector env, each run's share of it one or two envs."""
+    configs = run_configs(streams=streams)
     solos, runs = built(configs, tmp_path, "solo"), built(configs, tmp_path, "pack")
     perturb(solos)
     perturb(runs)
     _, collector = packed(configs, runs)
     collector.whole_levels = whole_levels
+    assert isinstance(collector.envs, GymPackEnvs) and collector.envs.joint is not None
+    assert collector.envs.joint.num_envs == 3 * streams
     for step in range(0, 400, 50):
         for solo in solos:
             solo.step = step
@@ -157,6 +163,11 @@ def test_a_run_left_out_collects_nothing(tmp_path: Path, live: list[int]) -> Non
         solos[i].step = 0
         collect(solos[i], solos[i].act_fn(), 30)
         assert_collected_alike(solos[i], runs[i])
+    collector.collect([0, 1, 2], 30, 30, StepTimer("cpu"))  # then all of them, their envs as one vector env
+    for i, solo in enumerate(solos):
+        solo.step = 30
+        collect(solo, solo.act_fn(), 30)
+        assert_collected_alike(solo, runs[i])
 
 
 def test_a_pack_without_gymnasium_sources_is_refused(tmp_path: Path) -> None:

@@ -87,6 +87,31 @@ def test_scrape_drains_an_attached_timer(registry: CollectorRegistry, metrics: T
     assert registry.get_sample_value("foxhunt_train_step_seconds_count", {"plan": "eager", "component": STEP}) == 3
 
 
+def test_runs_sharing_a_timer_each_observe_every_step_until_detached() -> None:
+    """A pack's runs share its step's timer, each through its own reader; a frozen run's metrics stop there."""
+    timer = StepTimer("cpu")
+    runs = [TrainerMetrics(CollectorRegistry(), plan="eager") for _ in range(2)]
+    for i, run in enumerate(runs):
+        run.attach_timer(timer, reader=f"metrics-{i}")
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            with timer.section("update"):
+                pass
+            timer.end_step()
+
+    def observed(run: TrainerMetrics) -> float | None:
+        labels = {"plan": "eager", "component": "update"}
+        return run.registry.get_sample_value("foxhunt_train_step_seconds_count", labels)
+
+    steps(2)
+    assert [observed(run) for run in runs] == [2.0, 2.0]
+    steps(1)
+    runs[1].detach_timer()  # observes the step it had not yet read, then none
+    steps(3)
+    assert [observed(run) for run in runs] == [6.0, 3.0]
+
+
 def test_loop_verbs(registry: CollectorRegistry, metrics: TrainerMetrics) -> None:
     metrics.steps_done(2000)
     metrics.epoch_done(12.5)

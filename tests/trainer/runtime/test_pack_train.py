@@ -56,7 +56,9 @@ def test_each_packed_run_writes_its_own_run_folder(tmp_path: Path) -> None:
         assert json.loads((folder / "summary.json").read_text()) == summary
         assert summary["step"] == 12 and summary["packed"] is True and summary["diverged_at_step"] is None
         assert len(summary["eval_returns"]) == 1 and summary["best_eval_step"] in (6, 12)
-        assert json.loads((folder / "progress.json").read_text())["step"] == 12
+        progress = json.loads((folder / "progress.json").read_text())
+        assert progress["step"] == 12
+        assert progress["breakdown_ms"]["update"] > 0  # the pack's step, timed once for every run
         assert json.loads((folder / "config.json").read_text())["run"]["seed"] == seed
         assert any((folder / "checkpoints").iterdir())
 

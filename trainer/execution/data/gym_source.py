@@ -167,6 +167,10 @@ def make_vector_env(
     return SyncVectorEnv(fns, autoreset_mode=autoreset)
 
 
+VectorStep = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+"""What a vector env's `step` returns: observations, rewards, terminations, truncations, infos."""
+
+
 @dataclass
 class HostStep:
     """One step of N envs: `Transitions`' columns, those the envs produce still on the host (NumPy)."""
@@ -270,14 +274,23 @@ class GymSource:
             rows.achieved_goal, rows.base_reward = goal_columns(self.spec, rows.obs, rows.next_obs, rows.reward)
         return rows
 
-    def finish_step(self) -> HostStep:
+    @property
+    def joinable(self) -> bool:
+        """Whether its envs can step inside a vector env of many sources' envs (`GymPackEnvs`): in this process,
+        and reset in the step they end, so that no state of its own vector env carries from one step to the next."""
+        return isinstance(self.envs, SyncVectorEnv) and self.autoreset == AutoresetMode.SAME_STEP
+
+    def finish_step(self, stepped: VectorStep | None = None) -> HostStep:
         """The N rows of the step `start_collect` (or `send`) began, with their host columns left on the host:
-        a pack copies many sources' columns to the device at once."""
+        a pack copies many sources' columns to the device at once. `stepped`: this source's share of a step that a
+        vector env of several `joinable` sources' envs took (the pack's, with the actions `send` was given)."""
         if self._sent is None:
             raise RuntimeError("finish_collect called without start_collect")
         obs, action, env_action = self._sent
         self._sent = None
-        if isinstance(self.envs, AsyncVectorEnv):
+        if stepped is not None:
+            next_raw, reward, terminated, truncated, info = stepped
+        elif isinstance(self.envs, AsyncVectorEnv):
             next_raw, reward, terminated, truncated, info = self.envs.step_wait()
         else:
             next_raw, reward, terminated, truncated, info = self.envs.step(env_action)
