@@ -7,9 +7,11 @@ bench: "zerocopy-bf16", or with the bench's "+combo": "zerocopy-bf16+combo") wit
 "+combo16" (up to 16 kernels in one of Inductor's combined kernels
 instead of its default 8), e.g. "zerocopy-bf16+combo+combo16"; "+allcombo" (every combined kernel kept,
 not only those Inductor's benchmark finds faster); "+nosplitred" (no reduction split into two kernels,
-partial and final: Inductor's `split_reductions` off). Each variant is compiled afresh (Dynamo's in-memory
-cache and the plans' compiled wrappers are reset first), so one compiled under other Inductor settings
-is never reused.
+partial and final: Inductor's `split_reductions` off); "+autotune" (each product timed at compile time
+among cuBLAS and Inductor's Triton GEMM templates, which can take the product's pointwise epilogue: Inductor's
+`max_autotune_gemm`); "+tritongemm" (every product one of those templates). Each variant is compiled afresh
+(Dynamo's in-memory cache and the plans' compiled wrappers are reset first), so one compiled under other
+Inductor settings is never reused.
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps. `--trace DIR` also writes each variant's kernel timeline
@@ -100,6 +102,8 @@ SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] 
     "combo16": lambda: combo_kernel_cap(16),
     "allcombo": lambda: mock.patch.dict(HORIZONTAL_OPTIONS, benchmark_combo_kernel=False),
     "nosplitred": lambda: inductor_config.patch(split_reductions=False),
+    "autotune": lambda: inductor_config.patch(max_autotune_gemm=True),
+    "tritongemm": lambda: inductor_config.patch(max_autotune_gemm=True, max_autotune_gemm_backends="TRITON"),
 }
 """Variant flags that are process settings, held while the variant is built (compiled, captured) and run."""
 
