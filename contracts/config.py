@@ -191,12 +191,14 @@ class DataConfig(_Section):
         ),
     )
     num_envs: int = Field(1, ge=1, le=4096, description="Parallel environments for online collection.")
-    vector_env: Literal["sync", "async"] = Field(
+    vector_env: Literal["sync", "async", "process"] = Field(
         "sync",
         description=(
             "Gymnasium vector env of the host-side envs (gym, and the market's numpy backend): 'sync' steps the "
             "data.num_envs envs in turn in this process; 'async' steps them in parallel in worker processes, "
-            "which pays when an env step costs more than a process round trip (about 0.1 ms)."
+            "one per env, which pays when an env step costs more than a process round trip (about 0.1 ms); "
+            "'process' steps them in turn in one worker process of their own, so that the runs of a pack "
+            "(trainer sweep --pack) step their envs in parallel, a process per run rather than per env."
         ),
     )
     learning_starts: int = Field(1000, ge=0, le=INT32_MAX, description="Transitions collected before the first update.")

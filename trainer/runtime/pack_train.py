@@ -183,7 +183,7 @@ def run_pack_training(
     with contextlib.ExitStack() as held:
         for path in run_dirs:
             held.enter_context(hold_run_dir(path))
-        return _train(configs, run_dirs, out, trials, on_report, checkpoint_urls, resume)
+        return _train(configs, run_dirs, out, trials, on_report, checkpoint_urls, resume, held)
 
 
 def _tag(index: int, config: TrainConfig, trials: Sequence[int] | None) -> str:
@@ -223,8 +223,11 @@ def _train(
     on_report: Report | None,
     checkpoint_urls: Sequence[str | None] | None,
     resume: bool,
+    held: contextlib.ExitStack,
 ) -> list[dict[str, Any]]:
     runs, plan, diverged_at = build_pack(configs, run_dirs, checkpoint_urls, resume)
+    for run in runs:  # their envs' worker processes end with the pack (a search trains packs in one process)
+        held.callback(run.source.close)
     config = configs[0]  # schedules (steps, log, eval, checkpoints) are shared by every run of a pack
     online = config.data.source != "offline"
     # run -> its state when it was frozen (a run restored as diverged is frozen from the start)

@@ -496,8 +496,8 @@ def run_training(
     after the final checkpoint (which keeps the last update's state plus the snapshot) and before
     the final evaluation; the summary's `best_eval_step` and `best_eval_return` name it (None if off).
     """
-    with hold_run_dir(run_dir):
-        return _run_training(config, run_dir, resume, show_progress, out, on_report, checkpoint_url)
+    with hold_run_dir(run_dir), contextlib.ExitStack() as held:
+        return _run_training(config, run_dir, resume, show_progress, out, on_report, checkpoint_url, held)
 
 
 def _run_training(
@@ -508,11 +508,13 @@ def _run_training(
     out: Callable[[str], None],
     on_report: Callable[[dict[str, Any]], None] | None,
     checkpoint_url: str | None,
+    held: contextlib.ExitStack,
 ) -> dict[str, Any]:
-    """run_training's body, with the run folder held."""
+    """run_training's body, with the run folder held; the run's source is closed when `held` closes."""
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.json")
     run = build_run(config, run_dir, checkpoint_url)
+    held.callback(run.source.close)  # its envs' worker processes end with the run, also in a long-lived process
     if resume and restore_checkpoint(run):
         out(f"resumed from checkpoint at step {run.step}")
     elif resume:

@@ -13,6 +13,7 @@ from contracts.config import TrainConfig, load_config
 from contracts.packs import PackError
 from tests.factories import SMALL_CARTPOLE, WarmedCapture, on_cuda_exploring
 from trainer.execution.data.gym_source import GymSource
+from trainer.execution.data.process_env import ProcessVectorEnv
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
 from trainer.execution.pack_envs import GymPackEnvs
@@ -97,6 +98,32 @@ def test_batched_collection_stores_each_runs_solo_transitions(tmp_path: Path, wh
     for solo, mine in zip(solos, runs, strict=True):
         assert_collected_alike(solo, mine)
         assert mine.replay.storage.obs.data_ptr() != solo.replay.storage.obs.data_ptr()
+
+
+def test_runs_whose_envs_step_in_a_worker_each_collect_their_solo_rows(tmp_path: Path) -> None:
+    """`data.vector_env: process`: every run's envs in a worker process of its own, all of them stepping at once
+    (each run's actions sent before any step is gathered); each run collects what its solo run collects in its own
+    process (`sync`)."""
+    configs = run_configs(streams=2)
+    solos = built(configs, tmp_path, "solo")
+    runs = built(
+        [c.model_copy(update={"data": c.data.model_copy(update={"vector_env": "process"})}) for c in configs],
+        tmp_path,
+        "pack",
+    )
+    perturb(solos)
+    perturb(runs)
+    _, collector = packed(configs, runs)
+    assert isinstance(collector.envs, GymPackEnvs) and collector.envs.joint is None
+    assert all(isinstance(run.online_source.envs, ProcessVectorEnv) for run in runs)
+    for step in range(0, 200, 50):
+        for solo in solos:
+            solo.step = step
+            collect(solo, solo.act_fn(), 50)
+        collector.collect([0, 1, 2], step, 50, runs[0].timer)
+    for solo, mine in zip(solos, runs, strict=True):
+        assert_collected_alike(solo, mine)
+        mine.source.close()
 
 
 def test_a_captured_step_collects_as_the_uncaptured_one(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ and a run that diverges is frozen and reported while the others train on."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -61,6 +62,14 @@ def test_each_packed_run_writes_its_own_run_folder(tmp_path: Path) -> None:
         assert progress["breakdown_ms"]["update"] > 0  # the pack's step, timed once for every run
         assert json.loads((folder / "config.json").read_text())["run"]["seed"] == seed
         assert any((folder / "checkpoints").iterdir())
+
+
+def test_a_pack_whose_envs_step_in_worker_processes_trains_and_ends_them(tmp_path: Path) -> None:
+    """`data.vector_env: process` (each run's envs in a worker of its own): the pack trains, and its workers end
+    with it, as a search that trains pack after pack in one process needs."""
+    summaries = train(configs(["data.vector_env=process"], ["data.vector_env=process"]), tmp_path)
+    assert [summary["step"] for summary in summaries] == [12, 12]
+    assert multiprocessing.active_children() == []
 
 
 def test_a_diverging_run_is_frozen_and_the_others_train_on(tmp_path: Path) -> None:

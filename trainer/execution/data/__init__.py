@@ -26,6 +26,10 @@ class Source(Protocol):
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]: ...
 
+    def close(self) -> None:
+        """Release what it holds (envs, worker processes) once training is done with it."""
+        ...
+
 
 class OnlineSource(Source, Protocol):
     """A source that collects: one step of every parallel env per call (`num_envs` rows)."""

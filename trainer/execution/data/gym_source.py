@@ -5,10 +5,11 @@ A = nvec[0]); Box observations (flattened) or goal Dicts {observation, achieved_
 (concatenated in that order, with a GoalSpec on the last two parts). Envs with Box observations may
 declare a goal themselves through an `unwrapped.goal_spec()` method (the market env does).
 
-The N envs run in a Gymnasium vector env: `SyncVectorEnv` (one process, envs stepped in turn) or
-`AsyncVectorEnv` (one worker process per env, stepped in parallel; `start_collect` sends the actions
-and returns at once, so the learner can run while the envs step, and `finish_collect` gathers the
-rows). Every call yields exactly N real transitions, with next_obs the true successor, whatever
+The N envs run in a Gymnasium vector env: `SyncVectorEnv` (one process, envs stepped in turn),
+`AsyncVectorEnv` (one worker process per env, stepped in parallel) or `ProcessVectorEnv` (all N in one
+worker process of their own: a pack's runs step in parallel). With a worker, `start_collect` sends the
+actions and returns at once, so the learner can run while the envs step, and `finish_collect` gathers the
+rows. Every call yields exactly N real transitions, with next_obs the true successor, whatever
 the vector env's autoreset mode:
 - same-step (the default here): an ending `step` returns the reset obs, and the real final obs in
   `info["final_obs"]`, which becomes that row's next_obs;
@@ -34,6 +35,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from torch import Tensor
 
 from contracts.config import ConfigError, check_env_id
+from trainer.execution.data.process_env import ProcessVectorEnv
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions, goal_columns
 from trainer.execution.data.transfer import host_to_device
 
@@ -42,7 +44,11 @@ GreedyFn = Callable[[Tensor], Tensor]
 
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 
-VectorKind = Literal["sync", "async"]
+VectorKind = Literal["sync", "async", "process"]
+
+
+BACKGROUND = (AsyncVectorEnv, ProcessVectorEnv)
+"""Vector envs that step in other processes: `send` starts their step, `finish_step` gathers it."""
 
 
 def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
@@ -160,10 +166,13 @@ def make_env_fn(env_id: str, env_kwargs: dict[str, Any] | None = None) -> Callab
 def make_vector_env(
     make: Callable[[], gym.Env[Any, Any]], num_envs: int, vector: VectorKind, autoreset: AutoresetMode
 ) -> VectorEnv[Any, Any, Any]:
-    """`num_envs` copies of `make()`: in worker processes when vector is "async" and there is more than one."""
+    """`num_envs` copies of `make()`: a worker process each when vector is "async" and there is more than one, all
+    in one worker process when it is "process" (`ProcessVectorEnv`), else in this process."""
     fns = [make] * num_envs
     if vector == "async" and num_envs > 1:
         return AsyncVectorEnv(fns, autoreset_mode=autoreset)
+    if vector == "process":
+        return ProcessVectorEnv(make, num_envs, autoreset)
     return SyncVectorEnv(fns, autoreset_mode=autoreset)
 
 
@@ -254,7 +263,7 @@ class GymSource:
         if self._sent is not None:
             raise RuntimeError("send called twice without finish_collect")
         env_action = self.env_action(host_action)
-        if isinstance(self.envs, AsyncVectorEnv):
+        if isinstance(self.envs, BACKGROUND):
             self.envs.step_async(env_action)
         self._sent = (obs, action, env_action)
 
@@ -290,7 +299,7 @@ class GymSource:
         self._sent = None
         if stepped is not None:
             next_raw, reward, terminated, truncated, info = stepped
-        elif isinstance(self.envs, AsyncVectorEnv):
+        elif isinstance(self.envs, BACKGROUND):
             next_raw, reward, terminated, truncated, info = self.envs.step_wait()
         else:
             next_raw, reward, terminated, truncated, info = self.envs.step(env_action)

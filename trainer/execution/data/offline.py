@@ -352,6 +352,9 @@ class OfflineSource:
         """Every row (CPU tensors), for `ReplayBuffer.extend`."""
         return self.dataset.transitions(self.spec)
 
+    def close(self) -> None:
+        """Nothing to release: evaluation's envs are closed after each evaluation."""
+
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
         """Greedy returns in the dataset's env (metadata env_id); a DatasetError if it names none."""
         env_id = self.dataset.metadata.get("env_id")

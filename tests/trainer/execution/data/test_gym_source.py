@@ -21,6 +21,7 @@ from trainer.execution.data.gym_source import (
     linear_epsilon,
     make_env_fn,
 )
+from trainer.execution.data.process_env import ProcessVectorEnv
 
 from .conftest import GOAL_ID, MULTI_ID, PLANTED_MODULE
 
@@ -86,7 +87,10 @@ MODES: list[tuple[VectorKind, AutoresetMode]] = [
     ("sync", AutoresetMode.NEXT_STEP),
     ("async", AutoresetMode.SAME_STEP),
     ("async", AutoresetMode.NEXT_STEP),
+    ("process", AutoresetMode.SAME_STEP),
+    ("process", AutoresetMode.NEXT_STEP),
 ]
+KINDS = {"sync": SyncVectorEnv, "async": AsyncVectorEnv, "process": ProcessVectorEnv}
 
 
 @pytest.mark.parametrize(("vector", "autoreset"), MODES)
@@ -95,7 +99,7 @@ def test_collection_stores_done_on_termination_only_and_real_final_obs(
 ) -> None:
     # terminates on action (2, 2), truncated after 5 steps
     source = GymSource(MULTI_ID, 3, 0, "cpu", vector=vector, autoreset=autoreset)
-    assert isinstance(source.envs, AsyncVectorEnv if vector == "async" else SyncVectorEnv)
+    assert isinstance(source.envs, KINDS[vector])
     gen = torch.Generator().manual_seed(1)
     rows = [source.collect(None, 1.0, gen) for _ in range(60)]
     source.close()
@@ -125,7 +129,8 @@ def test_collection_stores_done_on_termination_only_and_real_final_obs(
     ("env_id", "kwargs"), [(MULTI_ID, None), (GOAL_ID, None), ("foxhunt/Market-v0", {"features": 16, "horizon": 8})]
 )
 def test_every_vector_env_and_autoreset_mode_collects_the_same_rows(env_id: str, kwargs: dict | None) -> None:
-    """Same seed, same rows, whether envs step in turn or in workers, reset same-step or next-step."""
+    """Same seed, same rows, whether envs step in turn, in a worker each or in one worker, reset same-step or
+    next-step."""
 
     def trace(vector: VectorKind, autoreset: AutoresetMode) -> list[torch.Tensor]:
         source = GymSource(env_id, 3, 4, "cpu", kwargs, vector=vector, autoreset=autoreset)

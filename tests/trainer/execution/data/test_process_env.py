@@ -1,0 +1,54 @@
+"""A run's envs in one worker process (`trainer.execution.data.process_env`): the worker's failures come back as
+errors that say what failed, and closing ends the worker. That its rows are the sync vector env's is checked
+with every other vector env in `test_gym_source.py`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+from trainer.execution.data.gym_source import make_env_fn
+from trainer.execution.data.process_env import EnvWorkerError, ProcessVectorEnv
+
+
+@pytest.fixture
+def envs() -> Iterator[ProcessVectorEnv]:
+    envs = ProcessVectorEnv(make_env_fn("CartPole-v1"), 2, AutoresetMode.SAME_STEP)
+    yield envs
+    envs.close()
+
+
+def test_an_error_in_the_worker_is_raised_here_with_its_message(envs: ProcessVectorEnv) -> None:
+    envs.reset(seed=0)
+    with pytest.raises(EnvWorkerError, match="invalid"):  # CartPole asserts its action is in its space
+        envs.step(np.array([0, 7]))
+    obs, reward, *_ = envs.step(np.array([0, 1]))  # the worker serves on
+    assert obs.shape == (2, 4) and reward.tolist() == [1.0, 1.0]
+
+
+def test_a_step_is_gathered_before_the_next_request(envs: ProcessVectorEnv) -> None:
+    envs.reset(seed=0)
+    envs.step_async(np.array([0, 1]))
+    with pytest.raises(RuntimeError, match="call step_wait first"):
+        envs.reset(seed=1)
+    assert envs.step_wait()[0].shape == (2, 4)
+    with pytest.raises(RuntimeError, match="without step_async"):
+        envs.step_wait()
+
+
+def test_closing_ends_the_worker_also_mid_step() -> None:
+    envs = ProcessVectorEnv(make_env_fn("CartPole-v1"), 2, AutoresetMode.SAME_STEP)
+    envs.reset(seed=0)
+    envs.step_async(np.array([0, 1]))
+    envs.close()
+    assert not envs._worker.is_alive() and envs._worker.exitcode == 0
+
+
+def test_a_worker_that_died_is_named_as_such(envs: ProcessVectorEnv) -> None:
+    envs._worker.kill()
+    envs._worker.join()
+    with pytest.raises(EnvWorkerError, match="worker process (died|is gone)"):
+        envs.reset(seed=0)
