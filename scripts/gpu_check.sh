@@ -101,11 +101,14 @@
 #     `auto`), each compiled afresh, twice in turn:
 #     the step time, the kernels per step and how much they move between two compilations of one variant
 #     (DEADLINE 580 s)                                  -> $OUT/gpu_tests_round15.log, $OUT/profile_round15_core.txt
-#   round16 (issue 32) = prof16,prof16ws: every kernel of zerocopy-bf16+combo on `core`, then with the products
-#     tuned among cuBLAS and Inductor's Triton GEMM templates (`+autotune`) and as templates only (`+tritongemm`);
-#     then, in a process of its own, the first without cuBLAS workspaces (CUBLAS_WORKSPACE_CONFIG=:0:0,
-#     CUBLASLT_WORKSPACE_SIZE=0: no split-K products, whose partial sums need one) (DEADLINE 580 s)
-#                                                  -> $OUT/profile_round16_core.txt, $OUT/profile_round16_noworkspace.txt
+#   round16 (issue 32) = prof16: every kernel of zerocopy-bf16+combo on `core`, then with the products tuned among
+#     cuBLAS and Inductor's Triton GEMM templates (`+autotune`: about 10 s of tuning a product's shape, one shape
+#     after another; 14 shapes took 150 s on an H100, so the stage has the whole call) (DEADLINE 580 s)
+#                                                                               -> $OUT/profile_round16_core.txt
+#   round16b = prof16t,prof16ws: the products as templates only (`+tritongemm`); then, in a process of its own,
+#     zerocopy-bf16+combo without cuBLAS workspaces (CUBLAS_WORKSPACE_CONFIG=:0:0, CUBLASLT_WORKSPACE_SIZE=0: no
+#     split-K products, whose partial sums need one) (DEADLINE 580 s)
+#                                     -> $OUT/profile_round16_templates.txt, $OUT/profile_round16_noworkspace.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -152,7 +155,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round13f ] && { stage=small13,prof13d; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round13g ] && { stage=bench13g; DEADLINE="${DEADLINE:-220}"; }
 [ "$stage" = round15 ] && { stage=tests15,prof15; DEADLINE="${DEADLINE:-580}"; }
-[ "$stage" = round16 ] && { stage=prof16,prof16ws; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = round16 ] && { stage=prof16; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = round16b ] && { stage=prof16t,prof16ws; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
 has() { [[ ",$stage," == *",$1,"* ]]; }
@@ -262,8 +266,8 @@ has prof15 && TOP=40 profile_core profile_round15_core.txt 370 \
   zerocopy-bf16+combo+c51i zerocopy-bf16+combo zerocopy-bf16+combo+c51i zerocopy-bf16+combo
 
 # ---- issue 32: round 16 ----
-has prof16 && TOP=40 profile_core profile_round16_core.txt 420 \
-  zerocopy-bf16+combo zerocopy-bf16+combo+autotune zerocopy-bf16+combo+tritongemm
+has prof16 && TOP=40 profile_core profile_round16_core.txt 570 zerocopy-bf16+combo zerocopy-bf16+combo+autotune
+has prof16t && TOP=40 profile_core profile_round16_templates.txt 420 zerocopy-bf16+combo+tritongemm
 has prof16ws && CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 TOP=40 \
   profile_core profile_round16_noworkspace.txt 150 zerocopy-bf16+combo
 
