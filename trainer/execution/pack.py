@@ -297,7 +297,8 @@ class PackPlan:
     `compiled=True` runs the vmapped update through Inductor, as the fused plans run `train_step`: Dynamo cannot
     trace vmap over the step's torch.func transforms and attention's autograd.Function, so the update is first
     traced to one graph of aten ops (`make_fx`: vmap and the gradients become plain batched ops) and that graph
-    is compiled, one per `StepFlags` (`compiled_update`)."""
+    is compiled, one per `StepFlags` (`compiled_update`), with Inductor's combined kernels under
+    `run.combo_kernels`, as the fused plans compile."""
 
     def __init__(self, pack: Pack, graph: bool = False, compiled: bool = False) -> None:
         self.pack, self.config = pack, pack.configs[0]
@@ -396,7 +397,7 @@ class PackPlan:
         if flags not in self.compiled_updates:
             from torch.fx.experimental.proxy_tensor import make_fx
 
-            from trainer.execution.plans.fused import raise_dynamo_cache_limits
+            from trainer.execution.plans.fused import HORIZONTAL_OPTIONS, raise_dynamo_cache_limits
 
             def copy(tensor: Any) -> Any:
                 return tensor.clone() if isinstance(tensor, Tensor) else tensor
@@ -404,7 +405,8 @@ class PackPlan:
             copies = [arg if i == 1 else torch.utils._pytree.tree_map(copy, arg) for i, arg in enumerate(inputs)]
             traced = make_fx(functools.partial(self.vmapped, flags))(*copies)
             raise_dynamo_cache_limits()
-            self.compiled_updates[flags] = torch.compile(traced, dynamic=False)  # type: ignore[assignment]
+            options = dict(HORIZONTAL_OPTIONS) if self.config.run.combo_kernels else None  # as the fused plans
+            self.compiled_updates[flags] = torch.compile(traced, dynamic=False, options=options)  # type: ignore[assignment]
         return self.compiled_updates[flags]
 
     def update(self, flags: StepFlags, step: Tensor) -> PackOutput:

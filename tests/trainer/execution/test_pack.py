@@ -161,6 +161,25 @@ def test_a_compiled_pack_is_the_eager_pack() -> None:
     assert errors["state.updates"] == 0.0 and errors["state.online"] > 0.0  # 3 updates each; Inductor's own sums
 
 
+@pytest.mark.parametrize("combo", [False, True])
+def test_a_compiled_pack_compiles_as_the_fused_plans_do(monkeypatch: pytest.MonkeyPatch, combo: bool) -> None:
+    """Under `run.combo_kernels` the pack's traced update goes to Inductor with the fused plans' combined kernels
+    (`HORIZONTAL_OPTIONS`), else with Inductor's defaults. Inductor is not run: the options it is given are read."""
+    from trainer.execution.plans.fused import HORIZONTAL_OPTIONS
+
+    given: list[dict[str, Any]] = []
+
+    def spy(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        given.append(options)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", spy)
+    configs = [run_config(i, full=False) for i in range(2)]
+    configs = [c.model_copy(update={"run": c.run.model_copy(update={"combo_kernels": combo})}) for c in configs]
+    PackPlan(Pack(configs, solo_run), compiled=True).run(0)
+    assert given == [{"dynamic": False, "options": HORIZONTAL_OPTIONS if combo else None}]
+
+
 @contextlib.contextmanager
 def no_vmap_fallback() -> Iterator[None]:
     """vmap raises where an op has no batching rule, instead of looping over the runs (one kernel per run)."""
