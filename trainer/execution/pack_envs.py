@@ -102,28 +102,38 @@ class GymPackEnvs:
         self, runs: Sequence[int], episodes: int, seeds: Sequence[int], online: Tensor, greedy: GreedyPack
     ) -> list[list[float]]:
         """Run r's episode e is seeded seeds[r] + e in an env of its own, all of them stepped side by side, with one
-        greedy forward of every run a step. Episodes that ended keep their last observation in the forward (static
-        shapes) and are not stepped; their actions are not used."""
-        envs = [[self.sources[i].make_env() for _ in range(episodes)] for i in runs]
-        starts = zip(envs, seeds, strict=True)
-        first = [[env.reset(seed=seed + e)[0] for e, env in enumerate(row)] for row, seed in starts]
-        obs = np.stack([flatten_obs(batch_obs(row)) for row in first])  # [R, E, F]
-        returns = np.zeros((len(runs), episodes))  # [R, E]
-        active = np.ones((len(runs), episodes), dtype=bool)  # [R, E]
-        to_env = self.sources[runs[0]].env_action  # the runs' envs are of one kind (one action space)
-        with torch.no_grad():
-            while active.any():
-                actions = greedy(online, torch.from_numpy(obs).to(self.device)).to(torch.int64).cpu().numpy()
-                env_actions = to_env(actions.reshape(-1, actions.shape[-1]))  # [R E] or [R E, K]
-                env_actions = env_actions.reshape(len(runs), episodes, *env_actions.shape[1:])
-                for row, e in zip(*np.nonzero(active), strict=True):
-                    observation, reward, terminated, truncated, _ = envs[row][e].step(env_actions[row, e])
-                    returns[row, e] += float(reward)
-                    obs[row, e] = np.reshape(observation, -1)  # goal-free: a Box's array, cast as `flatten_obs` casts
-                    active[row, e] = not (terminated or truncated)
-        for row in envs:
-            for env in row:
-                env.close()
+        greedy forward of every run a step (each run's envs in a worker process of their own where its source's are:
+        the runs step in parallel). Episodes that ended keep their last observation in the forward (static shapes)
+        and are not stepped; their actions are not used."""
+        starts = zip(runs, seeds, strict=True)
+        players = [self.sources[i].episodes([seed + e for e in range(episodes)]) for i, seed in starts]
+        try:
+            first = [player.start() for player in players]
+            obs = np.stack([flatten_obs(batch_obs(row)) for row in first])  # [R, E, F]
+            returns = np.zeros((len(runs), episodes))  # [R, E]
+            active = np.ones((len(runs), episodes), dtype=bool)  # [R, E]
+            to_env = self.sources[runs[0]].env_action  # the runs' envs are of one kind (one action space)
+            with torch.no_grad():
+                while active.any():
+                    actions = greedy(online, torch.from_numpy(obs).to(self.device)).to(torch.int64).cpu().numpy()
+                    env_actions = to_env(actions.reshape(-1, actions.shape[-1]))  # [R E] or [R E, K]
+                    env_actions = env_actions.reshape(len(runs), episodes, *env_actions.shape[1:])
+                    running = [np.flatnonzero(row) for row in active]  # each run's episodes still on
+                    for row, player in enumerate(players):  # all sent before any is gathered
+                        if len(running[row]):
+                            player.step_async([(int(e), env_actions[row, e]) for e in running[row]])
+                    for row, player in enumerate(players):
+                        if not len(running[row]):
+                            continue
+                        for e, (observation, reward, terminated, truncated) in zip(
+                            running[row], player.step_wait(), strict=True
+                        ):
+                            returns[row, e] += float(reward)
+                            obs[row, e] = np.reshape(observation, -1)  # goal-free: a Box's, cast as `flatten_obs`
+                            active[row, e] = not (terminated or truncated)
+        finally:
+            for player in players:
+                player.close()
         return [[float(value) for value in row] for row in returns]
 
 

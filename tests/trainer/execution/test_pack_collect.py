@@ -4,6 +4,7 @@ and a run left out (a frozen one) collects nothing."""
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -208,10 +209,12 @@ def test_a_pack_without_gymnasium_sources_is_refused(tmp_path: Path) -> None:
         PackCollector(pack, [runs[0].source], [run.explore_generator for run in runs])
 
 
-def test_the_runs_evaluation_episodes_played_at_once_score_as_each_runs_own(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vector", ["sync", "process"])
+def test_the_runs_evaluation_episodes_played_at_once_score_as_each_runs_own(tmp_path: Path, vector: str) -> None:
     """Runs 0 and 2 (run 1 left out), 6 greedy episodes each from their own seeds, played side by side with one
-    batched forward a step: each run's returns are those `GymSource.evaluate` gives it alone, in order."""
-    configs = run_configs()
+    batched forward a step (`process`: each run's in a worker process of its own, all at once): each run's returns
+    are those `GymSource.evaluate` gives it alone, in order."""
+    configs = [c.model_copy(update={"data": c.data.model_copy(update={"vector_env": vector})}) for c in run_configs()]
     runs = built(configs, tmp_path, "pack")
     perturb(runs)
     _, collector = packed(configs, runs)
@@ -221,3 +224,6 @@ def test_the_runs_evaluation_episodes_played_at_once_score_as_each_runs_own(tmp_
         assert played[row] == want
     assert len({value for row in played for value in row}) > 2  # episodes of several lengths
     assert collector.evaluate([0, 1], 0, [1, 2]) == [[], []]
+    for run in runs:
+        run.source.close()
+    assert multiprocessing.active_children() == []  # the evaluations' workers ended with them

@@ -35,7 +35,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from torch import Tensor
 
 from contracts.config import ConfigError, check_env_id
-from trainer.execution.data.process_env import ProcessVectorEnv
+from trainer.execution.data.process_env import Episodes, EpisodesInWorker, ProcessVectorEnv
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions, goal_columns
 from trainer.execution.data.transfer import host_to_device
 
@@ -217,7 +217,7 @@ class GymSource:
         self._probe = self._make()  # an env in this process, for the spec (and a goal env's compute_reward)
         self.spec = env_spec(self._probe, env_id)
         self.envs = make_vector_env(self._make, num_envs, vector, autoreset)
-        self.autoreset = autoreset
+        self.vector, self.autoreset = vector, autoreset
         self.num_envs = num_envs
         self._sent: tuple[Tensor, Tensor, np.ndarray] | None = None  # obs, action, env action of start_collect
         obs, _ = self.envs.reset(seed=seed)
@@ -333,6 +333,13 @@ class GymSource:
     def make_env(self) -> gym.Env[Any, Any]:
         """One more env of this source's kind, outside its vector env (evaluation's)."""
         return self._make()
+
+    def episodes(self, seeds: Sequence[int]) -> Episodes | EpisodesInWorker:
+        """Greedy evaluation's envs of this source's kind, env e seeded seeds[e]: in a worker process of their own
+        where the source's envs are (`process`), so that a pack's runs play their evaluations in parallel."""
+        if self.vector == "process":
+            return EpisodesInWorker(self._make, seeds)
+        return Episodes(self._make, seeds)
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
         """Undiscounted returns of `episodes` greedy episodes, env i seeded seed + i, run side by side."""

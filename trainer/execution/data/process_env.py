@@ -1,22 +1,27 @@
-"""A run's N envs in one worker process of their own, stepped there in turn (`data.vector_env: process`).
+"""A run's envs in one worker process of their own (`data.vector_env: process`).
 
 Gymnasium's `AsyncVectorEnv` gives each env a process: right for one run whose few envs are slow, but a pack of
 K runs of N envs each then runs K x N processes (64 for LunarLander's 16 x 4, on 16 cores), and each step is K x N
-process round trips. Here each run's envs live in one worker, as the `SyncVectorEnv` a sync run steps in its own
-process: a pack's runs step in parallel, one process and one round trip a run and step. The worker builds its
-envs with the same constructor and seeds them as `reset(seed=)` asks, so its rows are those of the sync vector env,
-bit for bit (`tests/trainer/execution/data/test_process_env.py`).
+process round trips. Here each run's envs live in one worker:
 
-`step_async` sends the actions and returns; `step_wait` gathers the step (`GymSource.start_collect` and
-`finish_collect`, and the pack's `GymPackEnvs.step`, which sends every run's actions before gathering any).
-An error in the worker comes back as `EnvWorkerError` with the worker's own message.
+- `ProcessVectorEnv`: collection's N envs, as the `SyncVectorEnv` a sync run steps in its own process;
+- `EpisodesInWorker`: a greedy evaluation's episodes (`Episodes`, in the worker).
+
+A pack's runs then step in parallel, one process and one round trip a run and step. A worker builds its envs with
+the same constructor and seeds them as asked, so its rows and returns are those of the same envs in this process,
+bit for bit (`tests/trainer/execution/data/test_process_env.py`, `test_gym_source.py`).
+
+`step_async` sends the work and returns; `step_wait` gathers it (`GymSource.start_collect` and `finish_collect`,
+and the pack's `GymPackEnvs`, which sends every run's work before gathering any). An error in a worker comes back
+as `EnvWorkerError` with the worker's own traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -25,41 +30,101 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 JOIN_SECONDS = 5.0
-"""How long `close` waits for the worker to end before it is terminated."""
+"""How long `close` waits for a worker to end before it is terminated."""
+
+Move = tuple[int, Any]
+"""(episode, its env's action): one env's share of an `Episodes` step."""
+
+Outcome = tuple[Any, float, bool, bool]
+"""(observation, reward, terminated, truncated) of one env's step."""
 
 
 class EnvWorkerError(RuntimeError):
     """An env's worker process failed: its exception and traceback, or that it died."""
 
 
-def _serve(pipe: Connection, make: Callable[[], gym.Env[Any, Any]], num_envs: int, autoreset: AutoresetMode) -> None:
-    """The worker: `num_envs` envs as a `SyncVectorEnv`, answering (command, argument) requests until "close"."""
-    envs = None
+def _serve(pipe: Connection, build: Callable[[], Any]) -> None:
+    """A worker: `build()`'s object, its methods called by name ((command, args, kwargs) requests) until "close"."""
+    target = None
     try:
-        envs = SyncVectorEnv([make] * num_envs, autoreset_mode=autoreset)
+        target = build()
         pipe.send((True, None))
         while True:
-            command, argument = pipe.recv()
+            command, args, kwargs = pipe.recv()
             if command == "close":
                 break
             try:
-                result = envs.step(argument) if command == "step" else envs.reset(**argument)
+                result = getattr(target, command)(*args, **kwargs)
             except Exception:  # the caller raises it, with this traceback
                 pipe.send((False, traceback.format_exc()))
                 continue
             pipe.send((True, result))
     except (KeyboardInterrupt, EOFError, BrokenPipeError):  # the trainer was interrupted, or went away
         pass
-    except Exception:  # building the envs failed
+    except Exception:  # building failed
         pipe.send((False, traceback.format_exc()))
     finally:
-        if envs is not None:
-            envs.close()
+        if target is not None:
+            target.close()
         pipe.close()
 
 
+class Worker:
+    """`build()` in a worker process of its own, its methods called by name; one call at a time."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        context = multiprocessing.get_context()  # the platform's default, as Gymnasium's AsyncVectorEnv uses
+        self.pipe, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, build), daemon=True)
+        self.process.start()
+        child.close()
+        self.waiting: str | None = None  # the call sent and not yet gathered
+        self._receive()  # built, or its error raised here
+
+    def call(self, command: str, *args: Any, **kwargs: Any) -> Any:
+        self.call_async(command, *args, **kwargs)
+        return self.wait()
+
+    def call_async(self, command: str, *args: Any, **kwargs: Any) -> None:
+        if self.waiting is not None:
+            raise RuntimeError(f"{command} while {self.waiting} is under way: wait for it first")
+        try:
+            self.pipe.send((command, args, kwargs))
+        except OSError as error:
+            raise EnvWorkerError(f"the envs' worker process is gone ({error})") from None
+        self.waiting = command
+
+    def wait(self) -> Any:
+        if self.waiting is None:
+            raise RuntimeError("nothing to wait for: no call is under way")
+        self.waiting = None
+        return self._receive()
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                if self.waiting is not None:
+                    self.wait()
+                self.pipe.send(("close", (), {}))
+            except (OSError, EnvWorkerError):
+                pass
+            self.process.join(JOIN_SECONDS)
+        if self.process.is_alive():
+            self.process.terminate()
+        self.pipe.close()
+
+    def _receive(self) -> Any:
+        try:
+            ok, result = self.pipe.recv()
+        except EOFError:
+            raise EnvWorkerError(f"the envs' worker process died (exit code {self.process.exitcode})") from None
+        if not ok:
+            raise EnvWorkerError(f"the envs' worker process failed:\n{result}")
+        return result
+
+
 class ProcessVectorEnv(VectorEnv[Any, Any, Any]):
-    """`num_envs` copies of `make()` stepped in turn in one worker process (see the module docstring)."""
+    """`num_envs` copies of `make()` stepped in turn in one worker process, as a `SyncVectorEnv` there."""
 
     def __init__(self, make: Callable[[], gym.Env[Any, Any]], num_envs: int, autoreset: AutoresetMode) -> None:
         probe = make()  # the spaces, read here rather than asked of the worker
@@ -69,58 +134,68 @@ class ProcessVectorEnv(VectorEnv[Any, Any, Any]):
         self.num_envs = num_envs
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        context = multiprocessing.get_context()  # the platform's default, as Gymnasium's AsyncVectorEnv uses
-        self._pipe, child = context.Pipe()
-        self._worker = context.Process(target=_serve, args=(child, make, num_envs, autoreset), daemon=True)
-        self._worker.start()
-        child.close()
-        self._waiting = False
-        self._receive()  # the envs are built, or their error raised here
+        self.worker = Worker(functools.partial(SyncVectorEnv, [make] * num_envs, autoreset_mode=autoreset))
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None) -> Any:
-        self._send("reset", {"seed": seed, "options": options})
-        return self._receive()
+        return self.worker.call("reset", seed=seed, options=options)
 
     def step_async(self, actions: Any) -> None:
-        self._send("step", actions)
-        self._waiting = True
+        self.worker.call_async("step", actions)
 
     def step_wait(self) -> Any:
-        if not self._waiting:
+        if self.worker.waiting != "step":
             raise RuntimeError("step_wait without step_async")
-        self._waiting = False
-        return self._receive()
+        return self.worker.wait()
 
     def step(self, actions: Any) -> Any:
         self.step_async(actions)
         return self.step_wait()
 
     def close_extras(self, **kwargs: Any) -> None:
-        if self._worker.is_alive():
-            try:
-                if self._waiting:
-                    self._receive()
-                self._pipe.send(("close", None))
-            except (OSError, EnvWorkerError):
-                pass
-            self._worker.join(JOIN_SECONDS)
-        if self._worker.is_alive():
-            self._worker.terminate()
-        self._pipe.close()
+        self.worker.close()
 
-    def _send(self, command: str, argument: Any) -> None:
-        if self._waiting:
-            raise RuntimeError(f"{command} while a step is under way: call step_wait first")
-        try:
-            self._pipe.send((command, argument))
-        except OSError as error:
-            raise EnvWorkerError(f"the envs' worker process is gone ({error})") from None
 
-    def _receive(self) -> Any:
-        try:
-            ok, result = self._pipe.recv()
-        except EOFError:
-            raise EnvWorkerError(f"the envs' worker process died (exit code {self._worker.exitcode})") from None
-        if not ok:
-            raise EnvWorkerError(f"the envs' worker process failed:\n{result}")
-        return result
+class Episodes:
+    """Greedy evaluation's envs: env e of `make()` reset with seeds[e], then stepped while its episode runs (the
+    caller leaves an ended one out of its moves). `step_async` and `step_wait` as `EpisodesInWorker` has them."""
+
+    def __init__(self, make: Callable[[], gym.Env[Any, Any]], seeds: Sequence[int]) -> None:
+        self.envs = [make() for _ in seeds]
+        self.seeds = list(seeds)
+        self.moves: list[Move] = []
+
+    def start(self) -> list[Any]:
+        """Each env's first observation."""
+        return [env.reset(seed=seed)[0] for env, seed in zip(self.envs, self.seeds, strict=True)]
+
+    def step(self, moves: list[Move]) -> list[Outcome]:
+        return [self.envs[e].step(action)[:4] for e, action in moves]  # type: ignore[misc]
+
+    def step_async(self, moves: list[Move]) -> None:
+        self.moves = moves
+
+    def step_wait(self) -> list[Outcome]:
+        return self.step(self.moves)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class EpisodesInWorker:
+    """`Episodes` in a worker process of their own: a pack's runs play their evaluations in parallel."""
+
+    def __init__(self, make: Callable[[], gym.Env[Any, Any]], seeds: Sequence[int]) -> None:
+        self.worker = Worker(functools.partial(Episodes, make, list(seeds)))
+
+    def start(self) -> list[Any]:
+        return self.worker.call("start")  # type: ignore[no-any-return]
+
+    def step_async(self, moves: list[Move]) -> None:
+        self.worker.call_async("step", moves)
+
+    def step_wait(self) -> list[Outcome]:
+        return self.worker.wait()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.worker.close()

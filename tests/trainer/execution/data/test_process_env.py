@@ -11,7 +11,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 from trainer.execution.data.gym_source import make_env_fn
-from trainer.execution.data.process_env import EnvWorkerError, ProcessVectorEnv
+from trainer.execution.data.process_env import EnvWorkerError, Episodes, EpisodesInWorker, ProcessVectorEnv
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def test_an_error_in_the_worker_is_raised_here_with_its_message(envs: ProcessVec
 def test_a_step_is_gathered_before_the_next_request(envs: ProcessVectorEnv) -> None:
     envs.reset(seed=0)
     envs.step_async(np.array([0, 1]))
-    with pytest.raises(RuntimeError, match="call step_wait first"):
+    with pytest.raises(RuntimeError, match="while step is under way"):
         envs.reset(seed=1)
     assert envs.step_wait()[0].shape == (2, 4)
     with pytest.raises(RuntimeError, match="without step_async"):
@@ -44,11 +44,27 @@ def test_closing_ends_the_worker_also_mid_step() -> None:
     envs.reset(seed=0)
     envs.step_async(np.array([0, 1]))
     envs.close()
-    assert not envs._worker.is_alive() and envs._worker.exitcode == 0
+    assert not envs.worker.process.is_alive() and envs.worker.process.exitcode == 0
 
 
 def test_a_worker_that_died_is_named_as_such(envs: ProcessVectorEnv) -> None:
-    envs._worker.kill()
-    envs._worker.join()
+    envs.worker.process.kill()
+    envs.worker.process.join()
     with pytest.raises(EnvWorkerError, match="worker process (died|is gone)"):
         envs.reset(seed=0)
+
+
+def test_episodes_in_a_worker_play_as_in_this_process() -> None:
+    """Greedy evaluation's envs in a worker: the same first observations and step outcomes as in this process."""
+    make = make_env_fn("CartPole-v1")
+    here, there = Episodes(make, [5, 6, 7]), EpisodesInWorker(make, [5, 6, 7])
+    for mine, theirs in zip(here.start(), there.start(), strict=True):
+        assert np.array_equal(mine, theirs)
+    moves = [(0, 1), (2, 0)]  # episode 1 left out, as an ended one is
+    for _ in range(5):
+        there.step_async(moves)
+        for mine, theirs in zip(here.step(moves), there.step_wait(), strict=True):
+            assert np.array_equal(mine[0], theirs[0]) and mine[1:] == theirs[1:]
+    here.close()
+    there.close()
+    assert not there.worker.process.is_alive()
