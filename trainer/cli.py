@@ -172,7 +172,11 @@ def bench(
         str, typer.Option(help="Pack sizes K for `pack` rows, e.g. 1,4,16,64: K runs of each preset as one pack.")
     ] = "",
     pack_methods: Annotated[
-        str, typer.Option(help="Comma-separated: how the packs run, eager or graph with a precision suffix.")
+        str,
+        typer.Option(
+            help="Comma-separated: how the packs run, eager, graph or fused with a precision suffix (fused "
+            "also +combo)."
+        ),
     ] = "graph",
 ) -> None:
     """Time every plan beside eager and torch.compile on the pinned model; print the table, write JSON/PNG/MD."""
@@ -416,7 +420,8 @@ def train_pack(
 ) -> None:
     """Train the config once per seed as ONE pack (issue 31): one process, each update one batched step of every
     seed. Each seed-<n>/ holds what `trainer train` writes; a seed whose guard skips is frozen and reported.
-    SIGTERM writes every seed's checkpoint and exits 143; `--resume` goes on from there."""
+    SIGTERM writes every seed's checkpoint and exits 143; `--resume` goes on from there. Gymnasium envs with a slow
+    step (Box2D's): `-o data.vector_env=process` steps each seed's envs in a worker process of its own."""
     from contracts.packs import PackError
     from trainer.runtime.pack_train import run_pack_training
     from trainer.runtime.progress import ProgressReporter
