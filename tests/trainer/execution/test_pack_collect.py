@@ -215,6 +215,7 @@ def test_the_runs_evaluation_episodes_played_at_once_score_as_each_runs_own(tmp_
     batched forward a step (`process`: each run's in a worker process of its own, all at once): each run's returns
     are those `GymSource.evaluate` gives it alone, in order."""
     configs = [c.model_copy(update={"data": c.data.model_copy(update={"vector_env": vector})}) for c in run_configs()]
+    before = set(multiprocessing.active_children())  # another test's, in this process
     runs = built(configs, tmp_path, "pack")
     perturb(runs)
     _, collector = packed(configs, runs)
@@ -226,4 +227,4 @@ def test_the_runs_evaluation_episodes_played_at_once_score_as_each_runs_own(tmp_
     assert collector.evaluate([0, 1], 0, [1, 2]) == [[], []]
     for run in runs:
         run.source.close()
-    assert multiprocessing.active_children() == []  # the evaluations' workers ended with them
+    assert set(multiprocessing.active_children()) <= before  # the evaluations' workers ended with them

@@ -67,9 +67,10 @@ def test_each_packed_run_writes_its_own_run_folder(tmp_path: Path) -> None:
 def test_a_pack_whose_envs_step_in_worker_processes_trains_and_ends_them(tmp_path: Path) -> None:
     """`data.vector_env: process` (each run's envs in a worker of its own): the pack trains, and its workers end
     with it, as a search that trains pack after pack in one process needs."""
+    before = set(multiprocessing.active_children())  # another test's, in this process
     summaries = train(configs(["data.vector_env=process"], ["data.vector_env=process"]), tmp_path)
     assert [summary["step"] for summary in summaries] == [12, 12]
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before
 
 
 def test_a_diverging_run_is_frozen_and_the_others_train_on(tmp_path: Path) -> None:
