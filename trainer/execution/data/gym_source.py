@@ -330,10 +330,6 @@ class GymSource:
         self._obs = following
         return step
 
-    def make_env(self) -> gym.Env[Any, Any]:
-        """One more env of this source's kind, outside its vector env (evaluation's)."""
-        return self._make()
-
     def episodes(self, seeds: Sequence[int]) -> Episodes | EpisodesInWorker:
         """Greedy evaluation's envs of this source's kind, env e seeded seeds[e]: in a worker process of their own
         where the source's envs are (`process`), so that a pack's runs play their evaluations in parallel."""
@@ -343,24 +339,26 @@ class GymSource:
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
         """Undiscounted returns of `episodes` greedy episodes, env i seeded seed + i, run side by side."""
-        envs = [self.make_env() for _ in range(episodes)]
-        obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+        play = Episodes(self._make, [seed + i for i in range(episodes)])
+        obs = play.start()
         returns = [0.0] * episodes
         active = list(range(episodes))
-        with torch.no_grad():
-            while active:
-                batch = flatten_obs(batch_obs([obs[i] for i in active]))
-                action = greedy_fn(torch.from_numpy(batch).to(self.device)).to(torch.int64).cpu().numpy()
-                env_action = self.env_action(action)
-                still = []
-                for row, i in enumerate(active):
-                    obs[i], reward, terminated, truncated, _ = envs[i].step(env_action[row])
-                    returns[i] += float(reward)
-                    if not (terminated or truncated):
-                        still.append(i)
-                active = still
-        for env in envs:
-            env.close()
+        try:
+            with torch.no_grad():
+                while active:
+                    batch = flatten_obs(batch_obs([obs[i] for i in active]))
+                    action = greedy_fn(torch.from_numpy(batch).to(self.device)).to(torch.int64).cpu().numpy()
+                    env_action = self.env_action(action)
+                    outcomes = play.step([(i, env_action[row]) for row, i in enumerate(active)])
+                    still = []
+                    for i, (observation, reward, terminated, truncated) in zip(active, outcomes, strict=True):
+                        obs[i] = observation
+                        returns[i] += float(reward)
+                        if not (terminated or truncated):
+                            still.append(i)
+                    active = still
+        finally:
+            play.close()
         return returns
 
     def close(self) -> None:
