@@ -72,19 +72,39 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--max-seconds", type=float, default=220.0, help="run.max_seconds of each row's training loop (0: none)."
     )
     parser.add_argument("-o", "--override", action="append", default=[], help="Dotted override for every row.")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--vary",
+        default=None,
+        metavar="FIELD=V1,V2,...",
+        help="Tune in one pack: seeds 1..K for each value of this packable field (contracts/packs.py), K x values "
+        "runs; the pack's rows are then its values, each with its own seeds' returns and its share of the updates.",
+    )
+    args = parser.parse_args(argv)
+    if args.vary is not None:
+        field, _, values = args.vary.partition("=")
+        if not field or not values:
+            parser.error(f"--vary wants FIELD=V1,V2,... (got {args.vary!r})")
+        args.vary = (field, values.split(","))
+    return args
 
 
 def recipe(
-    args: argparse.Namespace, seed: int, device: str, plan: str | None, steps: int | None, pack: bool = False
+    args: argparse.Namespace,
+    seed: int,
+    device: str,
+    plan: str | None,
+    steps: int | None,
+    pack: bool = False,
+    extra: Sequence[str] = (),
 ) -> TrainConfig:
-    """The recipe for `seed` on `device` with `plan` (None: the recipe's), every update made (no early stop)."""
+    """The recipe for `seed` on `device` with `plan` (None: the recipe's), every update made (no early stop),
+    `extra` overrides last."""
     overrides = [f"run.seed={seed}", f"run.device={device}", "run.stop_at_return=null"]
     overrides += ["run.collect_graph=false"] if pack else []
     overrides += [f"run.plan={plan}"] if plan is not None else []
     overrides += [f"run.steps={steps}"] if steps is not None else []
     overrides += [f"run.max_seconds={args.max_seconds:g}"] if args.max_seconds > 0 else []
-    return load_config(args.config, [*overrides, *args.override])
+    return load_config(args.config, [*overrides, *args.override, *extra])
 
 
 def bar(args: argparse.Namespace) -> tuple[str, float]:
@@ -132,15 +152,26 @@ def quiet(prefix: str) -> Callable[[str], None]:
     return out
 
 
-def train_pack(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
+def train_pack(args: argparse.Namespace, runs: Path) -> list[dict[str, Any]]:
+    """The pack's row, or with `--vary` one row per value (seeds 1..K each, all trained as one pack)."""
     seeds = list(range(1, args.pack + 1))
+    field, values = args.vary or (None, [None])
     # A pack collects through its runs' own objects: the torch market's captured collection is the solo runs' only.
-    configs = [recipe(args, seed, args.device, args.plan, args.steps, pack=True) for seed in seeds]
+    configs, folders = [], []
+    for value in values:
+        extra, folder = ([], runs) if field is None else ([f"{field}={value}"], runs / f"{field}={value}")
+        configs += [recipe(args, seed, args.device, args.plan, args.steps, True, extra) for seed in seeds]
+        folders += [folder / f"seed-{seed}" for seed in seeds]
     started = time.perf_counter()
-    summaries = run_pack_training(configs, [runs / f"seed-{s}" for s in seeds], out=quiet(f"[pack K={args.pack}]"))
-    for seed, summary in zip(seeds, summaries, strict=True):
-        summary["seed"] = seed
-    return row(f"pack K={args.pack} {args.device}", summaries, time.perf_counter() - started, args, True)
+    summaries = run_pack_training(configs, folders, out=quiet(f"[pack K={len(configs)}]"))
+    setup_s = time.perf_counter() - started
+    for index, summary in enumerate(summaries):
+        summary["seed"] = seeds[index % len(seeds)]
+    name = f"pack K={len(configs)} {args.device}"
+    if field is None:
+        return [row(name, summaries, setup_s, args, True)]
+    chunks = [summaries[i : i + len(seeds)] for i in range(0, len(summaries), len(seeds))]
+    return [row(f"{name} {field}={v}", chunk, setup_s, args, True) for v, chunk in zip(values, chunks, strict=True)]
 
 
 def train_solo(
@@ -217,7 +248,8 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*batching rule.*")
-        done(train_pack(args, runs / "pack"))
+        for result in train_pack(args, runs / "pack"):
+            done(result)
         for seed in (int(s) for s in args.solo_seeds.split(",") if s):
             done(train_solo(args, seed, args.device, args.plan, args.steps, runs / f"solo-{args.device}"))
         if args.cpu_steps:

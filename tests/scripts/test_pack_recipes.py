@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from scripts.pack_recipes import main, table
 from tests.factories import SMALL_CARTPOLE
 
@@ -66,3 +68,26 @@ def test_the_market_scores_each_seed_by_its_margin_over_the_heuristic(tmp_path: 
     assert pack["reached"] == 2 and solo["reached"] == 1  # every margin is above -100
     assert "| reached margin -100 |" in document["table"] and document["margin"] == -100
     assert f"{summary['margin_over_heuristic']:+.2f}" in document["table"].splitlines()[2]
+
+
+def test_vary_tunes_in_one_pack_one_row_per_value(tmp_path: Path) -> None:
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--plan", "eager", "--pack", "2", "--steps", "6"]
+    argv += ["--solo-seeds", "", "--cpu-steps", "0", "--threshold", "9", "--max-seconds", "0"]
+    argv += ["--vary", "optim.lr=0.001,0.0001"]
+    for override in TINY:
+        argv += ["-o", override]
+    fast, slow = main(argv)["rows"]
+    assert fast["row"] == "pack K=4 cpu optim.lr=0.001" and slow["row"] == "pack K=4 cpu optim.lr=0.0001"
+    assert fast["seeds"] == slow["seeds"] == [1, 2] and fast["updates"] == slow["updates"] == 12
+    assert fast["loop_seconds"] == slow["loop_seconds"]  # one pack: one training loop
+    for value in ("0.001", "0.0001"):
+        for seed in (1, 2):
+            config = json.loads(
+                (tmp_path / "runs" / "pack" / f"optim.lr={value}" / f"seed-{seed}" / "config.json").read_text()
+            )
+            assert config["optim"]["lr"] == float(value) and config["run"]["seed"] == seed
+
+
+def test_vary_wants_a_field_and_values(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--vary", "optim.lr"])
