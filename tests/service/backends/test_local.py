@@ -54,7 +54,14 @@ def wait_state(backend: LocalBackend, job_id: str, states: set[JobState], timeou
 
 
 def wait_log(backend: LocalBackend, job_id: str, text: str, timeout: float = 30.0) -> None:
-    wait_until(lambda: text in "".join(backend.logs(job_id)), timeout, 0.05, what=f"{text!r} in the log of {job_id}")
+    """Polls the job's status as well, as the controller's watch does: a submit that finds every slot held (by an
+    attempt that ended since the index last looked) leaves the launch to the next poll."""
+
+    def logged() -> bool:
+        backend.status(job_id)
+        return text in "".join(backend.logs(job_id))
+
+    wait_until(logged, timeout, 0.05, what=f"{text!r} in the log of {job_id}")
 
 
 TERMINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.ERROR}
