@@ -173,10 +173,7 @@ def bench(
     ] = "",
     pack_methods: Annotated[
         str,
-        typer.Option(
-            help="Comma-separated: how the packs run, eager, graph or fused with a precision suffix (fused "
-            "also +combo)."
-        ),
+        typer.Option(help="Comma-separated: how the packs run, eager, graph or fused with a precision suffix."),
     ] = "graph",
 ) -> None:
     """Time every plan beside eager and torch.compile on the pinned model; print the table, write JSON/PNG/MD."""

@@ -297,8 +297,8 @@ class PackPlan:
     `compiled=True` runs the vmapped update through Inductor, as the fused plans run `train_step`: Dynamo cannot
     trace vmap over the step's torch.func transforms and attention's autograd.Function, so the update is first
     traced to one graph of aten ops (`make_fx`: vmap and the gradients become plain batched ops) and that graph
-    is compiled, one per `StepFlags` (`compiled_update`), with Inductor's combined kernels under
-    `run.combo_kernels`, as the fused plans compile."""
+    is compiled, one per `StepFlags` (`compiled_update`), with Inductor's defaults: not with its combined kernels,
+    whatever `run.combo_kernels` says (`COMBO_REFUSED`)."""
 
     def __init__(self, pack: Pack, graph: bool = False, compiled: bool = False) -> None:
         self.pack, self.config = pack, pack.configs[0]
@@ -328,6 +328,12 @@ class PackPlan:
             self.stream = torch.cuda.Stream(self.device)
             self.graphs: dict[tuple[StepFlags, ...], tuple[torch.cuda.CUDAGraph, PackOutput]] = {}
             self.capture_patterns(flag_patterns(self.config, self.steps_per_call))
+
+    COMBO_REFUSED = (
+        "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): with them the market's "
+        "packed update indexed out of its replay on an H100 (torch 2.11; docs/benchmarks/README.md, packs round 7)"
+    )
+    """Why a pack's runs that ask for combined kernels are compiled without them (`build_pack` says it)."""
 
     COMPILED_PLANS = frozenset({"compile", "fused", "zerocopy"})
     """Solo plans whose step runs through Inductor: their runs' pack does too."""
@@ -397,7 +403,7 @@ class PackPlan:
         if flags not in self.compiled_updates:
             from torch.fx.experimental.proxy_tensor import make_fx
 
-            from trainer.execution.plans.fused import HORIZONTAL_OPTIONS, raise_dynamo_cache_limits
+            from trainer.execution.plans.fused import raise_dynamo_cache_limits
 
             def copy(tensor: Any) -> Any:
                 return tensor.clone() if isinstance(tensor, Tensor) else tensor
@@ -405,8 +411,7 @@ class PackPlan:
             copies = [arg if i == 1 else torch.utils._pytree.tree_map(copy, arg) for i, arg in enumerate(inputs)]
             traced = make_fx(functools.partial(self.vmapped, flags))(*copies)
             raise_dynamo_cache_limits()
-            options = dict(HORIZONTAL_OPTIONS) if self.config.run.combo_kernels else None  # as the fused plans
-            self.compiled_updates[flags] = torch.compile(traced, dynamic=False, options=options)  # type: ignore[assignment]
+            self.compiled_updates[flags] = torch.compile(traced, dynamic=False)  # type: ignore[assignment]
         return self.compiled_updates[flags]
 
     def update(self, flags: StepFlags, step: Tensor) -> PackOutput:

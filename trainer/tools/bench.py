@@ -434,14 +434,11 @@ def solo_runs_beside_pack(
 
 
 def pack_base(method: str) -> str:
-    """The plan a pack method runs as ("graph-bf16" -> "graph"; "fused-bf16+combo" -> "fused", its compiled update
-    with combined kernels); `ValueError` for one a pack cannot run."""
+    """The plan a pack method runs as ("graph-bf16" -> "graph"); `ValueError` for one a pack cannot run (also any
+    `+combo`: a pack compiles without combined kernels, `PackPlan.COMBO_REFUSED`)."""
     base, _ = split_method(method)
-    if base not in PACK_BASES or (is_horizontal(method) and base != "fused"):
-        raise ValueError(
-            f"a pack runs as {' or '.join(PACK_BASES)} (with a precision suffix; fused also +{HORIZONTAL}), "
-            f"not {method!r}"
-        )
+    if base not in PACK_BASES or is_horizontal(method):
+        raise ValueError(f"a pack runs as {' or '.join(PACK_BASES)} (with a precision suffix), not {method!r}")
     return base
 
 

@@ -73,6 +73,24 @@ def test_a_pack_whose_envs_step_in_worker_processes_trains_and_ends_them(tmp_pat
     assert set(multiprocessing.active_children()) <= before
 
 
+@pytest.mark.parametrize("combo", [False, True])
+def test_a_compiled_pack_says_when_it_compiles_without_the_combined_kernels_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, combo: bool
+) -> None:
+    """`run.combo_kernels` is not honoured by a pack (`PackPlan.COMBO_REFUSED`), and the run's output says so,
+    never silently. Inductor is not run (torch.compile hands back the traced update)."""
+    from trainer.execution.pack import PackPlan
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+    packed = configs(*[["run.plan=compile", f"run.combo_kernels={str(combo).lower()}", "run.steps=2"]] * 2)
+    lines: list[str] = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*batching rule.*")
+        summaries = run_pack_training(packed, [tmp_path / f"seed-{c.run.seed}" for c in packed], out=lines.append)
+    assert [summary["plan"] for summary in summaries] == ["pack-compile"] * 2
+    assert (PackPlan.COMBO_REFUSED in lines) is combo
+
+
 def test_a_diverging_run_is_frozen_and_the_others_train_on(tmp_path: Path) -> None:
     """Seed 2's rewards scaled to overflow float32: every loss is non-finite, so its guard skips; it is frozen at
     its first report with its initial network, and seed 1 trains all its updates."""

@@ -60,20 +60,12 @@ def test_pinned_defaults_are_the_issue_model() -> None:
         ({"pack": [0]}, "pack sizes must be 1 to 64"),
         ({"pack": [2], "pack_methods": ["zerocopy"]}, "a pack runs as eager or graph"),
         ({"pack": [2], "pack_methods": ["zerocopy+combo"]}, "a pack runs as eager or graph"),
+        ({"pack": [2], "pack_methods": ["fused-bf16+combo"]}, "a pack runs as eager or graph"),
     ],
 )
 def test_bad_options_are_one_line_errors(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_options(tiny_options(**changes))
-
-
-def test_a_fused_pack_may_run_with_combined_kernels() -> None:
-    from trainer.tools.bench import method_config, pack_base
-
-    assert pack_base("fused-bf16+combo") == "fused"
-    config = method_config(preset_config("core", tiny_options()), "fused-bf16+combo")
-    assert config.run.combo_kernels and config.run.precision == "bf16"
-    check_options(tiny_options(pack=[2], pack_methods=["fused-bf16+combo"]))
 
 
 def test_a_precision_suffix_sets_the_methods_run_precision() -> None:
