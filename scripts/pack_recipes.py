@@ -20,6 +20,10 @@ The pack row runs with run.collect_graph off: the pack captures its runs' collec
 (`trainer.execution.pack_collect`). Each row's runs (config, progress, summary) stay in OUT/runs/<row>/, and each
 row prints its breakdown (ms per update; a pack's per pack update).
 
+`--vary optim.lr=6.3e-4,3e-4` tunes in the same pack: seeds 1..K for each value of a packable field
+(`contracts/packs.PACKABLE`), K x values runs in one process, one row per value (the rows share the loop's wall
+time; each counts its own runs' updates).
+
 Time, measured on an H100 (2026-12-06, `bash scripts/gpu_check.sh packtrain`, docs/benchmarks/pack5/): CartPole's
 pack of 16 trained its 30,000 updates a run in 107 s (fused) or was cut at 150 s (graph), its solo run 47-74 s;
 the market (`--config examples/market.yaml --margin 1.0 --cpu-steps 0`) 11-23 s and 4-10 s. A call of two rows

@@ -11,10 +11,10 @@ one env step of the pack is
   stepped (`PackEnvs`): Gymnasium's (`GymPackEnvs`: one copy of every run's actions to the host, each run's own
   vector env stepped with its own), or the torch market's (`trainer.execution.pack_market.MarketPackEnvs`: every
   run's N markets one batch of K x N on the device, each run's noise from its own generator);
-- store: each run's writer moves its host bookkeeping on (`RingWriter.advance`), then the rows of every live run
-  go into the stacked storage [K, C, ...] with one indexed write per column, and the new slots' priorities into
-  the stacked sum-trees, whose changed paths are summed (`sum_paths`) or, on a GPU, whole levels of all K trees
-  at once (one kernel a level).
+- store: the runs' writers move their host bookkeeping on (`advance_many`: all runs in one pass), then the rows of
+  every live run go into the stacked storage [K, C, ...] with one indexed write per column, and the new slots'
+  priorities into the stacked sum-trees, whose changed paths are summed (`sum_paths`) or, on a GPU, whole levels
+  of all K trees at once (one kernel a level).
 
 Each run keeps its envs, episode statistics and generators, so run i collects what its solo run would: the
 same transitions, bit for bit where the batched forward picks the same greedy actions as one run's forward. On
@@ -50,7 +50,7 @@ from contracts.packs import PackError
 from trainer.algo.model import greedy_action
 from trainer.algo.replay.sampler import sum_paths
 from trainer.algo.replay.storage import TensorStorage
-from trainer.algo.replay.writer import HostAdd, RingWriter, backfill_host
+from trainer.algo.replay.writer import HostAdd, RingWriter, advance_many, backfill_host
 from trainer.execution.collect import CaptureFn, Phase, Replayable, graph_capture
 from trainer.execution.data.gym_source import GymSource, linear_epsilon
 from trainer.execution.data.market_torch import TorchMarketSource
@@ -200,7 +200,7 @@ class PackCollector:
         with timer.section("env"):
             rows = self.envs.step(live, index, obs, action)
         with timer.section("store"):
-            plans = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
+            plans = advance_many([self.writers[i] for i in live], rows.last)
             block = BlockPlan.of(self.to_device(self.plan_host(live, [plans])), threshold)
             self.store(live, index, obs, action, rows, block, 0)
             self.backfill(live, [plans])
@@ -231,7 +231,7 @@ class PackCollector:
         with timer.section("env"):
             rows = self.envs.step(live, index, static.obs, static.action, into=static.rows)
         with timer.section("store"):
-            plans = [self.writers[i].advance(last) for i, last in zip(live, rows.last, strict=True)]
+            plans = advance_many([self.writers[i] for i in live], rows.last)
             block = static.plan.load(self.plan_host(live, [plans]), epsilon)
             store = functools.partial(self.store, live, index, static.obs, static.action, static.rows, block, 0)
             self.captured("store", store).replay()
@@ -269,7 +269,8 @@ class PackCollector:
         assert isinstance(self.envs, MarketPackEnvs)
         envs, steps = self.envs, updates * self.env_steps
         ends = Phase(envs.episode_step, steps).ends(envs.horizon)
-        plans = [[self.writers[i].advance(np.full(self.streams, end)) for i in live] for end in ends]
+        writers = [self.writers[i] for i in live]
+        plans = [advance_many(writers, np.full((len(live), self.streams), end)) for end in ends]
         packed = self.plan_host(live, plans)
         epsilon = self.epsilons(live, [step + m // self.env_steps for m in range(steps)])
         if self.capture is None:

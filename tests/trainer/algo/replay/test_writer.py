@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from trainer.algo.replay.sampler import PrioritizedSampler
 from trainer.algo.replay.storage import TensorStorage
-from trainer.algo.replay.writer import DeviceRingWriter, RingWriter
+from trainer.algo.replay.writer import DeviceRingWriter, HostAdd, RingWriter, advance_many
 from trainer.execution.data.spec import EnvSpec, Transitions
 
 from .conftest import episode_rows, stack_rows
@@ -227,3 +228,24 @@ def test_device_writer_add_reads_nothing_from_the_device(goal_spec: EnvSpec, mon
     monkeypatch.undo()
     assert reads == []
     assert writer.written == 36 and storage.episode_len.tolist() == [4] * 10  # every episode in the ring ended
+
+
+def test_many_writers_advanced_at_once_move_on_as_each_alone(goal_spec: EnvSpec) -> None:
+    """`advance_many` (a pack's runs' bookkeeping in one pass) against the same writers advanced one by one: the
+    same plans and the same state after every step, with each writer at its own count and episode ends."""
+    rng = np.random.default_rng(0)
+    apart = [build(goal_spec, 16, streams=3)[2] for _ in range(4)]
+    together = [build(goal_spec, 16, streams=3)[2] for _ in range(4)]
+    for i, (a, b) in enumerate(zip(apart, together, strict=True)):  # different counts: one writer wraps sooner
+        a.written = b.written = 5 * i
+    for _ in range(40):
+        last = rng.random((4, 3)) < 0.3  # [R, N]
+        alone = [writer.advance(row) for writer, row in zip(apart, last, strict=True)]
+        for one, many in zip(alone, advance_many(together, last), strict=True):
+            for field, value in zip(HostAdd._fields, one, strict=True):
+                np.testing.assert_array_equal(getattr(many, field), value, err_msg=field)
+        for a, b in zip(apart, together, strict=True):
+            assert a.written == b.written
+            np.testing.assert_array_equal(a.stream_step, b.stream_step)
+            np.testing.assert_array_equal(a.stream_start, b.stream_start)
+    assert any(len(plan.ended_start) for plan in alone)  # episodes did end, and were compared
