@@ -22,6 +22,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import Tensor
 
 from trainer.execution.data.gym_source import GymSource, HostStep, VectorStep, batch_obs, flatten_obs
+from trainer.execution.data.process_env import Episodes, EpisodesInWorker
 from trainer.execution.data.transfer import host_into, host_to_device
 
 GreedyPack = Callable[[Tensor, Tensor], Tensor]
@@ -105,9 +106,10 @@ class GymPackEnvs:
         greedy forward of every run a step (each run's envs in a worker process of their own where its source's are:
         the runs step in parallel). Episodes that ended keep their last observation in the forward (static shapes)
         and are not stepped; their actions are not used."""
-        starts = zip(runs, seeds, strict=True)
-        players = [self.sources[i].episodes([seed + e for e in range(episodes)]) for i, seed in starts]
-        try:
+        players: list[Episodes | EpisodesInWorker] = []
+        try:  # the players made so far are closed also when making the next one fails
+            for i, seed in zip(runs, seeds, strict=True):
+                players.append(self.sources[i].episodes([seed + e for e in range(episodes)]))
             first = [player.start() for player in players]
             obs = np.stack([flatten_obs(batch_obs(row)) for row in first])  # [R, E, F]
             returns = np.zeros((len(runs), episodes))  # [R, E]
