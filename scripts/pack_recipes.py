@@ -24,6 +24,10 @@ row prints its breakdown (ms per update; a pack's per pack update).
 (`contracts/packs.PACKABLE`), K x values runs in one process, one row per value (the rows share the loop's wall
 time; each counts its own runs' updates).
 
+`--inductor combo_kernels=true` holds an Inductor setting for every row: a probe of how the compiled pack builds
+under settings its plan does not choose (the pack refuses `run.combo_kernels`; docs/benchmarks/README.md, packs
+round 7). The JSON records the settings.
+
 Time, measured on an H100 (2026-12-06, `bash scripts/gpu_check.sh packtrain`, docs/benchmarks/pack5/): CartPole's
 pack of 16 trained its 30,000 updates a run in 107 s (fused) or was cut at 150 s (graph), its solo run 47-74 s;
 the market (`--config examples/market.yaml --margin 1.0 --cpu-steps 0`) 11-23 s and 4-10 s. A call of two rows
@@ -45,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from torch._inductor import config as inductor_config
 
 from contracts.config import TrainConfig, load_config
 from contracts.jsonfile import write_json_atomic
@@ -83,13 +88,38 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="Tune in one pack: seeds 1..K for each value of this packable field (contracts/packs.py), K x values "
         "runs; the pack's rows are then its values, each with its own seeds' returns and its share of the updates.",
     )
+    parser.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="An Inductor setting (torch._inductor.config) held for every row, e.g. combo_kernels=true: a probe of "
+        "how the compiled pack builds under settings its plan does not choose.",
+    )
     args = parser.parse_args(argv)
+    try:
+        args.inductor = dict(inductor_setting(item) for item in args.inductor)
+    except ValueError as error:
+        parser.error(str(error))
     if args.vary is not None:
         field, _, values = args.vary.partition("=")
         if not field or not values:
             parser.error(f"--vary wants FIELD=V1,V2,... (got {args.vary!r})")
         args.vary = (field, values.split(","))
     return args
+
+
+def inductor_setting(item: str) -> tuple[str, Any]:
+    """Parse "combo_kernels=true" as ("combo_kernels", True): the value as the setting's own type."""
+    name, _, text = item.partition("=")
+    if not text or not hasattr(inductor_config, name):
+        raise ValueError(f"--inductor wants SETTING=VALUE with one of torch._inductor.config's settings (got {item!r})")
+    current = getattr(inductor_config, name)
+    if isinstance(current, bool):
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"--inductor {name} is true or false (got {text!r})")
+        return name, text.lower() in ("true", "1")
+    return name, type(current)(text) if isinstance(current, (int, float)) else text
 
 
 def recipe(
@@ -250,7 +280,8 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         parts = " ".join(f"{name} {ms:.3f}" for name, ms in (result["breakdown_ms"] or {}).items())
         print(f"{result['row']}: {rate}; ms per update (a pack's: per pack update): {parts}", flush=True)
 
-    with warnings.catch_warnings():
+    document["inductor"] = args.inductor
+    with warnings.catch_warnings(), inductor_config.patch(args.inductor):
         warnings.filterwarnings("ignore", message=".*batching rule.*")
         for result in train_pack(args, runs / "pack"):
             done(result)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+import scripts.pack_recipes
 from scripts.pack_recipes import main, table
 from tests.factories import SMALL_CARTPOLE
 
@@ -91,3 +93,31 @@ def test_vary_tunes_in_one_pack_one_row_per_value(tmp_path: Path) -> None:
 def test_vary_wants_a_field_and_values(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--vary", "optim.lr"])
+
+
+def test_inductor_settings_are_held_for_the_rows_and_recorded(tmp_path: Path) -> None:
+    from torch._inductor import config as inductor_config
+
+    seen: list[tuple[bool, int]] = []
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--plan", "eager", "--pack", "2", "--steps", "2"]
+    argv += ["--solo-seeds", "", "--cpu-steps", "0", "--max-seconds", "0"]
+    argv += ["--inductor", "combo_kernels=true", "--inductor", "combo_kernel_max_num_nodes=3"]
+    for override in TINY:
+        argv += ["-o", override]
+    real = scripts.pack_recipes.train_pack
+
+    def spy(*args: object) -> object:
+        seen.append((inductor_config.combo_kernels, inductor_config.combo_kernel_max_num_nodes))
+        return real(*args)  # type: ignore[arg-type]
+
+    with mock.patch.object(scripts.pack_recipes, "train_pack", spy):
+        document = main(argv)
+    assert seen == [(True, 3)]
+    assert document["inductor"] == {"combo_kernels": True, "combo_kernel_max_num_nodes": 3}
+    assert inductor_config.combo_kernels is False  # released after the rows
+
+
+@pytest.mark.parametrize("item", ["combo_kernels", "no_such_setting=1", "combo_kernels=maybe"])
+def test_an_inductor_setting_that_cannot_be_held_is_refused(tmp_path: Path, item: str) -> None:
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--inductor", item])
