@@ -55,6 +55,7 @@ from pydantic import ValidationError
 from contracts.jsonfile import read_json_object, write_json_atomic
 from service.backends.base import BackendNotFound, BackendUnavailable
 from service.backends.local_pipeline import POOLS_FILE, search_progress, state_file, train_progress
+from service.backends.spawn import spawn
 from service.domain import MAX_RUNS, BackendStatus, JobSpec, JobState, RunProgress
 from service.pools import Pools
 
@@ -462,7 +463,7 @@ class LocalBackend:
                 f"with trainer {' '.join(self.command)}\n".encode()
             )
             log.flush()
-            child = subprocess.Popen(
+            child = spawn(
                 [sys.executable, "-m", _SUPERVISOR, str(job_dir), str(attempt), "--", *self.command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -52,6 +52,7 @@ from typing import IO, Any
 
 from contracts.jsonfile import write_json_atomic
 from contracts.pipeline import PIPELINE, Graph, Node, Pipeline, Step
+from service.backends.spawn import spawn
 
 RUN = "run"
 POOLS_FILE = "pools.yaml"
@@ -264,7 +265,7 @@ class PipelineRun:
         self._say(f"{MARK} step {name} starting: {shlex.join(command)}")
         begun = self.clock()
         try:
-            child = subprocess.Popen(
+            child = spawn(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if capture is not None else self.out,

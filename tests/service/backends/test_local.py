@@ -3,6 +3,7 @@ cancel, limits, restarts. The pipeline's own order, trials and exit handler: tes
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from service.backends import local
+from service.backends import local, spawn
 from service.backends.base import BackendNotFound
 from service.backends.local import LocalBackend, detect_gpus
 from service.domain import BackendStatus, JobSpec, JobState
@@ -106,6 +107,27 @@ def test_a_job_runs_to_success_with_progress_and_logs(tmp_path: Path) -> None:
     assert started[1:] == [f"--- foxhunt: step {name}" for name in steps]
     assert json.loads((tmp_path / "job-1" / "config.json").read_text())["run"]["steps"] == 3
     assert json.loads((tmp_path / "job-1" / "run" / "status.json").read_text())["status"] == "Succeeded"
+
+
+def test_a_supervisor_start_that_faults_under_load_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One `make test` run saw Popen raise EFAULT under load, and the controller failed the job (SubmitRejected).
+    real, faults = subprocess.Popen, [errno.EFAULT]
+
+    def faulting(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        if faults:
+            raise OSError(faults.pop(), "Bad address (injected)")
+        return real(argv, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(spawn, "BACKOFF_S", 0.0)
+    backend = make_backend(tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(subprocess, "Popen", faulting)
+        backend.submit(spec())
+    assert faults == []
+    status = wait_state(backend, "job-1", TERMINAL)
+    assert (status.state, status.reason) == (JobState.SUCCEEDED, "Completed")
 
 
 def test_submit_is_idempotent_per_attempt(tmp_path: Path) -> None:
