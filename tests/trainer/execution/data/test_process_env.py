@@ -4,8 +4,12 @@ with every other vector env in `test_gym_source.py`."""
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 from collections.abc import Iterator
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
@@ -68,3 +72,34 @@ def test_episodes_in_a_worker_play_as_in_this_process() -> None:
     here.close()
     there.close()
     assert not there.worker.process.is_alive()
+
+
+def _broken_env() -> gym.Env[Any, Any]:
+    raise ValueError("no such track (injected)")
+
+
+def test_a_build_that_fails_is_raised_at_the_first_call_with_its_traceback() -> None:
+    player = EpisodesInWorker(_broken_env, [1])  # making it does not wait for the build
+    with pytest.raises(EnvWorkerError, match="(?s)worker process failed.*no such track"):
+        player.start()
+    player.close()
+    assert not player.worker.process.is_alive()
+
+
+def _released_env(release: Any) -> gym.Env[Any, Any]:
+    if not release.wait(timeout=60):
+        raise TimeoutError("not released: the workers were built one after another")
+    return make_env_fn("CartPole-v1")()
+
+
+def test_workers_build_side_by_side() -> None:
+    """Every player's build waits for an event set only once all are made: made one after another (each waiting
+    for its build), the first would never see it."""
+    release = multiprocessing.get_context().Event()
+    players = [EpisodesInWorker(functools.partial(_released_env, release), [i]) for i in range(3)]
+    release.set()
+    try:
+        assert [player.start()[0].shape for player in players] == [(4,)] * 3
+    finally:
+        for player in players:
+            player.close()
