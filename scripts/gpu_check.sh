@@ -109,6 +109,16 @@
 #     zerocopy-bf16+combo without cuBLAS workspaces (CUBLAS_WORKSPACE_CONFIG=:0:0, CUBLASLT_WORKSPACE_SIZE=0: no
 #     split-K products, whose partial sums need one) (DEADLINE 580 s)
 #                                     -> $OUT/profile_round16_templates.txt, $OUT/profile_round16_noworkspace.txt
+#   round17 (issue 32) = prof17: zerocopy-bf16+combo on `core` with cuBLAS's workspaces, then without them
+#     (CUBLAS_WORKSPACE_CONFIG=:0:0, CUBLASLT_WORKSPACE_SIZE=0: no split-K product, no splitKreduce kernel), each
+#     in a process of its own (the second builds from Inductor's FX graph cache) (DEADLINE 300 s)
+#                                           -> $OUT/profile_round17_workspace.txt, $OUT/profile_round17_noworkspace.txt
+#   packcombo (issue 31): where the compiled market pack fails under Inductor's combo kernels: a pack of 2 market
+#     runs (300 updates) with combo kernels as the fused plans set them, under CUDA_LAUNCH_BLOCKING with Inductor's
+#     generated code logged; then with masks kept in every combined kernel (combo_kernel_allow_mixed_sizes=2), with
+#     pointwise kernels only combined, and without the indirect-index asserts. The first variant that trains then
+#     runs the market recipe as one pack of 16 seeds beside its solo run; with PACKCOMBO_BF16=1 also the recipe in
+#     bf16 (run.precision) (DEADLINE 540 s)                           -> $OUT/packcombo.txt, $OUT/packcombo_code.log.gz, $OUT/packcombo_market_*.json
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -157,6 +167,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round15 ] && { stage=tests15,prof15; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round16 ] && { stage=prof16; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round16b ] && { stage=prof16t,prof16ws; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = round17 ] && { stage=prof17; DEADLINE="${DEADLINE:-300}"; }
+[ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-540}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
 has() { [[ ",$stage," == *",$1,"* ]]; }
@@ -226,6 +238,40 @@ if has packtrain; then
   done
 fi
 
+# ---- issue 31: the compiled pack under Inductor's combo kernels (stage packcombo) ----
+if has packcombo; then
+  report="$OUT/packcombo.txt"; found="" works=""
+  probe=(scripts/pack_recipes.py --config examples/market.yaml --margin -100 --steps 300 --pack 2 --solo-seeds= --cpu-steps 0
+    --plan fused --max-seconds 0 -o data.learning_starts=640 --inductor combo_kernels=true --inductor benchmark_combo_kernel=true)
+  combo_probe() {  # NAME SECONDS [--inductor SETTING=VALUE]... : a pack of 2 under combo kernels -> its line in $report
+    local name=$1 seconds=$2 rc; shift 2
+    local before=$SECONDS
+    timeout "$(left "$seconds")" python3 "${probe[@]}" --out "/tmp/packcombo-$name" "$@" > "/tmp/packcombo-$name.log" 2>&1; rc=$?
+    echo "== $name (${*:-as the fused plans}): exit $rc in $(( SECONDS - before )) s," \
+      "$(grep -c 'index out of bounds' "/tmp/packcombo-$name.log") failed index asserts;" \
+      "$(grep -m1 'updates/s over' "/tmp/packcombo-$name.log")" | tee -a "$report"
+    grep -m2 "index out of bounds" "/tmp/packcombo-$name.log" >> "$report"
+    grep -v 'index out of bounds' "/tmp/packcombo-$name.log" | grep -m1 -B2 -A8 'Error' >> "$report"
+    [ $rc = 0 ] && [ -z "$found" ] && [ "$name" != noassert ] && { found=1; works="$*"; }
+    return 0
+  }
+  CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code combo_probe combo 150
+  gzip -c /tmp/packcombo-combo.log > "$OUT/packcombo_code.log.gz"
+  combo_probe masks 90 --inductor combo_kernel_allow_mixed_sizes=2
+  combo_probe pointwise 90 --inductor combo_kernels_pointwise_only=true
+  combo_probe noassert 90 --inductor assert_indirect_indexing=false
+  market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside its solo run -> $OUT/packcombo_market_NAME.json
+    local name=$1 seconds=$2; shift 2
+    timeout "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 --cpu-steps 0 \
+      --plan fused --out "/tmp/packcombo-market-$name" "$@" > "/tmp/packcombo-market-$name.log" 2>&1
+    { echo "== market $name ($*)"; grep -A4 '^| row' "/tmp/packcombo-market-$name.log"; } | tee -a "$report"
+    cp "/tmp/packcombo-market-$name/pack_recipes.json" "$OUT/packcombo_market_$name.json" 2>/dev/null
+  }
+  # shellcheck disable=SC2086  # $works: the working variant's options, word by word
+  [ -n "$found" ] && market_row combo 130 --inductor combo_kernels=true --inductor benchmark_combo_kernel=true $works
+  [ -n "${PACKCOMBO_BF16:-}" ] && market_row bf16 130 -o run.precision=bf16
+fi
+
 # ---- issue 15: the market's collection graph (stage collect) ----
 if has collect; then
   mkdir -p "$OUT/collect"
@@ -270,6 +316,11 @@ has prof16 && TOP=40 profile_core profile_round16_core.txt 570 zerocopy-bf16+com
 has prof16t && TOP=40 profile_core profile_round16_templates.txt 420 zerocopy-bf16+combo+tritongemm
 has prof16ws && CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 TOP=40 \
   profile_core profile_round16_noworkspace.txt 150 zerocopy-bf16+combo
+
+# ---- issue 32: round 17 ----
+has prof17 && TOP=40 profile_core profile_round17_workspace.txt 180 zerocopy-bf16+combo
+has prof17 && CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 TOP=40 \
+  profile_core profile_round17_noworkspace.txt 120 zerocopy-bf16+combo
 
 bf16_test="tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
 
