@@ -20,11 +20,11 @@ BACKOFF_S = 0.05
 
 def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     """`subprocess.Popen(argv, **popen)`, tried up to `TRIES` times while it fails with a passing errno."""
-    for attempt in range(TRIES):
+    for attempt in range(TRIES - 1):
         try:
             return subprocess.Popen(argv, **popen)
         except OSError as error:
-            if error.errno not in PASSING_ERRNOS or attempt == TRIES - 1:
+            if error.errno not in PASSING_ERRNOS:
                 raise
             time.sleep(BACKOFF_S * 2**attempt)
-    raise AssertionError("unreachable")
+    return subprocess.Popen(argv, **popen)  # the last try: whatever it raises is the caller's

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,21 @@ STAND_IN = Path(__file__).with_name("stand_in_trainer.py")
 def stand_in_command(*knobs: str) -> list[str]:
     """The local backend's trainer program: a real tiny program instead of the trainer (knobs: its docstring)."""
     return [sys.executable, str(STAND_IN), *knobs]
+
+
+def faulting_popen(errnos: list[int]) -> tuple[list[list[str]], Callable[..., subprocess.Popen[Any]]]:
+    """A `subprocess.Popen` that raises OSError with each of `errnos` in turn, then starts the process; and its
+    calls' argv (patch it in for `subprocess.Popen`)."""
+    real, calls = subprocess.Popen, []
+
+    def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        calls.append(list(argv))
+        if len(calls) <= len(errnos):
+            code = errnos[len(calls) - 1]
+            raise OSError(code, f"{errno.errorcode[code]} (injected)")
+        return real(argv, **kwargs)
+
+    return calls, popen
 
 
 def tiny_train_config(steps: int = 3) -> dict[str, Any]:

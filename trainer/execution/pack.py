@@ -333,7 +333,7 @@ class PackPlan:
         "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): with them the market's "
         "packed update indexed out of its replay on an H100 (torch 2.11; docs/benchmarks/README.md, packs round 7)"
     )
-    """Why a pack's runs that ask for combined kernels are compiled without them (`build_pack` says it)."""
+    """Why a pack's runs that ask for combined kernels are compiled without them (`run_pack_training` prints it)."""
 
     COMPILED_PLANS = frozenset({"compile", "fused", "zerocopy"})
     """Solo plans whose step runs through Inductor: their runs' pack does too."""

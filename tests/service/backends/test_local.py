@@ -23,7 +23,7 @@ from service.backends.local import LocalBackend, detect_gpus
 from service.domain import BackendStatus, JobSpec, JobState
 from service.pools import Pools
 from tests.polling import wait_until
-from tests.service.factories import POOLS_YAML, stand_in_command
+from tests.service.factories import POOLS_YAML, faulting_popen, stand_in_command
 
 
 def spec(job_id: str = "job-1", *, attempt: int = 0, priority: int = 0, trials: int = 0) -> JobSpec:
@@ -113,19 +113,13 @@ def test_a_supervisor_start_that_faults_under_load_is_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One `make test` run saw Popen raise EFAULT under load, and the controller failed the job (SubmitRejected).
-    real, faults = subprocess.Popen, [errno.EFAULT]
-
-    def faulting(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        if faults:
-            raise OSError(faults.pop(), "Bad address (injected)")
-        return real(argv, **kwargs)  # type: ignore[call-overload, no-any-return]
-
+    calls, faulting = faulting_popen([errno.EFAULT])
     monkeypatch.setattr(spawn, "BACKOFF_S", 0.0)
     backend = make_backend(tmp_path)
     with monkeypatch.context() as patch:
         patch.setattr(subprocess, "Popen", faulting)
         backend.submit(spec())
-    assert faults == []
+    assert len(calls) == 2  # the fault, then the supervisor's start
     status = wait_state(backend, "job-1", TERMINAL)
     assert (status.state, status.reason) == (JobState.SUCCEEDED, "Completed")
 

@@ -12,22 +12,7 @@ import pytest
 
 from service.backends import spawn as spawn_module
 from service.backends.spawn import TRIES, spawn
-
-REAL_POPEN = subprocess.Popen
-
-
-def failing_popen(errnos: list[int]) -> tuple[list[list[str]], Any]:
-    """A Popen that raises OSError with each of `errnos` in turn, then starts the process; and its calls."""
-    calls: list[list[str]] = []
-
-    def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        calls.append(list(argv))
-        if len(calls) <= len(errnos):
-            code = errnos[len(calls) - 1]
-            raise OSError(code, f"{errno.errorcode[code]} (injected)")
-        return REAL_POPEN(argv, **kwargs)
-
-    return calls, popen
+from tests.service.factories import faulting_popen
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +21,7 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_start_that_faults_under_load_is_tried_again_and_runs() -> None:
-    calls, popen = failing_popen([errno.EFAULT, errno.EAGAIN])
+    calls, popen = faulting_popen([errno.EFAULT, errno.EAGAIN])
     with mock.patch.object(subprocess, "Popen", popen):
         child = spawn([sys.executable, "-c", "print('started')"], stdout=subprocess.PIPE, text=True)
     out, _ = child.communicate(timeout=60)
@@ -45,7 +30,7 @@ def test_a_start_that_faults_under_load_is_tried_again_and_runs() -> None:
 
 
 def test_a_start_that_keeps_faulting_raises_after_its_tries() -> None:
-    calls, popen = failing_popen([errno.EFAULT] * TRIES)
+    calls, popen = faulting_popen([errno.EFAULT] * TRIES)
     with mock.patch.object(subprocess, "Popen", popen), pytest.raises(OSError) as raised:
         spawn([sys.executable, "-c", "pass"])
     assert raised.value.errno == errno.EFAULT and len(calls) == TRIES
@@ -53,7 +38,7 @@ def test_a_start_that_keeps_faulting_raises_after_its_tries() -> None:
 
 @pytest.mark.parametrize("code", [errno.ENOENT, errno.EACCES])
 def test_a_command_that_cannot_run_fails_at_once(code: int) -> None:
-    calls, popen = failing_popen([code])
+    calls, popen = faulting_popen([code])
     with mock.patch.object(subprocess, "Popen", popen), pytest.raises(OSError) as raised:
         spawn([sys.executable, "-c", "pass"])
     assert raised.value.errno == code and len(calls) == 1
