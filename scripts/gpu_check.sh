@@ -113,6 +113,10 @@
 #     (CUBLAS_WORKSPACE_CONFIG=:0:0, CUBLASLT_WORKSPACE_SIZE=0: no split-K product, no splitKreduce kernel), each
 #     in a process of its own (the second builds from Inductor's FX graph cache) (DEADLINE 300 s)
 #                                           -> $OUT/profile_round17_workspace.txt, $OUT/profile_round17_noworkspace.txt
+#   round18 (issue 32) = prof18,tests18: zerocopy-bf16+combo on `core` without and with `+pdl` (Inductor's Triton
+#     kernels under Hopper's programmatic dependent launch), in turn, twice; then the fused bf16 plan with combined
+#     kernels against eager on `core` with TORCHINDUCTOR_ENABLE_PDL=1 (DEADLINE 420)
+#                                                 -> $OUT/profile_round18_core.txt, $OUT/gpu_tests_round18.log
 #   packcombo (issue 31): where the compiled market pack fails under Inductor's combo kernels: a pack of 2 market
 #     runs (300 updates) with combo kernels as the fused plans set them, under CUDA_LAUNCH_BLOCKING with Inductor's
 #     generated code logged; then, until one trains, with masks kept in every combined kernel (combo_kernel_allow_mixed_sizes=2), with
@@ -168,6 +172,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round16 ] && { stage=prof16; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round16b ] && { stage=prof16t,prof16ws; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round17 ] && { stage=prof17; DEADLINE="${DEADLINE:-300}"; }
+[ "$stage" = round18 ] && { stage=prof18,tests18; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-540}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
@@ -324,6 +329,11 @@ has prof17 && CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 TOP=40 \
   profile_core profile_round17_noworkspace.txt 120 zerocopy-bf16+combo
 
 bf16_test="tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
+
+# ---- issue 32: round 18 ----
+has prof18 && TOP=40 profile_core profile_round18_core.txt 300 \
+  zerocopy-bf16+combo zerocopy-bf16+combo+pdl zerocopy-bf16+combo zerocopy-bf16+combo+pdl
+has tests18 && TORCHINDUCTOR_ENABLE_PDL=1 gpu_tests gpu_tests_round18.log 120 "$bf16_test[fused-combo-core]"
 
 # round 2
 has bench-core && bench_preset core eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16 210 $quick

@@ -9,7 +9,9 @@ instead of its default 8), e.g. "zerocopy-bf16+combo+combo16"; "+allcombo" (ever
 not only those Inductor's benchmark finds faster); "+nosplitred" (no reduction split into two kernels,
 partial and final: Inductor's `split_reductions` off); "+autotune" (each product timed at compile time
 among cuBLAS and Inductor's Triton GEMM templates, which can take the product's pointwise epilogue: Inductor's
-`max_autotune_gemm`); "+tritongemm" (every product one of those templates). Each variant is compiled afresh
+`max_autotune_gemm`); "+tritongemm" (every product one of those templates); "+pdl" (Inductor's Triton kernels
+launched with Hopper's programmatic dependent launch: each starts while the kernel before it finishes and waits
+in-kernel before its first read of that kernel's output, `triton.enable_pdl`). Each variant is compiled afresh
 (Dynamo's in-memory cache and the plans' compiled wrappers are reset first), so one compiled under other
 Inductor settings is never reused.
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
@@ -104,6 +106,7 @@ SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] 
     "nosplitred": lambda: inductor_config.patch(split_reductions=False),
     "autotune": lambda: inductor_config.patch(max_autotune_gemm=True),
     "tritongemm": lambda: inductor_config.patch(max_autotune_gemm=True, max_autotune_gemm_backends="TRITON"),
+    "pdl": lambda: inductor_config.patch({"triton.enable_pdl": True}),
 }
 """Variant flags that are process settings, held while the variant is built (compiled, captured) and run."""
 

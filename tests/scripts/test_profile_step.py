@@ -55,3 +55,10 @@ def test_nosplitred_turns_inductors_split_reductions_off_only_inside_the_variant
     with flags_scope(["nosplitred"]):
         assert inductor_config.split_reductions is False
     assert inductor_config.split_reductions is True
+
+
+def test_pdl_launches_inductors_triton_kernels_with_dependent_launch_only_inside_the_variant() -> None:
+    assert inductor_config.triton.enable_pdl is False
+    with flags_scope(["pdl"]):
+        assert inductor_config.triton.enable_pdl is True
+    assert inductor_config.triton.enable_pdl is False
