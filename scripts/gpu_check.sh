@@ -122,7 +122,8 @@
 #     generated code logged; then, until one trains, with masks kept in every combined kernel (combo_kernel_allow_mixed_sizes=2), with
 #     pointwise kernels only combined, and without the indirect-index asserts. The first variant that trains then
 #     runs the market recipe as one pack of 16 seeds beside its solo run; with PACKCOMBO_BF16=1 also the recipe in
-#     bf16 (run.precision) (DEADLINE 540 s)                           -> $OUT/packcombo.txt, $OUT/packcombo_code.log.gz, $OUT/packcombo_market_*.json
+#     bf16 (run.precision); last, the market pack's compiled kernels at K = 1 and 16 (scripts/profile_pack.py)
+#     (DEADLINE 570 s)     -> $OUT/packcombo.txt, $OUT/packcombo_code.log.gz, $OUT/packcombo_market_*.json, $OUT/packcombo_profile_market.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -173,7 +174,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round16b ] && { stage=prof16t,prof16ws; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round17 ] && { stage=prof17; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round18 ] && { stage=prof18,tests18; DEADLINE="${DEADLINE:-420}"; }
-[ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-540}"
+[ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
 has() { [[ ",$stage," == *",$1,"* ]]; }
@@ -276,6 +277,10 @@ if has packcombo; then
   # shellcheck disable=SC2086  # $works: the working variant's options, word by word
   [ -n "$found" ] && market_row combo 130 --inductor combo_kernels=true --inductor benchmark_combo_kernel=true $works
   [ -n "${PACKCOMBO_BF16:-}" ] && market_row bf16 130 -o run.precision=bf16
+  # where the market's packed update (1.76 ms a pack step at K = 16, 0.47 ms solo) goes: its compiled kernels, K = 1 and 16
+  timeout "$(left 150)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 1,16 \
+    --no-divergence --top 30 2>&1 | grep -v "Warn\|check(" > "$OUT/packcombo_profile_market.txt"
+  tail -34 "$OUT/packcombo_profile_market.txt" | tee -a "$report"
 fi
 
 # ---- issue 15: the market's collection graph (stage collect) ----

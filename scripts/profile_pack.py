@@ -1,11 +1,13 @@
 """Where a pack's step time goes, and when a pack first parts from its solo runs (issue 31).
 
 Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20] [--compiled]
-       [--no-divergence]
+       [--config RECIPE.yaml] [--no-divergence]
 
 1. Kernels of one eager (`--compiled`: Inductor's) pack step (`trainer.execution.pack.PackPlan`, not captured,
-   so each kernel is seen) on `core` at each size K: the count, the CUDA time per step, the peak memory, and the
-   costliest kernels by name, K against K = 1: which kernels grow with K and by how much.
+   so each kernel is seen) on `core` (`--config`: a recipe's model, batch and replay, over random transitions of
+   its shapes, e.g. the market's, whose packed update is where its pack falls short of 8×) at each size K: the
+   count, the CUDA time per step, the peak memory, and the costliest kernels by name, K against K = 1: which
+   kernels grow with K and by how much.
 2. When run i of a captured pack (K = 4, float32) first differs from its solo graph plan: the relative error of
    `state.online` and of the replay's priorities after each graph replay (10 updates) for the first 100 updates.
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from contracts.config import TrainConfig
+from contracts.config import TrainConfig, load_config
 from trainer.execution.pack import Pack, PackPlan
 from trainer.tools.bench import BenchOptions, method_config, preset_config, random_run, solo_runs_beside_pack
 
@@ -83,15 +85,22 @@ def divergence(base: TrainConfig, capacity: int, device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,16")
-    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--precision", help="fp32 or bf16 (default: fp32 on `core`, a recipe's own with --config)")
     parser.add_argument("--capacity", type=int, default=100_000)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--compiled", action="store_true", help="the pack through Inductor (PackPlan(compiled=True))")
+    parser.add_argument("--config", help="a recipe's model, batch size and replay instead of `core`'s")
     parser.add_argument("--no-divergence", action="store_true", help="kernels only")
     args = parser.parse_args()
     device = torch.device("cuda")
     options = BenchOptions(capacity=args.capacity)
-    base = method_config(preset_config("core", options), f"graph-{args.precision}")
+    if args.config:
+        base = load_config(args.config, [f"replay.capacity={args.capacity}"])
+        base = method_config(base, f"graph-{args.precision}") if args.precision else base
+        args.precision = base.run.precision
+    else:
+        args.precision = args.precision or "fp32"
+        base = method_config(preset_config("core", options), f"graph-{args.precision}")
     sizes = [int(k) for k in args.sizes.split(",")]
     tables = {k: kernels(k, base, args.capacity, device, args.compiled) for k in sizes}
     kind = "compiled" if args.compiled else "eager"
