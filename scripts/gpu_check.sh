@@ -117,13 +117,13 @@
 #     kernels under Hopper's programmatic dependent launch), in turn, twice; then the fused bf16 plan with combined
 #     kernels against eager on `core` with TORCHINDUCTOR_ENABLE_PDL=1 (DEADLINE 420)
 #                                                 -> $OUT/profile_round18_core.txt, $OUT/gpu_tests_round18.log
-#   packcombo (issue 31): where the compiled market pack fails under Inductor's combo kernels: a pack of 2 market
-#     runs (300 updates) with combo kernels as the fused plans set them, under CUDA_LAUNCH_BLOCKING with Inductor's
-#     generated code logged; then, until one trains, with masks kept in every combined kernel (combo_kernel_allow_mixed_sizes=2), with
-#     pointwise kernels only combined, and without the indirect-index asserts. The first variant that trains then
-#     runs the market recipe as one pack of 16 seeds beside its solo run; with PACKCOMBO_BF16=1 also the recipe in
-#     bf16 (run.precision); last, the market pack's compiled kernels at K = 1 and 16 (scripts/profile_pack.py)
-#     (DEADLINE 570 s)     -> $OUT/packcombo.txt, $OUT/packcombo_code.log.gz, $OUT/packcombo_market_*.json, $OUT/packcombo_profile_market.txt
+#   packcombo (issue 31): the compiled market pack under Inductor's combo kernels without their compile-time
+#     benchmark (benchmark_combo_kernel=false): that benchmark launches each candidate kernel on made-up inputs
+#     (`get_args`: random floats), from which the pack's sampling computes replay indices out of range, and the
+#     indirect-index assert poisons the process (packs round 8). A pack of 2 market runs (300 updates) first; if it
+#     trains, the market recipe as one pack of 16 seeds beside its solo run, and with PACKCOMBO_BF16=1 the recipe
+#     in bf16 (run.precision) too; last, the market pack's compiled kernels at K = 1 and 16 (scripts/profile_pack.py)
+#     (DEADLINE 570 s)                 -> $OUT/packcombo.txt, $OUT/packcombo_market_*.json, $OUT/packcombo_profile_market.txt
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -139,7 +139,9 @@
 #     cuda, or each of PACKTRAIN_ROWS' ";"-separated option lists (DEADLINE 580 s, its default here)
 #                                                   -> $OUT/packtrain_tests.log, $OUT/packtrain<i>/, packtrain<i>.log
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
-#   script's start, so the call ends in time and keeps what the earlier stages wrote.
+#   script's start, so the call ends in time and keeps what the earlier stages wrote. Each process is killed 15 s
+#   after its share (`timeout -k 15`): a training run answers SIGTERM only at its next step, to checkpoint, so one
+#   still compiling ran on past its share (packs round 8's call lost its last two stages and ran out its 600 s).
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
 set -uo pipefail
 began=$SECONDS
@@ -198,33 +200,33 @@ quick="--repeats 3 --no-timer-overhead"
 
 if has train; then
   # every plan trains CartPole from an empty replay; graph = eager bit for bit over 2000 real updates
-  timeout "$(left "${TRAIN_TIMEOUT:-300}")" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout 280 \
+  timeout -k 15 "$(left "${TRAIN_TIMEOUT:-300}")" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout 280 \
     tests/trainer/runtime/test_train.py 2>&1 | grep -v vectorized_gather | tee "$OUT/gpu_train_tests.log" \
     | grep -E "passed|failed|PASS|FAIL|updates/s|drift|Error|assert" | tail -40
 fi
 if has tests; then
   # curves too: the slow 2000-step TF32 loss-curve test, in the same process (shares compiled kernels)
   marks="gpu and not slow"; has curves && marks="gpu"
-  FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -m "$marks" \
+  FOXHUNT_CURVES_OUT="$OUT/loss_curves.json" timeout -k 15 "${TEST_TIMEOUT:-330}" python3 -m pytest -m "$marks" \
     -p no:cacheprovider -q -s -rA --timeout 300 tests/trainer/execution/plans/test_equivalence.py 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -40
   [ -f "$OUT/loss_curves.json" ] && python3 scripts/plot_loss_curves.py "$OUT/loss_curves.json" "$OUT/loss_curves.png"
 fi
 if has bench; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 -m trainer bench --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -30
+  timeout -k 15 "${BENCH_TIMEOUT:-420}" python3 -m trainer bench --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -30
 fi
 if has profile; then
   # kernels per step and the costliest kernels of the fastest plan (scripts/profile_step.py)
-  timeout "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy-bf16 --top 25 2>&1 \
+  timeout -k 15 "${PROFILE_TIMEOUT:-200}" python3 scripts/profile_step.py --config core --variant zerocopy --variant zerocopy-bf16 --top 25 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/profile_zerocopy_core.txt" | tail -30
 fi
 
 # ---- issue 31: packs of runs (stage pack) ----
 if has pack; then
   budget=$(left 200)
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
+  timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout -k 15 "$budget" \
     -k "${PACK_TESTS:-pack}" tests/trainer/execution/test_pack.py 2>&1 | tee "$OUT/pack_tests.log" | grep -E "passed|failed|PASS|FAIL|kernels|packed|warning|  state|  replay|Error" | tail -40
-  timeout "$(left 360)" python3 -m trainer bench --configs core --methods zerocopy-bf16+combo \
+  timeout -k 15 "$(left 360)" python3 -m trainer bench --configs core --methods zerocopy-bf16+combo \
     --pack "${PACK_SIZES:-1,4,16,64}" --pack-methods "${PACK_METHODS:-fused-bf16,graph-bf16}" --repeats 3 --no-timer-overhead --out "$OUT/pack" \
     "${extra[@]}" 2>&1 | tee "$OUT/bench_pack.log" | grep -v "Warn\|check(" | tail -24
 fi
@@ -232,13 +234,13 @@ fi
 # ---- issue 31: packs in real training (stage packtrain) ----
 if has packtrain; then
   budget=$(left 90)
-  [ -n "${PACKTRAIN_TESTS-1}" ] && timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" \
+  [ -n "${PACKTRAIN_TESTS-1}" ] && timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout -k 15 "$budget" \
     tests/trainer/execution/test_pack_collect.py tests/trainer/execution/test_pack_market.py tests/trainer/algo/replay \
     tests/trainer/execution/data/test_transfer.py 2>&1 | tee "$OUT/packtrain_tests.log" | tail -8
   # PACKTRAIN_ROWS: one pack_recipes.py run per ";"-separated argument list, each into $OUT/packtrain<i>/
   IFS=';' read -ra rows <<< "${PACKTRAIN_ROWS:-${PACKTRAIN_ARGS:-}}"; [ ${#rows[@]} -eq 0 ] && rows=("")
   for i in "${!rows[@]}"; do
-    timeout "$(left 480)" python3 scripts/pack_recipes.py --out "$OUT/packtrain$i" --max-seconds 180 ${rows[$i]} 2>&1 \
+    timeout -k 15 "$(left 480)" python3 scripts/pack_recipes.py --out "$OUT/packtrain$i" --max-seconds 180 ${rows[$i]} 2>&1 \
       | tee "$OUT/packtrain$i.log" | tail -12
     rm -rf "/tmp/packtrain-runs$i" && mv "$OUT/packtrain$i/runs" "/tmp/packtrain-runs$i"  # too large to come back
   done
@@ -246,39 +248,26 @@ fi
 
 # ---- issue 31: the compiled pack under Inductor's combo kernels (stage packcombo) ----
 if has packcombo; then
-  report="$OUT/packcombo.txt"; found="" works=""
-  probe=(scripts/pack_recipes.py --config examples/market.yaml --margin -100 --steps 300 --pack 2 --solo-seeds= --cpu-steps 0
-    --plan fused --max-seconds 0 -o data.learning_starts=640 --inductor combo_kernels=true --inductor benchmark_combo_kernel=true)
-  combo_probe() {  # NAME SECONDS [--inductor SETTING=VALUE]... : a pack of 2 under combo kernels -> its line in $report
-    local name=$1 seconds=$2 rc; shift 2
-    local before=$SECONDS
-    timeout "$(left "$seconds")" python3 "${probe[@]}" --out "/tmp/packcombo-$name" "$@" > "/tmp/packcombo-$name.log" 2>&1; rc=$?
-    echo "== $name (${*:-as the fused plans}): exit $rc in $(( SECONDS - before )) s," \
-      "$(grep -c 'index out of bounds' "/tmp/packcombo-$name.log") failed index asserts;" \
-      "$(grep -m1 'updates/s over' "/tmp/packcombo-$name.log")" | tee -a "$report"
-    grep -m2 "index out of bounds" "/tmp/packcombo-$name.log" >> "$report"
-    grep -v 'index out of bounds' "/tmp/packcombo-$name.log" | grep -m1 -B2 -A8 'Error' >> "$report"
-    [ $rc = 0 ] && [ -z "$found" ] && [ "$name" != noassert ] && { found=1; works="$*"; }
-    return 0
-  }
-  CUDA_LAUNCH_BLOCKING=1 TORCH_LOGS=output_code combo_probe combo 150
-  gzip -c /tmp/packcombo-combo.log > "$OUT/packcombo_code.log.gz"
-  # the variants in turn until one trains (device time is scarce: the rest then tell nothing we would act on)
-  [ -z "$found" ] && combo_probe masks 90 --inductor combo_kernel_allow_mixed_sizes=2
-  [ -z "$found" ] && combo_probe pointwise 90 --inductor combo_kernels_pointwise_only=true
-  [ -z "$found" ] && combo_probe noassert 90 --inductor assert_indirect_indexing=false
+  report="$OUT/packcombo.txt"
+  unbenchmarked=(--inductor combo_kernels=true --inductor benchmark_combo_kernel=false)
+  timeout -k 15 "$(left 150)" python3 scripts/pack_recipes.py --config examples/market.yaml --margin -100 --steps 300 \
+    --pack 2 --solo-seeds= --cpu-steps 0 --plan fused --max-seconds 0 -o data.learning_starts=640 "${unbenchmarked[@]}" \
+    --out /tmp/packcombo-probe > /tmp/packcombo-probe.log 2>&1; rc=$?
+  echo "== a pack of 2 under unbenchmarked combo kernels: exit $rc," \
+    "$(grep -c 'index out of bounds' /tmp/packcombo-probe.log) failed index asserts;" \
+    "$(grep -m1 'updates/s over' /tmp/packcombo-probe.log)" | tee -a "$report"
+  grep -v 'index out of bounds' /tmp/packcombo-probe.log | grep -m1 -B2 -A8 'Error' >> "$report"
   market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside its solo run -> $OUT/packcombo_market_NAME.json
     local name=$1 seconds=$2; shift 2
-    timeout "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 --cpu-steps 0 \
-      --plan fused --out "/tmp/packcombo-market-$name" "$@" > "/tmp/packcombo-market-$name.log" 2>&1
+    timeout -k 15 "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 \
+      --cpu-steps 0 --plan fused --out "/tmp/packcombo-market-$name" "$@" > "/tmp/packcombo-market-$name.log" 2>&1
     { echo "== market $name ($*)"; grep -A4 '^| row' "/tmp/packcombo-market-$name.log"; } | tee -a "$report"
     cp "/tmp/packcombo-market-$name/pack_recipes.json" "$OUT/packcombo_market_$name.json" 2>/dev/null
   }
-  # shellcheck disable=SC2086  # $works: the working variant's options, word by word
-  [ -n "$found" ] && market_row combo 130 --inductor combo_kernels=true --inductor benchmark_combo_kernel=true $works
-  [ -n "${PACKCOMBO_BF16:-}" ] && market_row bf16 130 -o run.precision=bf16
+  [ $rc = 0 ] && market_row combo 150 "${unbenchmarked[@]}"
+  [ $rc = 0 ] && [ -n "${PACKCOMBO_BF16:-}" ] && market_row bf16 150 "${unbenchmarked[@]}" -o run.precision=bf16
   # where the market's packed update (1.76 ms a pack step at K = 16, 0.47 ms solo) goes: its compiled kernels, K = 1 and 16
-  timeout "$(left 150)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 1,16 \
+  timeout -k 15 "$(left 150)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 1,16 \
     --no-divergence --top 30 2>&1 | grep -v "Warn\|check(" > "$OUT/packcombo_profile_market.txt"
   tail -34 "$OUT/packcombo_profile_market.txt" | tee -a "$report"
 fi
@@ -287,11 +276,11 @@ fi
 if has collect; then
   mkdir -p "$OUT/collect"
   budget=$(left 150)
-  timeout "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" tests/trainer/execution/test_collect.py \
+  timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout -k 15 "$budget" tests/trainer/execution/test_collect.py \
     "tests/trainer/runtime/test_train.py::test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/collect/tests.log" | grep -E "passed|failed|PASS|FAIL|Error" | tail -8
   for flag in false true; do
-    timeout "$(left 120)" python3 -m trainer bench --configs "" --train market --train-plans zerocopy --train-updates 2000 \
+    timeout -k 15 "$(left 120)" python3 -m trainer bench --configs "" --train market --train-plans zerocopy --train-updates 2000 \
       --train-override "run.collect_graph=$flag" --out "$OUT/collect/graph-$flag" 2>&1 | grep -v "Warn\|check(" | tail -3
   done
 fi
@@ -299,20 +288,20 @@ fi
 # ---- issue 14, rounds 2-5: each stage one call of these, within its budget (`left`) ----
 bench_preset() {  # PRESET METHODS SECONDS [bench options...] -> $OUT/PRESET/bench.{json,md,png}, $OUT/bench_PRESET.log
   local preset=$1 methods=$2 seconds=$3; shift 3
-  timeout "$(left "$seconds")" python3 -m trainer bench --configs "$preset" --methods "$methods" --out "$OUT/$preset" \
+  timeout -k 15 "$(left "$seconds")" python3 -m trainer bench --configs "$preset" --methods "$methods" --out "$OUT/$preset" \
     "$@" "${extra[@]}" 2>&1 | tee "$OUT/bench_$preset.log" | grep -v "Warn\|check(" | tail -16
 }
 profile_core() {  # FILE SECONDS VARIANT... : kernels per step on PRESET (core), the costliest first -> $OUT/FILE
   local file=$1 seconds=$2 variants=(); shift 2
   for v in "$@"; do variants+=(--variant "$v"); done
   [ -n "${TRACE:-}" ] && variants+=(--trace "$TRACE")
-  timeout "$(left "$seconds")" python3 scripts/profile_step.py --config "${PRESET:-core}" "${variants[@]}" --top "${TOP:-30}" 2>&1 \
+  timeout -k 15 "$(left "$seconds")" python3 scripts/profile_step.py --config "${PRESET:-core}" "${variants[@]}" --top "${TOP:-30}" 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/$file" | tail -40
   [ -n "${TRACE:-}" ] && gzip -f "$TRACE"/*.json  # a few MB each as text
 }
 gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   local log=$1 budget; budget=$(left "$2"); shift 2
-  timeout "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
+  timeout -k 15 "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout -k 15 "$budget" "$@" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
 }
 
@@ -369,7 +358,7 @@ fi
 # round 4
 if has ab4; then
   # perf_hints: Inductor says why it skips its CUDA graphs (mutated inputs, CPU tensors, ...), if it does
-  TORCH_LOGS=perf_hints timeout "$(left 170)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" \
+  TORCH_LOGS=perf_hints timeout -k 15 "$(left 170)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" \
     --configs core --methods compile-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" \
     | grep -i -E "skipping cudagraph|ms/step|ratio|^\|" | tail -16
 fi
@@ -385,7 +374,7 @@ has combo5 && gpu_tests gpu_tests_round5.log 150 tests/trainer/execution/plans/t
 has full5 && bench_preset full compile-bf16,zerocopy-bf16+combo 420 $quick
 # round 6
 if has ab6; then
-  timeout "$(left 150)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" --configs core \
+  timeout -k 15 "$(left 150)" python3 -m trainer bench --ab .ab/A,.ab/B --rounds "${AB_ROUNDS:-1}" --configs core \
     --methods zerocopy-bf16 $quick --out "$OUT/ab" 2>&1 | tee "$OUT/ab.log" | grep -v "Warn\|check(" \
     | grep -i -E "ms/step|ratio|^\|" | tail -12
 fi
@@ -394,7 +383,7 @@ if has profile6; then
   TOP=400 TRACE="$OUT/trace" PRESET=full profile_core profile_round6_full.txt 260 zerocopy-bf16+combo
 fi
 # round 7 (round7 and round7b: two calls)
-has small7 && timeout "$(left 90)" python3 scripts/bench_small_ops.py 2>&1 | grep -v "Extern Choice" \
+has small7 && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops.txt" | tail -8
 has tests7 && MARK="gpu or not gpu" gpu_tests gpu_tests_round7.log 150 tests/trainer/execution/kernels "$bf16_test[fused-core]"
 has bench7 && bench_preset core compile-bf16,zerocopy-bf16,zerocopy-bf16+combo 300 $quick
@@ -453,7 +442,7 @@ has tests13d && MARK="gpu or not gpu" gpu_tests gpu_tests_round13d.log 150 tests
 has prof13d && TOP=400 TRACE="$OUT/trace" profile_core profile_round13d_core.txt 120 zerocopy-bf16+combo
 has bench13 && bench_preset core eager,compile,compile-bf16,fused,zerocopy,zerocopy-bf16,zerocopy-bf16+combo 330 --repeats 3
 has bench13g && bench_preset core compile,compile-bf16,zerocopy-bf16+combo 215 $quick
-has small13 && timeout "$(left 180)" python3 scripts/bench_small_ops.py --ops spectral 2>&1 | grep -v "Extern Choice" \
+has small13 && timeout -k 15 "$(left 180)" python3 scripts/bench_small_ops.py --ops spectral 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_spectral.txt" | tail -9
 has full13 && bench_preset full eager,compile,compile-bf16,zerocopy-bf16+combo 540 $quick
 echo "gpu_check: $(( SECONDS - began )) s"
