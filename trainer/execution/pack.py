@@ -330,8 +330,9 @@ class PackPlan:
             self.capture_patterns(flag_patterns(self.config, self.steps_per_call))
 
     COMBO_REFUSED = (
-        "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): with them the market's "
-        "packed update indexed out of its replay on an H100 (torch 2.11; docs/benchmarks/README.md, packs round 7)"
+        "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): their compile-time "
+        "benchmark runs the market's packed update on made-up inputs, from which its sampling indexes out of the "
+        "replay (torch 2.11 on an H100 and an H200; docs/benchmarks/README.md, packs rounds 7 and 8)"
     )
     """Why a pack's runs that ask for combined kernels are compiled without them (`run_pack_training` prints it)."""
 

@@ -163,9 +163,9 @@ def test_a_compiled_pack_is_the_eager_pack() -> None:
 
 @pytest.mark.parametrize("combo", [False, True])
 def test_a_compiled_pack_compiles_without_combined_kernels(monkeypatch: pytest.MonkeyPatch, combo: bool) -> None:
-    """The pack's traced update goes to Inductor with its defaults, also under `run.combo_kernels`: with combined
-    kernels the market's packed update indexed out of its replay on an H100 (`PackPlan.COMBO_REFUSED`). Inductor is
-    not run: the options it is given are read."""
+    """The pack's traced update goes to Inductor with its defaults, also under `run.combo_kernels`: under combined
+    kernels' compile-time benchmark the market's packed update indexed out of its replay (`PackPlan.COMBO_REFUSED`).
+    Inductor is not run: the options it is given are read."""
     given: list[dict[str, Any]] = []
 
     def spy(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
