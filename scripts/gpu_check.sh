@@ -140,8 +140,8 @@
 #                                                   -> $OUT/packtrain_tests.log, $OUT/packtrain<i>/, packtrain<i>.log
 #   Every stage gets at most what is left of DEADLINE seconds (default 550; 420 for round3) from the
 #   script's start, so the call ends in time and keeps what the earlier stages wrote. Each process is killed 15 s
-#   after its share (`timeout -k 15`): a training run answers SIGTERM only at its next step, to checkpoint, so one
-#   still compiling ran on past its share (packs round 8's call lost its last two stages and ran out its 600 s).
+#   after its share (`timeout -k 15`): a training loop answers SIGTERM only at its next step, to checkpoint, which a
+#   step that compiles first holds off (packs round 8's call likely lost its last two stages and its 600 s so).
 # Needs the carried wheels in .whl/ (pydantic, gymnasium: not in the machine's image).
 set -uo pipefail
 began=$SECONDS
