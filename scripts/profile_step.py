@@ -11,9 +11,9 @@ partial and final: Inductor's `split_reductions` off); "+autotune" (each product
 among cuBLAS and Inductor's Triton GEMM templates, which can take the product's pointwise epilogue: Inductor's
 `max_autotune_gemm`); "+tritongemm" (every product one of those templates); "+pdl" (Inductor's Triton kernels
 launched with Hopper's programmatic dependent launch: each starts while the kernel before it finishes and waits
-in-kernel before its first read of that kernel's output, `triton.enable_pdl`). Each variant is compiled afresh
-(Dynamo's in-memory cache and the plans' compiled wrappers are reset first), so one compiled under other
-Inductor settings is never reused.
+in-kernel before its first read of that kernel's output, `triton.enable_pdl`; round 18: 1% slower). Each variant
+is compiled afresh (Dynamo's in-memory cache and the plans' compiled wrappers are reset first), so one compiled
+under other Inductor settings is never reused.
 Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps. `--trace DIR` also writes each variant's kernel timeline
