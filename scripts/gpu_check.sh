@@ -124,6 +124,7 @@
 #     trains, the market recipe as one pack of 16 seeds beside its solo run, and with PACKCOMBO_BF16=1 the recipe
 #     in bf16 (run.precision) too; last, the market pack's compiled kernels at K = 1 and 16 (scripts/profile_pack.py)
 #     (DEADLINE 570 s)                 -> $OUT/packcombo.txt, $OUT/packcombo_market_*.json, $OUT/packcombo_profile_market.txt
+#                                         (and $OUT/packcombo_asserting_kernel.py, the generated kernel, if an assert fires)
 #   collect (issue 15): the collection graph's GPU equivalence test (captured = uncaptured, bit for bit,
 #     tests/trainer/execution/test_collect.py) and the GPU market training test, then the market's train rows
 #     (examples/market-gpu.yaml, zerocopy K=10, 2000 updates) with run.collect_graph off and on
@@ -250,13 +251,16 @@ fi
 if has packcombo; then
   report="$OUT/packcombo.txt"
   unbenchmarked=(--inductor combo_kernels=true --inductor benchmark_combo_kernel=false)
-  timeout -k 15 "$(left 150)" python3 scripts/pack_recipes.py --config examples/market.yaml --margin -100 --steps 300 \
-    --pack 2 --solo-seeds= --cpu-steps 0 --plan fused --max-seconds 0 -o data.learning_starts=640 "${unbenchmarked[@]}" \
-    --out /tmp/packcombo-probe > /tmp/packcombo-probe.log 2>&1; rc=$?
+  CUDA_LAUNCH_BLOCKING=1 timeout -k 15 "$(left 150)" python3 scripts/pack_recipes.py --config examples/market.yaml \
+    --margin -100 --steps 300 --pack 2 --solo-seeds= --cpu-steps 0 --plan fused --max-seconds 0 \
+    -o data.learning_starts=640 "${unbenchmarked[@]}" --out /tmp/packcombo-probe > /tmp/packcombo-probe.log 2>&1; rc=$?
   echo "== a pack of 2 under unbenchmarked combo kernels: exit $rc," \
     "$(grep -c 'index out of bounds' /tmp/packcombo-probe.log) failed index asserts;" \
     "$(grep -m1 'updates/s over' /tmp/packcombo-probe.log)" | tee -a "$report"
   grep -v 'index out of bounds' /tmp/packcombo-probe.log | grep -m1 -B2 -A8 'Error' >> "$report"
+  # an assert names the generated module it fired in: keep that kernel's source (round 8's probes could not)
+  asserted=$(grep -m1 -o '/tmp/torchinductor_[^:]*\.py' /tmp/packcombo-probe.log)
+  [ -n "$asserted" ] && cp "$asserted" "$OUT/packcombo_asserting_kernel.py"
   market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside its solo run -> $OUT/packcombo_market_NAME.json
     local name=$1 seconds=$2; shift 2
     timeout -k 15 "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 \
