@@ -82,6 +82,15 @@ def divergence(base: TrainConfig, capacity: int, device: torch.device) -> None:
         print(f"{step + packed.steps_per_call:>7}  {online}      {priorities}")
 
 
+def base_config(recipe: str | None, precision: str | None, capacity: int) -> TrainConfig:
+    """What every run of the profiled packs starts from: `core` (fp32 unless `precision`), or the recipe at `recipe`
+    in its own precision unless `precision`; the replay holds `capacity` transitions."""
+    if recipe is None:
+        return method_config(preset_config("core", BenchOptions(capacity=capacity)), f"graph-{precision or 'fp32'}")
+    config = load_config(recipe, [f"replay.capacity={capacity}"])
+    return method_config(config, f"graph-{precision}") if precision else config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,16")
@@ -93,14 +102,8 @@ def main() -> None:
     parser.add_argument("--no-divergence", action="store_true", help="kernels only")
     args = parser.parse_args()
     device = torch.device("cuda")
-    options = BenchOptions(capacity=args.capacity)
-    if args.config:
-        base = load_config(args.config, [f"replay.capacity={args.capacity}"])
-        base = method_config(base, f"graph-{args.precision}") if args.precision else base
-        args.precision = base.run.precision
-    else:
-        args.precision = args.precision or "fp32"
-        base = method_config(preset_config("core", options), f"graph-{args.precision}")
+    base = base_config(args.config, args.precision, args.capacity)
+    args.precision = base.run.precision
     sizes = [int(k) for k in args.sizes.split(",")]
     tables = {k: kernels(k, base, args.capacity, device, args.compiled) for k in sizes}
     kind = "compiled" if args.compiled else "eager"
