@@ -225,7 +225,7 @@ fi
 # ---- issue 31: packs of runs (stage pack) ----
 if has pack; then
   budget=$(left 200)
-  timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout -k 15 "$budget" \
+  timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -s -rA --timeout "$budget" \
     -k "${PACK_TESTS:-pack}" tests/trainer/execution/test_pack.py 2>&1 | tee "$OUT/pack_tests.log" | grep -E "passed|failed|PASS|FAIL|kernels|packed|warning|  state|  replay|Error" | tail -40
   timeout -k 15 "$(left 360)" python3 -m trainer bench --configs core --methods zerocopy-bf16+combo \
     --pack "${PACK_SIZES:-1,4,16,64}" --pack-methods "${PACK_METHODS:-fused-bf16,graph-bf16}" --repeats 3 --no-timer-overhead --out "$OUT/pack" \
@@ -235,7 +235,7 @@ fi
 # ---- issue 31: packs in real training (stage packtrain) ----
 if has packtrain; then
   budget=$(left 90)
-  [ -n "${PACKTRAIN_TESTS-1}" ] && timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout -k 15 "$budget" \
+  [ -n "${PACKTRAIN_TESTS-1}" ] && timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" \
     tests/trainer/execution/test_pack_collect.py tests/trainer/execution/test_pack_market.py tests/trainer/algo/replay \
     tests/trainer/execution/data/test_transfer.py 2>&1 | tee "$OUT/packtrain_tests.log" | tail -8
   # PACKTRAIN_ROWS: one pack_recipes.py run per ";"-separated argument list, each into $OUT/packtrain<i>/
@@ -280,7 +280,7 @@ fi
 if has collect; then
   mkdir -p "$OUT/collect"
   budget=$(left 150)
-  timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout -k 15 "$budget" tests/trainer/execution/test_collect.py \
+  timeout -k 15 "$budget" python3 -m pytest -m gpu -p no:cacheprovider -q -rA --timeout "$budget" tests/trainer/execution/test_collect.py \
     "tests/trainer/runtime/test_train.py::test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_sync" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/collect/tests.log" | grep -E "passed|failed|PASS|FAIL|Error" | tail -8
   for flag in false true; do
@@ -305,7 +305,7 @@ profile_core() {  # FILE SECONDS VARIANT... : kernels per step on PRESET (core),
 }
 gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   local log=$1 budget; budget=$(left "$2"); shift 2
-  timeout -k 15 "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout -k 15 "$budget" "$@" 2>&1 \
+  timeout -k 15 "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
 }
 
