@@ -40,9 +40,16 @@ def test_resubmitting_the_same_job_returns_it_and_creates_no_second_workflow(
     again = controller.api.post("/v1/jobs", json=body)
     assert first.status_code == 201 and again.status_code in (200, 201), again.text
     assert again.json()["id"] == first.json()["id"]
-    names = foxhunt.kubectl("get", "workflows", "-n", NAMESPACE, "-l", f"foxhunt.io/job-id={first.json()['id']}",
-                            "-o", "name").stdout.split()  # fmt: skip
-    assert names == [f"workflow.argoproj.io/{first.json()['id']}"]
+
+    # The reconciler's submit pass hands the job to Argo after the POST returns: wait for its workflow, then
+    # for the job to record the hand-over, and only then count the workflows.
+    def labelled() -> list[str]:
+        return foxhunt.kubectl("get", "workflows", "-n", NAMESPACE, "-l", f"foxhunt.io/job-id={first.json()['id']}",
+                               "-o", "name").stdout.split()  # fmt: skip
+
+    wait_until(labelled, 60, interval=0.5, what="the job's workflow")
+    wait_until(lambda: controller.job(first.json()["id"])["state"] != "QUEUED", 60, what="the hand-over recorded")
+    assert labelled() == [f"workflow.argoproj.io/{first.json()['id']}"]
     # Accepted by Argo under `templateReferencing: Strict` (a Workflow with templates of its own is not)
     wait_until(lambda: workflow(foxhunt, first.json()["id"]).get("status", {}).get("phase"), 60, what="a phase")
     controller.api.delete(f"/v1/jobs/{first.json()['id']}")
