@@ -23,6 +23,10 @@ from contracts.yamlfile import read_yaml
 STEPS_PER_EPOCH = 2000
 C51_KERNEL_MAX_ATOMS = 128
 """The most atoms run.c51_target_kernel = triton takes: a program holds an [N, N] weight tile in registers."""
+IQN_KERNEL_MAX_WIDTH = 256
+"""The widest iqn_embed, iqn_hidden and branches x actions run.iqn_target_kernel = triton takes: each is one tile
+of a program (`trainer.execution.kernels.iqn`). The config checks the first two; the data source's branches x
+actions, the kernel when the step first runs."""
 INT32_MAX = 2**31 - 1
 """Bound of every count without a smaller natural one: the store, the trainer and Argo all hold it."""
 
@@ -269,6 +273,16 @@ class RunConfig(_Section):
             "other plans, on packs, nor on the CPU."
         ),
     )
+    iqn_target_kernel: Literal["inductor", "triton"] = Field(
+        "inductor",
+        description=(
+            "How the fused and zerocopy plans compute IQN's target quantiles on a GPU (the target network's quantile "
+            "head at s', the Double-DQN gather and r + gamma (1 - done) Z): Inductor's products and pointwise kernels "
+            f"('inductor'), or one Triton kernel that keeps each row's activations on chip ('triton', iqn_embed, "
+            f"iqn_hidden and the data's branches x actions at most {IQN_KERNEL_MAX_WIDTH}). Not yet measured on a GPU: "
+            "'inductor' stays the default until it is. No effect on the other plans, on packs, nor on the CPU."
+        ),
+    )
     precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(
         "auto",
         description=(
@@ -388,6 +402,19 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"run.c51_target_kernel 'triton' takes at most {C51_KERNEL_MAX_ATOMS} atoms; model.atoms is "
                 f"{self.model.atoms} (use 'inductor')"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _iqn_kernel_fits(self) -> TrainConfig:
+        model = self.model
+        widths = {"model.iqn_embed": model.iqn_embed, "model.iqn_hidden": model.iqn_hidden}
+        too_wide = {name: width for name, width in widths.items() if width > IQN_KERNEL_MAX_WIDTH}
+        if self.run.iqn_target_kernel == "triton" and too_wide:
+            named = ", ".join(f"{name} is {width}" for name, width in too_wide.items())
+            raise ValueError(
+                f"run.iqn_target_kernel 'triton' takes widths of at most {IQN_KERNEL_MAX_WIDTH}; {named} "
+                "(use 'inductor')"
             )
         return self
 

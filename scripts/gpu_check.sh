@@ -117,6 +117,10 @@
 #     kernels under Hopper's programmatic dependent launch), in turn, twice; then the fused bf16 plan with combined
 #     kernels against eager on `core` with TORCHINDUCTOR_ENABLE_PDL=1 (DEADLINE 420)
 #                                                 -> $OUT/profile_round18_core.txt, $OUT/gpu_tests_round18.log
+#   round19 (issue 32) = tests19,prof19: IQN's target quantiles as one Triton kernel (run.iqn_target_kernel=triton):
+#     the kernel's tests (CPU form and GPU, Inductor too) and the fused plans with it = eager on `core` (float32;
+#     bf16 with combined kernels); then zerocopy-bf16+combo without and with it (variant suffix +iqnk), each
+#     compiled afresh, twice in turn (DEADLINE 560 s)  -> $OUT/gpu_tests_round19.log, $OUT/profile_round19_core.txt
 #   packcombo (issue 31): the compiled market pack under Inductor's combo kernels without their compile-time
 #     benchmark (benchmark_combo_kernel=false): that benchmark launches each candidate kernel on made-up inputs
 #     (`get_args`: random floats), from which the pack's sampling computes replay indices out of range, and the
@@ -177,6 +181,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round16b ] && { stage=prof16t,prof16ws; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = round17 ] && { stage=prof17; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round18 ] && { stage=prof18,tests18; DEADLINE="${DEADLINE:-420}"; }
+[ "$stage" = round19 ] && { stage=tests19,prof19; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
@@ -332,6 +337,12 @@ bf16_test="tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_ma
 has prof18 && TOP=40 profile_core profile_round18_core.txt 300 \
   zerocopy-bf16+combo zerocopy-bf16+combo+pdl zerocopy-bf16+combo zerocopy-bf16+combo+pdl
 has tests18 && TORCHINDUCTOR_ENABLE_PDL=1 gpu_tests gpu_tests_round18.log 120 "$bf16_test[fused-combo-core]"
+
+# ---- issue 32: round 19 ----
+has tests19 && MARK="gpu or not gpu" gpu_tests gpu_tests_round19.log 220 tests/trainer/execution/kernels/test_iqn.py \
+  tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_target_kernel_matches_eager_after_50_steps
+has prof19 && TOP=40 profile_core profile_round19_core.txt 330 \
+  zerocopy-bf16+combo zerocopy-bf16+combo+iqnk zerocopy-bf16+combo zerocopy-bf16+combo+iqnk
 
 # round 2
 has bench-core && bench_preset core eager,compile,compile-bf16,graph,dual,fused,zerocopy,zerocopy-bf16 210 $quick

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 from torch._inductor import config as inductor_config
 
-from scripts.profile_step import _combo_grouping, flags_scope, split_variant
+from scripts.profile_step import OVERRIDE_FLAGS, _combo_grouping, flags_scope, split_variant
 from trainer.execution.plans.fused import HORIZONTAL_OPTIONS
+from trainer.tools.bench import BenchOptions, preset_config
 
 
 def test_a_variant_splits_into_the_bench_method_and_its_flags() -> None:
@@ -62,3 +63,10 @@ def test_pdl_launches_inductors_triton_kernels_with_dependent_launch_only_inside
     with flags_scope(["pdl"]):
         assert inductor_config.triton.enable_pdl is True
     assert inductor_config.triton.enable_pdl is False
+
+
+def test_iqnk_builds_the_step_with_the_iqn_target_kernel() -> None:
+    assert split_variant("zerocopy-bf16+combo+iqnk") == ("zerocopy-bf16+combo", ["iqnk"])
+    config = preset_config("core", BenchOptions(overrides=[OVERRIDE_FLAGS["iqnk"]]))
+    assert config.run.iqn_target_kernel == "triton"
+    assert preset_config("core", BenchOptions()).run.iqn_target_kernel == "inductor"

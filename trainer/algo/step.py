@@ -56,6 +56,23 @@ class _NoTimer:
 NO_TIMER: SectionTimer = _NoTimer()
 
 
+def next_quantile_targets(
+    p: dict[str, Tensor],
+    h_next: Tensor,
+    tau: Tensor,
+    a_star: Tensor,
+    reward: Tensor,
+    done: Tensor,
+    gamma: float,
+    d: ModelDims,
+) -> Tensor:
+    """IQN's target r + γ (1 - done) Z_τ'(s', a*) [B, T', K] of the network with views `p`, from its h_s2 at s'
+    (h_next [B, H]), the target taus [B, T'] and the Double-DQN action a* [B, K]."""
+    z_next = iqn_quantiles(p, h_next, tau, d)  # [B, T', K, A]
+    z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)  # [B, T', K]
+    return iqn_target(z_next, reward, done, gamma)
+
+
 @dataclass(frozen=True)
 class Hyper:
     """The step's constants as plain Python values (baked into captured graphs)."""
@@ -92,6 +109,9 @@ class Hyper:
     # How the C51 target is computed, not what it is: by run.c51_target_kernel (auto, triton) the fused plans swap
     # in one Triton kernel (`trainer.execution.kernels.c51`).
     c51_target: Callable[..., Tensor] = target_distribution
+    # How IQN's target quantiles are computed: by run.iqn_target_kernel (triton) the fused plans swap in one Triton
+    # kernel (`trainer.execution.kernels.iqn`).
+    iqn_target: Callable[..., Tensor] = next_quantile_targets
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -112,6 +132,7 @@ class Hyper:
             "autocast": torch.bfloat16 if config.run.precision == "bf16" else None,
             "attend": self_attention,
             "c51_target": target_distribution,
+            "iqn_target": next_quantile_targets,
         }
         sections = {**loss.model_dump(), **optim.model_dump()}
         copied = {f.name: sections[f.name] for f in fields(cls) if f.name not in derived}
@@ -239,13 +260,13 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
         a_star = double_dqn_action(logits[0, rows:], atoms)  # [B, K]
         target_logits, next_logits = logits[1, :rows], logits[1, rows:]  # [B, K, A, N] at s (IQL's), at s'
         pt = {name: view[1] for name, view in both.items()}  # the target network's own views
-        z_next = iqn_quantiles(pt, h[1, rows:], draws.tau_target, d) if hp.iqn else None  # [B, T', K, A]
+        z_target = (
+            hp.iqn_target(pt, h[1, rows:], draws.tau_target, a_star, reward, batch.done, hp.gamma, d)  # [B, T', K]
+            if hp.iqn
+            else None
+        )
     q_target_obs = expected_q(target_logits, atoms) if hp.iql else None  # [B, K, A]
     target_pmf = hp.c51_target(next_logits, a_star, reward, batch.done, hp.gamma, atoms)  # [B, K, N], float32
-    z_target = None
-    if z_next is not None:
-        z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)
-        z_target = iqn_target(z_next, reward, batch.done, hp.gamma)  # [B, T', K]
     return Targets(target_pmf=target_pmf, q_target_obs=q_target_obs, z_target=z_target)
 
 

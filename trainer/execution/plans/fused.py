@@ -169,6 +169,10 @@ class FusedPlan(DualStreamPlan):
 
             if kernel == "triton" or c51.supports(model.atoms):
                 hp = dataclasses.replace(hp, c51_target=c51.c51_target)
+        if self.compiled and config.run.iqn_target_kernel == "triton":
+            from trainer.execution.kernels import iqn
+
+            hp = dataclasses.replace(hp, iqn_target=iqn.next_quantile_targets_fused)
         return hp
 
     @functools.cached_property

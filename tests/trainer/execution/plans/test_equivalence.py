@@ -136,18 +136,28 @@ def test_the_c51_target_kernel_matches_eager_after_50_steps(plan_class: type[Gra
     assert_fed_plan_matches_eager(plan_class, "core", precision, combo_kernels=precision == "bf16", c51="triton")
 
 
+@pytest.mark.parametrize(
+    ("plan_class", "precision"), [(FusedFp32, "auto"), (FusedPlan, "bf16")], ids=["fused-fp32", "fused-bf16-combo"]
+)
+def test_the_iqn_target_kernel_matches_eager_after_50_steps(plan_class: type[GraphPlan], precision: str) -> None:
+    """run.iqn_target_kernel = triton (`trainer.execution.kernels.iqn` inside the compiled step) on `core`."""
+    assert_fed_plan_matches_eager(plan_class, "core", precision, combo_kernels=precision == "bf16", iqn="triton")
+
+
 def assert_fed_plan_matches_eager(
     plan_class: type[GraphPlan],
     config_name: str,
     precision: str = "auto",
     combo_kernels: bool = False,
     c51: str = "inductor",
+    iqn: str = "inductor",
 ) -> None:
     """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor."""
     config = config_for(config_name)
     config.run.precision = precision  # read by the plan; eager below runs float32
     config.run.combo_kernels = combo_kernels
     config.run.c51_target_kernel = c51  # the fused plans' choice; eager runs the written form
+    config.run.iqn_target_kernel = iqn
     hp = Hyper.from_config(config_for(config_name))
     replay = new_replay(config)
     inputs = fed_inputs(config, replay, STEPS)
@@ -161,7 +171,8 @@ def assert_fed_plan_matches_eager(
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision}, combo: {combo_kernels}, C51: {c51})"
+    kernels = f"C51: {c51}, IQN: {iqn}"
+    name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision}, combo: {combo_kernels}, {kernels})"
     print(f"{config_name} {name} relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
     assert_within(errors, plan_class, precision)

@@ -1,0 +1,287 @@
+"""The IQN target quantiles in one Triton kernel: the target network's quantile head at s' for T' taus, the
+Double-DQN gather and r + γ(1 - done) Z, one program per BLOCK_M rows of (sample, tau) (issue 32).
+
+The same mathematics as `trainer.algo.step.next_quantile_targets` (`iqn_quantiles`, the gather at a*,
+`iqn_target`), executed differently. Inductor runs that chain as three matrix products (cos(πiτ) → H,
+H → h, h → K·A) with pointwise kernels between them, each writing its [B·T', H] or [B·T', h] activations
+(32,768 rows at the `core` size) to memory and reading them back. Here a program keeps its rows' activations
+on chip: per chunk of BLOCK_H trunk units φ = relu(W_e cos + b_e) and ψ(s') ⊙ φ, accumulated into the hidden
+layer's product, then the output layer, the gather at a* and the target, one store of [BLOCK_M, K].
+
+Under mixed precision (the trunk's h_s2 arrives in bf16) every product takes bf16 inputs with float32
+accumulation and every layer's output is rounded to bf16 once, as autocast rounds it; in float32 the products
+run as the step's other products do (TF32 unless float32 matmul precision is "highest"). The rounding to bf16
+is written out (`_round_bf16`, ties to even), since Triton's interpreter, which runs this on the CPU, truncates
+its casts to bf16 and multiplies bf16 tiles wrongly; there the products run in float32 on bf16-exact values,
+which is the same arithmetic.
+
+An opaque custom op (`foxhunt::iqn_target_quantiles`, with a fake for tracing), so Dynamo keeps the target
+graph whole around it and a CUDA graph records its launch. The fused plans use it when
+`run.iqn_target_kernel` is `triton` (`trainer.execution.plans.fused.FusedPlan.hyper`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from contracts.config import IQN_KERNEL_MAX_WIDTH
+from trainer.algo.model import PADDED, ModelDims
+
+
+def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
+    """Whether a program holds iqn_embed, iqn_hidden and K·A each as one tile (padded to a power of two)."""
+    return max(embed, iqn_hidden, outputs) <= IQN_KERNEL_MAX_WIDTH
+
+
+@triton.jit
+def _round_bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), kept as float32; NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _layer(x, BF16: tl.constexpr):
+    """A layer's output as autocast leaves it: rounded to bf16 under mixed precision."""
+    if BF16:
+        return _round_bf16(x)
+    return x
+
+
+@triton.jit
+def _dot(a, b, BF16: tl.constexpr, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b with float32 accumulation; a and b hold bf16-exact values where BF16."""
+    if DOT_BF16:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    return tl.dot(a, b, input_precision=PRECISION, out_dtype=tl.float32)
+
+
+@triton.jit
+def _target_quantiles_kernel(
+    tau_ptr,
+    h_ptr,
+    embed_w_ptr,
+    embed_b_ptr,
+    hidden_w_ptr,
+    hidden_b_ptr,
+    out_w_ptr,
+    out_b_ptr,
+    action_ptr,
+    reward_ptr,
+    done_ptr,
+    target_ptr,
+    rows,
+    stride_h,
+    stride_embed_w,
+    stride_hidden_w,
+    stride_out_w,
+    gamma,
+    TAUS: tl.constexpr,
+    EMBED: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    IQN_HIDDEN: tl.constexpr,
+    BRANCHES: tl.constexpr,
+    ACTIONS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BF16: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (sample, tau) pairs: row = b·T' + t
+    in_rows = row < rows
+    sample = row // TAUS  # [BM]
+    e = tl.arange(0, BLOCK_E)
+    u = tl.arange(0, BLOCK_H)
+    i = tl.arange(0, BLOCK_I)
+    o = tl.arange(0, BLOCK_O)
+
+    # cos(π i τ), i = 0..E-1, as `cosine_features` computes it: (π i) first, then times τ   [BM, E]
+    tau = tl.load(tau_ptr + row, mask=in_rows, other=0.0)
+    pi_i = 3.141592653589793 * e.to(tl.float32)
+    features = _layer(tl.cos(pi_i[None, :] * tau[:, None]), BF16)
+    features = tl.where(e[None, :] < EMBED, features, 0.0)
+
+    # hidden = W_1 (ψ(s') ⊙ relu(W_e cos + b_e)) summed over chunks of BLOCK_H trunk units   [BM, I]
+    acc = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    for start in range(0, HIDDEN, BLOCK_H):
+        unit = start + u  # [BH]
+        in_unit = unit < HIDDEN
+        w_e = tl.load(
+            embed_w_ptr + unit[None, :] * stride_embed_w + e[:, None],
+            mask=in_unit[None, :] & (e[:, None] < EMBED),
+            other=0.0,
+        )  # [E, BH]: W_eᵀ
+        b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0)
+        phi = _dot(features, _layer(w_e, BF16), BF16, DOT_BF16, PRECISION) + _layer(b_e, BF16)[None, :]
+        phi = tl.maximum(_layer(phi, BF16), 0.0)  # [BM, BH]
+        psi = tl.load(
+            h_ptr + sample[:, None] * stride_h + unit[None, :], mask=in_rows[:, None] & in_unit[None, :], other=0.0
+        )
+        mixed = _layer(psi.to(tl.float32) * phi, BF16)  # [BM, BH]
+        w_1 = tl.load(
+            hidden_w_ptr + i[None, :] * stride_hidden_w + unit[:, None],
+            mask=(i[None, :] < IQN_HIDDEN) & in_unit[:, None],
+            other=0.0,
+        )  # [BH, I]: W_1ᵀ
+        acc += _dot(mixed, _layer(w_1, BF16), BF16, DOT_BF16, PRECISION)
+    b_1 = tl.load(hidden_b_ptr + i, mask=i < IQN_HIDDEN, other=0.0)
+    hidden = tl.maximum(_layer(acc + _layer(b_1, BF16)[None, :], BF16), 0.0)  # [BM, I]
+
+    # Z_τ'(s', ·) = W_2 hidden + b_2   [BM, K·A]
+    outputs = BRANCHES * ACTIONS
+    w_2 = tl.load(
+        out_w_ptr + o[None, :] * stride_out_w + i[:, None],
+        mask=(o[None, :] < outputs) & (i[:, None] < IQN_HIDDEN),
+        other=0.0,
+    )  # [I, O]: W_2ᵀ
+    b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0)
+    quantiles = _layer(_dot(hidden, _layer(w_2, BF16), BF16, DOT_BF16, PRECISION) + _layer(b_2, BF16)[None, :], BF16)
+
+    # r + γ (1 - done) Z_τ'(s', a*) per branch   [BM, K]
+    discount = gamma * (1.0 - tl.load(done_ptr + sample, mask=in_rows, other=0.0))
+    reward = tl.load(reward_ptr + sample, mask=in_rows, other=0.0)
+    for k in tl.static_range(BRANCHES):
+        column = k * ACTIONS + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
+        z = tl.sum(tl.where(o[None, :] == column[:, None], quantiles, 0.0), axis=1)  # [BM]
+        tl.store(target_ptr + row * BRANCHES + k, reward + discount * z, mask=in_rows)
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@torch.library.custom_op("foxhunt::iqn_target_quantiles", mutates_args=())
+def iqn_target_quantiles(
+    tau: Tensor,
+    h_next: Tensor,
+    embed_w: Tensor,
+    embed_b: Tensor,
+    hidden_w: Tensor,
+    hidden_b: Tensor,
+    out_w: Tensor,
+    out_b: Tensor,
+    a_star: Tensor,
+    reward: Tensor,
+    done: Tensor,
+    gamma: float,
+    actions: int,
+) -> Tensor:
+    """r + γ (1 - done) Z_τ'(s', a*) [B, T', K] float32 of one network's IQN head: tau [B, T'], h_next [B, H] (its
+    dtype, bf16 or float32, is the products' precision), the layers' weights [out, in] and biases [out] (the output
+    layer's rows may be padded past K·A), a_star [B, K] int64, reward and done [B]."""
+    batch, taus = tau.shape
+    branches = a_star.shape[1]
+    hidden, embed = embed_w.shape
+    iqn_hidden = hidden_w.shape[0]
+    if not supports(embed, iqn_hidden, branches * actions):
+        raise ValueError(
+            f"iqn_target_quantiles: iqn_embed, iqn_hidden and K·A must be at most {IQN_KERNEL_MAX_WIDTH}, got {embed}, "
+            f"{iqn_hidden} and {branches * actions}"
+        )
+    for name, weight in (("embed_w", embed_w), ("hidden_w", hidden_w), ("out_w", out_w), ("h_next", h_next)):
+        if weight.stride(-1) != 1:
+            raise ValueError(f"iqn_target_quantiles: {name} needs unit stride over its last dim, got {weight.stride()}")
+    bf16 = h_next.dtype == torch.bfloat16
+    interpreted = _interpreted()
+    precision = "ieee" if interpreted or torch.get_float32_matmul_precision() == "highest" else "tf32"
+    target = torch.empty(batch, taus, branches, device=tau.device, dtype=torch.float32)
+    rows = batch * taus
+    block_m = 64
+    _target_quantiles_kernel[(triton.cdiv(rows, block_m),)](
+        tau.float().contiguous(),
+        h_next,
+        embed_w.float(),
+        embed_b.float().contiguous(),
+        hidden_w.float(),
+        hidden_b.float().contiguous(),
+        out_w.float(),
+        out_b.float().contiguous(),
+        a_star.contiguous(),
+        reward.float().contiguous(),
+        done.float().contiguous(),
+        target,
+        rows,
+        h_next.stride(0),
+        embed_w.stride(0),
+        hidden_w.stride(0),
+        out_w.stride(0),
+        gamma,
+        TAUS=taus,
+        EMBED=embed,
+        HIDDEN=hidden,
+        IQN_HIDDEN=iqn_hidden,
+        BRANCHES=branches,
+        ACTIONS=actions,
+        BLOCK_M=block_m,
+        BLOCK_E=_tile(embed),
+        BLOCK_H=min(64, _tile(hidden)),
+        BLOCK_I=_tile(iqn_hidden),
+        BLOCK_O=_tile(branches * actions),
+        BF16=bf16,
+        DOT_BF16=bf16 and not interpreted,
+        PRECISION=precision,
+        num_warps=8,
+    )
+    return target
+
+
+def _tile(width: int) -> int:
+    """A tile's width: the next power of two, at least 16 (the smallest a product's dimension takes)."""
+    return max(16, triton.next_power_of_2(width))
+
+
+@iqn_target_quantiles.register_fake
+def _(
+    tau: Tensor,
+    h_next: Tensor,
+    embed_w: Tensor,
+    embed_b: Tensor,
+    hidden_w: Tensor,
+    hidden_b: Tensor,
+    out_w: Tensor,
+    out_b: Tensor,
+    a_star: Tensor,
+    reward: Tensor,
+    done: Tensor,
+    gamma: float,
+    actions: int,
+) -> Tensor:
+    return tau.new_empty(tau.shape[0], tau.shape[1], a_star.shape[1], dtype=torch.float32)
+
+
+def next_quantile_targets_fused(
+    p: dict[str, Tensor],
+    h_next: Tensor,
+    tau: Tensor,
+    a_star: Tensor,
+    reward: Tensor,
+    done: Tensor,
+    gamma: float,
+    d: ModelDims,
+) -> Tensor:
+    """`trainer.algo.step.next_quantile_targets` through the kernel (the same arguments)."""
+    return iqn_target_quantiles(
+        tau,
+        h_next,
+        p["iqn_embed_w"],
+        p["iqn_embed_b"],
+        p["iqn1_w"],
+        p["iqn1_b"],
+        p[f"iqn2_w{PADDED}"],
+        p[f"iqn2_b{PADDED}"],
+        a_star,
+        reward,
+        done,
+        gamma,
+        d.actions,
+    )
