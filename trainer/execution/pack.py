@@ -45,7 +45,7 @@ from contracts.packs import PackError, check_packable
 from trainer.algo.batch import Batch
 from trainer.algo.budgets import AdamMoments
 from trainer.algo.replay.buffer import ReplayBuffer
-from trainer.algo.replay.sampler import PrioritizedSampler
+from trainer.algo.replay.sampler import PrioritizedSampler, sum_paths
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.plans._capture import capture, flag_patterns, matmul_precision, require_cuda, uses_tf32
@@ -97,13 +97,22 @@ def replay_over(
     replay.sampler = copy.copy(template.sampler)
     _set(replay.storage, storage)
     _set(replay.sampler, {**sampler, **scalars})
-    if replay.sampler.search == "tree":  # vmap has no rule for a reduction into `out=`: the same sums, copied in
-        setattr(replay.sampler, "_sum_levels", functools.partial(sum_levels_by_copy, replay.sampler))  # noqa: B010
+    if replay.sampler.search == "tree":
+        setattr(replay.sampler, "_sum_levels", functools.partial(sum_written_paths, replay.sampler))  # noqa: B010
     return replay
 
 
-def sum_levels_by_copy(sampler: PrioritizedSampler) -> None:
-    """`PrioritizedSampler._sum_levels` with each level's sums copied into the tree, not written by `out=`."""
+def sum_written_paths(sampler: PrioritizedSampler, written: Tensor | None = None) -> None:
+    """`PrioritizedSampler._sum_levels` inside the pack's vmap: only the ancestors of the `written` leaves [M], level
+    by level (`sum_paths`: the values whole levels give, since every other node already holds its children's sum).
+
+    A whole level written into the traced update becomes, once functionalised, a copy of every run's whole tree:
+    Inductor swept [K, 2P] once for every level or two (on the CPU at K = 16 and 100,000 slots, the compiled update's
+    costliest kernel, 150 ms of 450). A path costs M·log2(P). Without `written` (a tree from a checkpoint), every
+    level, copied in: vmap has no rule for the whole levels' reduction into `out=`."""
+    if written is not None:
+        sum_paths(sampler.tree[None], torch.zeros_like(written), written, sampler.depth)
+        return
     for depth in range(sampler.depth - 1, -1, -1):
         children = sampler.tree[2 << depth : 4 << depth].view(-1, 2)  # [2^d, 2]
         sampler.tree[1 << depth : 2 << depth] = children[:, 0] + children[:, 1]

@@ -20,6 +20,7 @@ from trainer.algo.step import (
     head_losses,
     iqn_loss,
     mixed_precision,
+    next_quantile_targets,
     per_loss_gradients,
     train_step,
 )
@@ -38,14 +39,24 @@ def test_hyper_copies_same_named_loss_and_optim_fields_and_derives_the_rest() ->
     hp = Hyper.from_config(config)
     loss, optim = config.loss.model_dump(), config.optim.model_dump()
     assert not set(loss) & set(optim)  # a same-named field has one source
-    derived = {"kappa", "expectile", "diversity", "ensemble", "budgets", "autocast", "attend", "c51_target"}
+    derived = {
+        "kappa",
+        "expectile",
+        "diversity",
+        "ensemble",
+        "budgets",
+        "autocast",
+        "attend",
+        "c51_target",
+        "iqn_target",
+    }
     copied = [f.name for f in fields(Hyper) if f.name not in derived]
     assert all(getattr(hp, name) == {**loss, **optim}[name] for name in copied)
     assert (hp.gamma, hp.lr, hp.spectral_norm) == (0.9, 3e-3, False)
     assert (hp.kappa, hp.expectile, hp.diversity, hp.ensemble) == (2.0, 0.8, 0.3, True)
     assert hp.budgets["c51"] == 0.5 * 2.0 and hp.autocast is torch.bfloat16
     assert hp.attend is self_attention  # the maths; only the fused plans swap in their kernels
-    assert hp.c51_target is target_distribution
+    assert hp.c51_target is target_distribution and hp.iqn_target is next_quantile_targets
 
 
 def _draws(state, batch_size: int, seed: int = 0) -> Draws:

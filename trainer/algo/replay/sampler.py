@@ -118,10 +118,11 @@ class PrioritizedSampler:
         else:  # eager, where the pairwise max's M² pairs cost ~1 ms of a CPU core at M = 1024, ATen's ~6 µs
             self.tree.scatter_reduce_(0, leaves, value, "amax", include_self=False)
         if self.search == "tree":
-            self._sum_levels()
+            self._sum_levels(leaves)
 
-    def _sum_levels(self) -> None:
-        """Recompute every parent level from its children, leaves up.
+    def _sum_levels(self, written: Tensor | None = None) -> None:
+        """Recompute every parent level from its children, leaves up. (`written`, the tree positions just written,
+        is for a pack, which sums only their paths: `trainer.execution.pack.sum_written_paths`.)
 
         Level d holds nodes [2^d, 2^(d+1)); its children are the next level read as pairs. Summing
         whole levels is one kernel per level: fewer launches than walking the changed paths. Each node is
