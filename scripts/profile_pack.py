@@ -1,15 +1,18 @@
 """Where a pack's step time goes, and when a pack first parts from its solo runs (issue 31).
 
 Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20] [--compiled]
-       [--config RECIPE.yaml] [--no-divergence]
+       [--config RECIPE.yaml] [--no-divergence] [--device cpu]
 
 1. Kernels of one eager (`--compiled`: Inductor's) pack step (`trainer.execution.pack.PackPlan`, not captured,
    so each kernel is seen) on `core` (`--config`: a recipe's model, batch and replay, over random transitions of
    its shapes, e.g. the market's, whose packed update is where its pack falls short of 8×) at each size K: the
    count, the CUDA time per step, the peak memory, and the costliest kernels by name, K against K = 1: which
-   kernels grow with K and by how much.
+   kernels grow with K and by how much. With `--device cpu`, each Inductor kernel's and ATen op's CPU time instead
+   (Inductor's kernel profile on): on a machine without a GPU, what grows faster than K moves more memory per run
+   than it should.
 2. When run i of a captured pack (K = 4, float32) first differs from its solo graph plan: the relative error of
    `state.online` and of the replay's priorities after each graph replay (10 updates) for the first 100 updates.
+   Not on the CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from contracts.config import TrainConfig, load_config
@@ -31,7 +35,7 @@ def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> t
     configs = [
         base.model_copy(
             update={
-                "run": base.run.model_copy(update={"seed": i, "device": "cuda"}),
+                "run": base.run.model_copy(update={"seed": i, "device": device.type}),
                 "optim": base.optim.model_copy(update={"lr": base.optim.lr * (1 + i % 4)}),
             }
         )
@@ -44,12 +48,17 @@ def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> t
 def kernels(
     size: int, base: TrainConfig, capacity: int, device: torch.device, compiled: bool = False
 ) -> dict[str, tuple[int, float]]:
-    """name -> (launches, CUDA ms) per pack step, over 3 profiled steps after 3 warm-up steps."""
+    """name -> (launches, ms) per pack step, over 3 profiled steps after 3 warm-up steps: each CUDA kernel's device
+    time, or on the CPU each Inductor kernel's and ATen op's own time (`cpu_kernels`)."""
     configs, make = runs(base, size, capacity, device)
-    torch.cuda.reset_peak_memory_stats(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     plan = PackPlan(Pack(configs, make), compiled=compiled)
     for step in range(3):
         plan.run(step)
+    if not cuda:
+        return cpu_kernels(plan)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for step in range(3, 6):
@@ -63,6 +72,17 @@ def kernels(
             row[0] += 1 / 3
             row[1] += event.device_time_total / 1e3 / 3
     return {name: (round(n), ms) for name, (n, ms) in table.items()}
+
+
+def cpu_kernels(plan: PackPlan) -> dict[str, tuple[int, float]]:
+    """The CPU's form of `kernels`: self time per Inductor kernel (`cpp.enable_kernel_profile`, set before the pack
+    compiles) and per ATen op, which on the CPU is where a step's time goes. What grows faster than K here moves
+    more memory per run than it should (packs round 9: the sum-tree's levels)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for step in range(3, 6):
+            plan.run(step)
+    own = [e for e in prof.key_averages() if e.key.startswith(("graph_", "aten::")) and e.self_cpu_time_total > 0]
+    return {e.key[:90]: (round(e.count / 3), e.self_cpu_time_total / 1e3 / 3) for e in own}
 
 
 def divergence(base: TrainConfig, capacity: int, device: torch.device) -> None:
@@ -100,8 +120,12 @@ def main() -> None:
     parser.add_argument("--compiled", action="store_true", help="the pack through Inductor (PackPlan(compiled=True))")
     parser.add_argument("--config", help="a recipe's model, batch size and replay instead of `core`'s")
     parser.add_argument("--no-divergence", action="store_true", help="kernels only")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu (Inductor's and ATen's CPU time; no divergence)")
     args = parser.parse_args()
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        inductor_config.cpp.enable_kernel_profile = True  # each generated kernel a profiler event of its own
+        print(f"CPU: {torch.get_num_threads()} threads")
     base = base_config(args.config, args.precision, args.capacity)
     args.precision = base.run.precision
     sizes = [int(k) for k in args.sizes.split(",")]
@@ -112,14 +136,14 @@ def main() -> None:
         total = sum(ms for _, ms in table.values())
         print(
             f"\nK={k} ({args.precision}, {kind} pack): {sum(n for n, _ in table.values())} kernels, {total:.3f} ms "
-            f"of kernel time per pack step"
+            f"of {'kernel' if device.type == 'cuda' else 'CPU'} time per pack step"
         )
     last = tables[sizes[-1]]
     print(f"\ncostliest kernels at K={sizes[-1]} (launches, ms per pack step; at K={sizes[0]}):")
     for name, (n, ms) in sorted(last.items(), key=lambda item: -item[1][1])[: args.top]:
         n0, ms0 = first.get(name, (0, 0.0))
         print(f"  {ms:8.3f} ms {n:4d}x  (K={sizes[0]}: {ms0:7.3f} ms {n0:4d}x)  {name}")
-    if args.no_divergence:
+    if args.no_divergence or device.type != "cuda":
         return
     print()
     divergence(preset_config("core", BenchOptions(batch_size=256, capacity=20_000)), 20_000, device)

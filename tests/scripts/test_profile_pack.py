@@ -16,3 +16,27 @@ def test_a_recipe_keeps_its_model_batch_and_precision_unless_told() -> None:
     assert (market.model.hidden, market.run.batch_size, market.replay.her) == (128, 128, True)
     assert (market.run.precision, market.replay.capacity) == ("auto", 100_000)
     assert base_config("examples/market.yaml", "bf16", 100_000).run.precision == "bf16"
+
+
+def test_on_the_cpu_the_table_has_inductors_kernels_and_aten_ops_by_cpu_time() -> None:
+    """`cpu_kernels` (the `--device cpu` table) over a stand-in for a compiled pack: a compiled function beside an
+    eager product. Inductor's generated kernels are profiler events of their own with `cpp.enable_kernel_profile`
+    (as `--device cpu` sets it), each with its calls and milliseconds per step."""
+    import torch
+    from torch._inductor import config as inductor_config
+
+    from scripts.profile_pack import cpu_kernels
+
+    x, w = torch.randn(64, 32), torch.randn(32, 32)
+    fused = torch.compile(lambda a: torch.relu(a * 2.0 + 1.0).sum(dim=1), dynamic=False)
+
+    class Plan:
+        def run(self, step: int) -> None:
+            fused(x @ w)
+
+    with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+        Plan().run(0)
+        table = cpu_kernels(Plan())  # type: ignore[arg-type]
+    generated = {name: row for name, row in table.items() if name.startswith("graph_")}
+    assert generated and all(calls == 1 and ms > 0 for calls, ms in generated.values())
+    assert table["aten::mm"][0] == 1
