@@ -317,6 +317,10 @@ class PackPlan:
         self.compiled_updates: dict[StepFlags, Callable[..., PackOutput]] = {}
         self.tf32 = uses_tf32(self.config.run.precision, compiled)  # compiled: TF32, as the fused plan
         self.hp = dataclasses.replace(Hyper.from_config(self.config), attend=packed_self_attention)
+        if compiled and self.c51_kernel_fits():
+            from trainer.execution.kernels.c51 import c51_target
+
+            self.hp = dataclasses.replace(self.hp, c51_target=c51_target)
         self.batch_size = self.config.run.batch_size
         template = pack.replays[0].empty_batch(self.batch_size)
         self.batch = {name: torch.stack([t] * pack.size) for name, t in vars(template).items()}  # name -> [K, ...]
@@ -337,6 +341,14 @@ class PackPlan:
             self.stream = torch.cuda.Stream(self.device)
             self.graphs: dict[tuple[StepFlags, ...], tuple[torch.cuda.CUDAGraph, PackOutput]] = {}
             self.capture_patterns(flag_patterns(self.config, self.steps_per_call))
+
+    def c51_kernel_fits(self) -> bool:
+        """Whether a compiled pack computes the C51 target with the solo fused plans' kernel (`run.c51_target_kernel`
+        auto or triton, as they choose): it takes γ as a number, so only where the runs share it."""
+        from trainer.execution.kernels import c51  # Triton: imported only where a compiled pack asks
+
+        kernel = self.config.run.c51_target_kernel
+        return kernel != "inductor" and c51.supports(self.config.model.atoms) and "gamma" not in self.pack.hyper
 
     COMBO_REFUSED = (
         "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): their compile-time "

@@ -161,6 +161,33 @@ def test_a_compiled_pack_is_the_eager_pack() -> None:
     assert errors["state.updates"] == 0.0 and errors["state.online"] > 0.0  # 3 updates each; Inductor's own sums
 
 
+def test_a_compiled_pack_of_runs_sharing_gamma_computes_the_c51_target_with_the_fused_plans_kernel() -> None:
+    """The C51 target kernel under vmap (`trainer.execution.kernels.c51._over_runs`: the runs' samples as one
+    launch) inside the compiled update, as the solo fused plans run it: the eager pack's losses and state after
+    2 updates. It takes γ as a number, so runs that differ in γ (and `run.c51_target_kernel: inductor`) keep the
+    written form."""
+    from trainer.algo.losses.c51 import target_distribution
+    from trainer.execution.kernels.c51 import c51_target
+
+    configs = [run_config(i, full=False) for i in range(2)]
+    shared = [c.model_copy(update={"loss": configs[0].loss}) for c in configs]
+    eager, compiled = PackPlan(Pack(shared, solo_run)), PackPlan(Pack(shared, solo_run), compiled=True)
+    assert compiled.hp.c51_target is c51_target and eager.hp.c51_target is target_distribution
+    for step in range(2):
+        want, got = eager.run(step), compiled.run(step)
+        for name, loss in want.losses.items():
+            torch.testing.assert_close(got.losses[name], loss, rtol=COMPILED_RTOL, atol=0.0, msg=name)
+    expected = eager.pack.tensors()
+    for name, tensor in compiled.pack.tensors().items():
+        error = (tensor.double() - expected[name].double()).norm() / expected[name].double().norm().clamp(1e-30)
+        assert error <= COMPILED_RTOL, name
+    assert PackPlan(Pack(configs, solo_run), compiled=True).hp.c51_target is target_distribution  # γ differs
+    inductor = [
+        c.model_copy(update={"run": c.run.model_copy(update={"c51_target_kernel": "inductor"})}) for c in shared
+    ]
+    assert PackPlan(Pack(inductor, solo_run), compiled=True).hp.c51_target is target_distribution
+
+
 @pytest.mark.parametrize("combo", [False, True])
 def test_a_compiled_pack_compiles_without_combined_kernels(monkeypatch: pytest.MonkeyPatch, combo: bool) -> None:
     """The pack's traced update goes to Inductor with its defaults, also under `run.combo_kernels`: under combined

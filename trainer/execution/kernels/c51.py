@@ -14,7 +14,8 @@ the target is deterministic. Float32 throughout (the logits are read in their ow
 
 An opaque custom op (`foxhunt::c51_target`, with a fake for tracing), so Dynamo keeps the target graph whole
 around it and a CUDA graph records its launch. The fused plans use it when `run.c51_target_kernel` is
-`triton` (`trainer.execution.plans.fused.FusedPlan.hyper`).
+`triton` (`trainer.execution.plans.fused.FusedPlan.hyper`), and so does a compiled pack whose runs share γ: under
+vmap every sample of every run is one more program of the same launch (`_over_runs`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch._functorch.autograd_function import VmapInfo
 
 from contracts.config import C51_KERNEL_MAX_ATOMS
 
@@ -112,3 +114,36 @@ def c51_target(
 def _(next_logits: Tensor, a_star: Tensor, reward: Tensor, done: Tensor, gamma: float, support: Tensor) -> Tensor:
     batch, branches, _, atoms = next_logits.shape
     return next_logits.new_empty(batch, branches, atoms, dtype=torch.float32)
+
+
+@c51_target.register_vmap
+def _over_runs(
+    info: VmapInfo,
+    in_dims: tuple[int | None, ...],
+    next_logits: Tensor,
+    a_star: Tensor,
+    reward: Tensor,
+    done: Tensor,
+    gamma: float,
+    support: Tensor,
+) -> tuple[Tensor, int]:
+    """A pack's runs (`trainer.execution.pack`): each sample's target is its own program, so K runs' [K, B, ...]
+    inputs are one launch over K·B samples. The support is the runs' shared one (v_min, v_max and the atoms are
+    not packable, `contracts.packs.PACKABLE`)."""
+    runs = info.batch_size
+
+    def samples(tensor: Tensor, dim: int | None) -> Tensor:  # [K, B, ...] -> [K·B, ...]
+        tensor = tensor.movedim(dim, 0) if dim is not None else tensor.expand(runs, *tensor.shape)
+        return tensor.reshape(-1, *tensor.shape[2:])
+
+    logits_dim, action_dim, reward_dim, done_dim, _, support_dim = in_dims
+    shared = support if support_dim is None else support.select(support_dim, 0)
+    target = c51_target(
+        samples(next_logits, logits_dim).contiguous(),
+        samples(a_star, action_dim),
+        samples(reward, reward_dim),
+        samples(done, done_dim),
+        gamma,
+        shared,
+    )
+    return target.view(runs, -1, *target.shape[1:]), 0

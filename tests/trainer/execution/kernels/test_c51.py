@@ -100,3 +100,17 @@ def test_the_fused_plans_run_the_kernel_by_default_where_the_atoms_fit_and_the_o
     assert fused.hyper(tiny_config(["run.c51_target_kernel=inductor"])).c51_target is target_distribution
     assert graph.hyper(asked).c51_target is target_distribution
     assert graph.hyper(default).c51_target is target_distribution
+
+
+@pytest.mark.parametrize("support_per_run", [False, True], ids=["shared-support", "support-per-run"])
+def test_under_vmap_the_runs_samples_are_one_launch_equal_to_each_runs_own(support_per_run: bool) -> None:
+    """A pack's runs (`_over_runs`): K runs' targets, bit for bit the kernel's target of each run alone."""
+    runs = [_inputs(51, seed=10 + i) for i in range(3)]
+    next_logits, a_star, reward, done = (torch.stack([run[j] for run in runs]) for j in range(4))
+    support = runs[0][4]
+    supports = support.expand(3, -1) if support_per_run else support
+    vmapped = torch.func.vmap(c51_target, in_dims=(0, 0, 0, 0, None, 0 if support_per_run else None))
+    target = vmapped(next_logits, a_star, reward, done, GAMMA, supports)
+    assert target.shape == (3, BATCH, BRANCHES, 51)
+    for i, (logits, actions, rewards, dones, _) in enumerate(runs):
+        assert torch.equal(target[i], c51_target(logits, actions, rewards, dones, GAMMA, support)), i
