@@ -269,8 +269,8 @@ class RunConfig(_Section):
             "softmax and the projection): Inductor's fusion of the written form ('inductor'), or one Triton kernel "
             f"with one program per sample ('triton', at most {C51_KERNEL_MAX_ATOMS} atoms); 'auto' is 'triton' "
             "where the atoms fit, else 'inductor'. On an H100 'triton' took `core`'s zerocopy-bf16+combo step "
-            "from 0.836 and 0.841 ms to 0.799 and 0.798 ms (two compilations each, 2026-12-06). No effect on the "
-            "other plans, on packs, nor on the CPU."
+            "from 0.836 and 0.841 ms to 0.799 and 0.798 ms (two compilations each, 2026-12-06). Compiled packs whose "
+            "runs share gamma follow it too; no effect on the other plans, nor on the CPU."
         ),
     )
     iqn_target_kernel: Literal["inductor", "triton"] = Field(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -307,7 +307,8 @@ class PackPlan:
     trace vmap over the step's torch.func transforms and attention's autograd.Function, so the update is first
     traced to one graph of aten ops (`make_fx`: vmap and the gradients become plain batched ops) and that graph
     is compiled, one per `StepFlags` (`compiled_update`), with Inductor's defaults: not with its combined kernels,
-    whatever `run.combo_kernels` says (`COMBO_REFUSED`)."""
+    whatever `run.combo_kernels` says (`COMBO_REFUSED`). Its C51 target is the fused plans' kernel where the runs
+    share γ (`c51_kernel_fits`)."""
 
     def __init__(self, pack: Pack, graph: bool = False, compiled: bool = False) -> None:
         self.pack, self.config = pack, pack.configs[0]
@@ -317,7 +318,7 @@ class PackPlan:
         self.compiled_updates: dict[StepFlags, Callable[..., PackOutput]] = {}
         self.tf32 = uses_tf32(self.config.run.precision, compiled)  # compiled: TF32, as the fused plan
         self.hp = dataclasses.replace(Hyper.from_config(self.config), attend=packed_self_attention)
-        if compiled and self.c51_kernel_fits():
+        if compiled and self.c51_kernel_fits(self.config, pack.hyper, self.device):
             from trainer.execution.kernels.c51 import c51_target
 
             self.hp = dataclasses.replace(self.hp, c51_target=c51_target)
@@ -342,13 +343,16 @@ class PackPlan:
             self.graphs: dict[tuple[StepFlags, ...], tuple[torch.cuda.CUDAGraph, PackOutput]] = {}
             self.capture_patterns(flag_patterns(self.config, self.steps_per_call))
 
-    def c51_kernel_fits(self) -> bool:
-        """Whether a compiled pack computes the C51 target with the solo fused plans' kernel (`run.c51_target_kernel`
-        auto or triton, as they choose): it takes γ as a number, so only where the runs share it."""
-        from trainer.execution.kernels import c51  # Triton: imported only where a compiled pack asks
+    @staticmethod
+    def c51_kernel_fits(config: TrainConfig, differing: Collection[str], device: torch.device) -> bool:
+        """Whether a compiled pack computes the C51 target with the solo fused plans' kernel: on a GPU (Triton's), as
+        `run.c51_target_kernel` chooses for them (auto, triton), and where no run's γ differs (`differing`: the
+        hyper-parameters that do), since the kernel takes γ as a number."""
+        if device.type != "cuda" or config.run.c51_target_kernel == "inductor" or "gamma" in differing:
+            return False
+        from trainer.execution.kernels import c51  # Triton: imported only where it runs
 
-        kernel = self.config.run.c51_target_kernel
-        return kernel != "inductor" and c51.supports(self.config.model.atoms) and "gamma" not in self.pack.hyper
+        return c51.supports(config.model.atoms)
 
     COMBO_REFUSED = (
         "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): their compile-time "

@@ -9,6 +9,7 @@ stay bit-identical on the CPU, `RTOL` bounds the rest (relative norm per tensor)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -161,18 +162,29 @@ def test_a_compiled_pack_is_the_eager_pack() -> None:
     assert errors["state.updates"] == 0.0 and errors["state.online"] > 0.0  # 3 updates each; Inductor's own sums
 
 
-def test_a_compiled_pack_of_runs_sharing_gamma_computes_the_c51_target_with_the_fused_plans_kernel() -> None:
-    """The C51 target kernel under vmap (`trainer.execution.kernels.c51._over_runs`: the runs' samples as one
-    launch) inside the compiled update, as the solo fused plans run it: the eager pack's losses and state after
-    2 updates. It takes γ as a number, so runs that differ in γ (and `run.c51_target_kernel: inductor`) keep the
-    written form."""
+def test_a_compiled_pack_on_a_gpu_takes_the_c51_target_kernel_where_its_runs_share_gamma() -> None:
+    """As the fused plans choose it (`run.c51_target_kernel` auto or triton), on a GPU only (on the CPU no Triton
+    runs outside the tests' interpreter), and only where γ, which the kernel takes as a number, is every run's."""
+    config, cuda, cpu = run_config(0, full=False), torch.device("cuda"), torch.device("cpu")
+    assert PackPlan.c51_kernel_fits(config, {"lr": [1e-3, 2e-3]}, cuda)
+    assert not PackPlan.c51_kernel_fits(config, {"gamma": [0.9, 0.99]}, cuda)
+    assert not PackPlan.c51_kernel_fits(config, {}, cpu)
+    inductor = config.model_copy(update={"run": config.run.model_copy(update={"c51_target_kernel": "inductor"})})
+    assert not PackPlan.c51_kernel_fits(inductor, {}, cuda)
+
+
+def test_a_compiled_pack_with_the_c51_target_kernel_is_the_eager_pack() -> None:
+    """The C51 target kernel under vmap (`trainer.execution.kernels.c51._over_runs`: the runs' samples as one launch)
+    inside the compiled update, here through Triton's interpreter: the eager pack's losses and state after 2
+    updates (the eager pack runs the written form)."""
     from trainer.algo.losses.c51 import target_distribution
     from trainer.execution.kernels.c51 import c51_target
 
     configs = [run_config(i, full=False) for i in range(2)]
     shared = [c.model_copy(update={"loss": configs[0].loss}) for c in configs]
     eager, compiled = PackPlan(Pack(shared, solo_run)), PackPlan(Pack(shared, solo_run), compiled=True)
-    assert compiled.hp.c51_target is c51_target and eager.hp.c51_target is target_distribution
+    assert eager.hp.c51_target is target_distribution
+    compiled.hp = dataclasses.replace(compiled.hp, c51_target=c51_target)  # what a GPU's compiled pack chooses
     for step in range(2):
         want, got = eager.run(step), compiled.run(step)
         for name, loss in want.losses.items():
@@ -181,11 +193,6 @@ def test_a_compiled_pack_of_runs_sharing_gamma_computes_the_c51_target_with_the_
     for name, tensor in compiled.pack.tensors().items():
         error = (tensor.double() - expected[name].double()).norm() / expected[name].double().norm().clamp(1e-30)
         assert error <= COMPILED_RTOL, name
-    assert PackPlan(Pack(configs, solo_run), compiled=True).hp.c51_target is target_distribution  # γ differs
-    inductor = [
-        c.model_copy(update={"run": c.run.model_copy(update={"c51_target_kernel": "inductor"})}) for c in shared
-    ]
-    assert PackPlan(Pack(inductor, solo_run), compiled=True).hp.c51_target is target_distribution
 
 
 @pytest.mark.parametrize("combo", [False, True])
