@@ -23,6 +23,7 @@ graph whole around it and a CUDA graph records its launch. The fused plans use i
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import triton
@@ -30,7 +31,11 @@ import triton.language as tl
 from torch import Tensor
 
 from contracts.config import IQN_KERNEL_MAX_WIDTH
-from trainer.algo.model import PADDED, ModelDims
+from trainer.algo.model import PADDED
+
+ROWS_PER_PROGRAM = 64
+"""(sample, tau) rows a program takes: its [64, 64] chunk of φ and [64, 128] hidden accumulator (`core`) stay in
+registers."""
 
 
 def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
@@ -62,6 +67,16 @@ def _dot(a, b, BF16: tl.constexpr, DOT_BF16: tl.constexpr, PRECISION: tl.constex
     return tl.dot(a, b, input_precision=PRECISION, out_dtype=tl.float32)
 
 
+@triton.heuristics(
+    {
+        "BLOCK_E": lambda args: _tile(args["embed"]),
+        "BLOCK_H": lambda args: min(64, _tile(args["hidden"])),
+        "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
+        "BLOCK_O": lambda args: _tile(args["BRANCHES"] * args["actions"]),
+        "DOT_BF16": lambda args: args["BF16"] and not _interpreted(),
+        "BLOCK_M": lambda args: ROWS_PER_PROGRAM,
+    }
+)
 @triton.jit
 def _target_quantiles_kernel(
     tau_ptr,
@@ -76,30 +91,30 @@ def _target_quantiles_kernel(
     reward_ptr,
     done_ptr,
     target_ptr,
-    rows,
     stride_h,
     stride_embed_w,
     stride_hidden_w,
     stride_out_w,
+    rows,
     gamma,
-    TAUS: tl.constexpr,
-    EMBED: tl.constexpr,
-    HIDDEN: tl.constexpr,
-    IQN_HIDDEN: tl.constexpr,
+    taus,
+    embed,
+    hidden,
+    iqn_hidden,
+    actions,
     BRANCHES: tl.constexpr,
-    ACTIONS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BF16: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_O: tl.constexpr,
-    BF16: tl.constexpr,
     DOT_BF16: tl.constexpr,
-    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (sample, tau) pairs: row = b·T' + t
     in_rows = row < rows
-    sample = row // TAUS  # [BM]
+    sample = row // taus  # [BM]
     e = tl.arange(0, BLOCK_E)
     u = tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_I)
@@ -109,16 +124,16 @@ def _target_quantiles_kernel(
     tau = tl.load(tau_ptr + row, mask=in_rows, other=0.0)
     pi_i = 3.141592653589793 * e.to(tl.float32)
     features = _layer(tl.cos(pi_i[None, :] * tau[:, None]), BF16)
-    features = tl.where(e[None, :] < EMBED, features, 0.0)
+    features = tl.where(e[None, :] < embed, features, 0.0)
 
     # hidden = W_1 (ψ(s') ⊙ relu(W_e cos + b_e)) summed over chunks of BLOCK_H trunk units   [BM, I]
     acc = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
-    for start in range(0, HIDDEN, BLOCK_H):
+    for start in range(0, hidden, BLOCK_H):
         unit = start + u  # [BH]
-        in_unit = unit < HIDDEN
+        in_unit = unit < hidden
         w_e = tl.load(
             embed_w_ptr + unit[None, :] * stride_embed_w + e[:, None],
-            mask=in_unit[None, :] & (e[:, None] < EMBED),
+            mask=in_unit[None, :] & (e[:, None] < embed),
             other=0.0,
         )  # [E, BH]: W_eᵀ
         b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0)
@@ -130,18 +145,18 @@ def _target_quantiles_kernel(
         mixed = _layer(psi.to(tl.float32) * phi, BF16)  # [BM, BH]
         w_1 = tl.load(
             hidden_w_ptr + i[None, :] * stride_hidden_w + unit[:, None],
-            mask=(i[None, :] < IQN_HIDDEN) & in_unit[:, None],
+            mask=(i[None, :] < iqn_hidden) & in_unit[:, None],
             other=0.0,
         )  # [BH, I]: W_1ᵀ
         acc += _dot(mixed, _layer(w_1, BF16), BF16, DOT_BF16, PRECISION)
-    b_1 = tl.load(hidden_b_ptr + i, mask=i < IQN_HIDDEN, other=0.0)
+    b_1 = tl.load(hidden_b_ptr + i, mask=i < iqn_hidden, other=0.0)
     hidden = tl.maximum(_layer(acc + _layer(b_1, BF16)[None, :], BF16), 0.0)  # [BM, I]
 
     # Z_τ'(s', ·) = W_2 hidden + b_2   [BM, K·A]
-    outputs = BRANCHES * ACTIONS
+    outputs = BRANCHES * actions
     w_2 = tl.load(
         out_w_ptr + o[None, :] * stride_out_w + i[:, None],
-        mask=(o[None, :] < outputs) & (i[:, None] < IQN_HIDDEN),
+        mask=(o[None, :] < outputs) & (i[:, None] < iqn_hidden),
         other=0.0,
     )  # [I, O]: W_2ᵀ
     b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0)
@@ -151,7 +166,7 @@ def _target_quantiles_kernel(
     discount = gamma * (1.0 - tl.load(done_ptr + sample, mask=in_rows, other=0.0))
     reward = tl.load(reward_ptr + sample, mask=in_rows, other=0.0)
     for k in tl.static_range(BRANCHES):
-        column = k * ACTIONS + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
+        column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
         z = tl.sum(tl.where(o[None, :] == column[:, None], quantiles, 0.0), axis=1)  # [BM]
         tl.store(target_ptr + row * BRANCHES + k, reward + discount * z, mask=in_rows)
 
@@ -164,12 +179,7 @@ def _interpreted() -> bool:
 def iqn_target_quantiles(
     tau: Tensor,
     h_next: Tensor,
-    embed_w: Tensor,
-    embed_b: Tensor,
-    hidden_w: Tensor,
-    hidden_b: Tensor,
-    out_w: Tensor,
-    out_b: Tensor,
+    layers: list[Tensor],
     a_star: Tensor,
     reward: Tensor,
     done: Tensor,
@@ -177,10 +187,10 @@ def iqn_target_quantiles(
     actions: int,
 ) -> Tensor:
     """r + γ (1 - done) Z_τ'(s', a*) [B, T', K] float32 of one network's IQN head: tau [B, T'], h_next [B, H] (its
-    dtype, bf16 or float32, is the products' precision), the layers' weights [out, in] and biases [out] (the output
-    layer's rows may be padded past K·A), a_star [B, K] int64, reward and done [B]."""
-    batch, taus = tau.shape
-    branches = a_star.shape[1]
+    dtype, bf16 or float32, is the products' precision), `layers` its three layers' weights [out, in] and biases
+    [out] in turn (the output layer's rows may be padded past K·A), a_star [B, K] int64, reward and done [B]."""
+    embed_w, _, hidden_w, _, out_w, _ = layers
+    (batch, taus), branches = tau.shape, a_star.shape[1]
     hidden, embed = embed_w.shape
     iqn_hidden = hidden_w.shape[0]
     if not supports(embed, iqn_hidden, branches * actions):
@@ -191,44 +201,19 @@ def iqn_target_quantiles(
     for name, weight in (("embed_w", embed_w), ("hidden_w", hidden_w), ("out_w", out_w), ("h_next", h_next)):
         if weight.stride(-1) != 1:
             raise ValueError(f"iqn_target_quantiles: {name} needs unit stride over its last dim, got {weight.stride()}")
-    bf16 = h_next.dtype == torch.bfloat16
-    interpreted = _interpreted()
-    precision = "ieee" if interpreted or torch.get_float32_matmul_precision() == "highest" else "tf32"
     target = torch.empty(batch, taus, branches, device=tau.device, dtype=torch.float32)
     rows = batch * taus
-    block_m = 64
-    _target_quantiles_kernel[(triton.cdiv(rows, block_m),)](
-        tau.float().contiguous(),
-        h_next,
-        embed_w.float(),
-        embed_b.float().contiguous(),
-        hidden_w.float(),
-        hidden_b.float().contiguous(),
-        out_w.float(),
-        out_b.float().contiguous(),
-        a_star.contiguous(),
-        reward.float().contiguous(),
-        done.float().contiguous(),
-        target,
-        rows,
-        h_next.stride(0),
-        embed_w.stride(0),
-        hidden_w.stride(0),
-        out_w.stride(0),
-        gamma,
-        TAUS=taus,
-        EMBED=embed,
-        HIDDEN=hidden,
-        IQN_HIDDEN=iqn_hidden,
+    weights = [t.float() if t.dim() == 2 else t.float().contiguous() for t in layers]  # views of flat parameters
+    tensors = [tau.float().contiguous(), h_next, *weights, a_star.contiguous(), reward.float().contiguous()]
+    tensors += [done.float().contiguous(), target]
+    strides = [t.stride(0) for t in (h_next, embed_w, hidden_w, out_w)]
+    precision = "ieee" if _interpreted() or torch.get_float32_matmul_precision() == "highest" else "tf32"
+    _target_quantiles_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
+        *tensors,
+        *strides,
+        *(rows, gamma, taus, embed, hidden, iqn_hidden, actions),
         BRANCHES=branches,
-        ACTIONS=actions,
-        BLOCK_M=block_m,
-        BLOCK_E=_tile(embed),
-        BLOCK_H=min(64, _tile(hidden)),
-        BLOCK_I=_tile(iqn_hidden),
-        BLOCK_O=_tile(branches * actions),
-        BF16=bf16,
-        DOT_BF16=bf16 and not interpreted,
+        BF16=h_next.dtype == torch.bfloat16,
         PRECISION=precision,
         num_warps=8,
     )
@@ -241,47 +226,13 @@ def _tile(width: int) -> int:
 
 
 @iqn_target_quantiles.register_fake
-def _(
-    tau: Tensor,
-    h_next: Tensor,
-    embed_w: Tensor,
-    embed_b: Tensor,
-    hidden_w: Tensor,
-    hidden_b: Tensor,
-    out_w: Tensor,
-    out_b: Tensor,
-    a_star: Tensor,
-    reward: Tensor,
-    done: Tensor,
-    gamma: float,
-    actions: int,
-) -> Tensor:
-    return tau.new_empty(tau.shape[0], tau.shape[1], a_star.shape[1], dtype=torch.float32)
+def _(tau: Tensor, h_next: Tensor, layers: list[Tensor], a_star: Tensor, *scalars: object) -> Tensor:
+    return tau.new_empty(*tau.shape, a_star.shape[1], dtype=torch.float32)
 
 
-def next_quantile_targets_fused(
-    p: dict[str, Tensor],
-    h_next: Tensor,
-    tau: Tensor,
-    a_star: Tensor,
-    reward: Tensor,
-    done: Tensor,
-    gamma: float,
-    d: ModelDims,
-) -> Tensor:
-    """`trainer.algo.step.next_quantile_targets` through the kernel (the same arguments)."""
-    return iqn_target_quantiles(
-        tau,
-        h_next,
-        p["iqn_embed_w"],
-        p["iqn_embed_b"],
-        p["iqn1_w"],
-        p["iqn1_b"],
-        p[f"iqn2_w{PADDED}"],
-        p[f"iqn2_b{PADDED}"],
-        a_star,
-        reward,
-        done,
-        gamma,
-        d.actions,
-    )
+def next_quantile_targets_fused(p: dict[str, Tensor], h_next: Tensor, tau: Tensor, *rest: Any) -> Tensor:
+    """`trainer.algo.step.next_quantile_targets` through the kernel, with the same arguments: after tau, a_star,
+    reward, done, gamma and the model's dims."""
+    a_star, reward, done, gamma, d = rest
+    names = ("iqn_embed_w", "iqn_embed_b", "iqn1_w", "iqn1_b", f"iqn2_w{PADDED}", f"iqn2_b{PADDED}")
+    return iqn_target_quantiles(tau, h_next, [p[name] for name in names], a_star, reward, done, gamma, d.actions)
