@@ -68,9 +68,12 @@ def next_quantile_targets(
 ) -> Tensor:
     """IQN's target r + γ (1 - done) Z_τ'(s', a*) [B, T', K] of the network with views `p`, from its h_s2 at s'
     (h_next [B, H]), the target taus [B, T'] and the Double-DQN action a* [B, K]."""
-    z_next = iqn_quantiles(p, h_next, tau, d)  # [B, T', K, A]
-    z_next = z_next.gather(3, a_star[:, None, :, None].expand(-1, z_next.shape[1], -1, 1)).squeeze(3)  # [B, T', K]
-    return iqn_target(z_next, reward, done, gamma)
+    return iqn_target(quantiles_at(iqn_quantiles(p, h_next, tau, d), a_star), reward, done, gamma)
+
+
+def quantiles_at(z: Tensor, a_star: Tensor) -> Tensor:
+    """Z_τ(s', a*) [B, T', K] of the quantiles z [B, T', K, A] at the Double-DQN action a* [B, K]."""
+    return z.gather(3, a_star[:, None, :, None].expand(-1, z.shape[1], -1, 1)).squeeze(3)
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,10 @@ class Hyper:
     # How the C51 target is computed, not what it is: by run.c51_target_kernel (auto, triton) the fused plans swap
     # in one Triton kernel (`trainer.execution.kernels.c51`).
     c51_target: Callable[..., Tensor] = target_distribution
-    # How IQN's target quantiles are computed: by run.iqn_target_kernel (triton) the fused plans swap in one Triton
-    # kernel (`trainer.execution.kernels.iqn`).
-    iqn_target: Callable[..., Tensor] = next_quantile_targets
+    # How IQN's target quantiles are computed: None, as written (`next_quantile_targets`, its products and its gather
+    # apart, as every measured graph has them); by run.iqn_target_kernel (triton) the fused plans give one Triton
+    # kernel for all of it (`trainer.execution.kernels.iqn`).
+    iqn_target: Callable[..., Tensor] | None = None
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -132,7 +136,7 @@ class Hyper:
             "autocast": torch.bfloat16 if config.run.precision == "bf16" else None,
             "attend": self_attention,
             "c51_target": target_distribution,
-            "iqn_target": next_quantile_targets,
+            "iqn_target": None,
         }
         sections = {**loss.model_dump(), **optim.model_dump()}
         copied = {f.name: sections[f.name] for f in fields(cls) if f.name not in derived}
@@ -260,13 +264,17 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
         a_star = double_dqn_action(logits[0, rows:], atoms)  # [B, K]
         target_logits, next_logits = logits[1, :rows], logits[1, rows:]  # [B, K, A, N] at s (IQL's), at s'
         pt = {name: view[1] for name, view in both.items()}  # the target network's own views
-        z_target = (
-            hp.iqn_target(pt, h[1, rows:], draws.tau_target, a_star, reward, batch.done, hp.gamma, d)  # [B, T', K]
-            if hp.iqn
-            else None
-        )
+        # IQN's target: as written, the products here and the gather after the C51 target (the order of every
+        # measured graph); or a plan's kernel for all of it (`Hyper.iqn_target`)
+        z_next = z_target = None
+        if hp.iqn and hp.iqn_target is None:
+            z_next = iqn_quantiles(pt, h[1, rows:], draws.tau_target, d)  # [B, T', K, A]
+        elif hp.iqn and hp.iqn_target is not None:
+            z_target = hp.iqn_target(pt, h[1, rows:], draws.tau_target, a_star, reward, batch.done, hp.gamma, d)
     q_target_obs = expected_q(target_logits, atoms) if hp.iql else None  # [B, K, A]
     target_pmf = hp.c51_target(next_logits, a_star, reward, batch.done, hp.gamma, atoms)  # [B, K, N], float32
+    if z_next is not None:
+        z_target = iqn_target(quantiles_at(z_next, a_star), reward, batch.done, hp.gamma)  # [B, T', K]
     return Targets(target_pmf=target_pmf, q_target_obs=q_target_obs, z_target=z_target)
 
 
