@@ -108,8 +108,9 @@ def sum_written_paths(sampler: PrioritizedSampler, written: Tensor | None = None
 
     A whole level written into the traced update becomes, once functionalised, a copy of every run's whole tree:
     Inductor swept [K, 2P] once for every level or two (on the CPU at K = 16 and 100,000 slots, the compiled update's
-    costliest kernel, 150 ms of 450). A path costs M·log2(P). Without `written` (a tree from a checkpoint), every
-    level, copied in: vmap has no rule for the whole levels' reduction into `out=`."""
+    costliest kernel: 85 of 260 ms, docs/benchmarks/README.md, packs round 9). A path costs M·log2(P). Without
+    `written` (a tree from a checkpoint), every level, copied in: vmap has no rule for the whole levels' reduction
+    into `out=`."""
     if written is not None:
         sum_paths(sampler.tree[None], torch.zeros_like(written), written, sampler.depth)
         return
