@@ -22,7 +22,6 @@ graph whole around it and a CUDA graph records its launch. The fused plans use i
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from torch import Tensor
 
 from contracts.config import IQN_KERNEL_MAX_WIDTH
 from trainer.algo.model import PADDED
+from trainer.execution.kernels import interpreted
 
 ROWS_PER_PROGRAM = 64
 """(sample, tau) rows a program takes: its [64, 64] chunk of φ and [64, 128] hidden accumulator (`core`) stay in
@@ -60,8 +60,8 @@ def _layer(x, BF16: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, BF16: tl.constexpr, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
-    """a @ b with float32 accumulation; a and b hold bf16-exact values where BF16."""
+def _dot(a, b, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b with float32 accumulation: as bf16 tiles (DOT_BF16: a and b hold bf16-exact values) or float32 ones."""
     if DOT_BF16:
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
     return tl.dot(a, b, input_precision=PRECISION, out_dtype=tl.float32)
@@ -73,7 +73,7 @@ def _dot(a, b, BF16: tl.constexpr, DOT_BF16: tl.constexpr, PRECISION: tl.constex
         "BLOCK_H": lambda args: min(64, _tile(args["hidden"])),
         "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
         "BLOCK_O": lambda args: _tile(args["BRANCHES"] * args["actions"]),
-        "DOT_BF16": lambda args: args["BF16"] and not _interpreted(),
+        "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
         "BLOCK_M": lambda args: ROWS_PER_PROGRAM,
     }
 )
@@ -137,7 +137,7 @@ def _target_quantiles_kernel(
             other=0.0,
         )  # [E, BH]: W_eᵀ
         b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0)
-        phi = _dot(features, _layer(w_e, BF16), BF16, DOT_BF16, PRECISION) + _layer(b_e, BF16)[None, :]
+        phi = _dot(features, _layer(w_e, BF16), DOT_BF16, PRECISION) + _layer(b_e, BF16)[None, :]
         phi = tl.maximum(_layer(phi, BF16), 0.0)  # [BM, BH]
         psi = tl.load(
             h_ptr + sample[:, None] * stride_h + unit[None, :], mask=in_rows[:, None] & in_unit[None, :], other=0.0
@@ -148,7 +148,7 @@ def _target_quantiles_kernel(
             mask=(i[None, :] < iqn_hidden) & in_unit[:, None],
             other=0.0,
         )  # [BH, I]: W_1ᵀ
-        acc += _dot(mixed, _layer(w_1, BF16), BF16, DOT_BF16, PRECISION)
+        acc += _dot(mixed, _layer(w_1, BF16), DOT_BF16, PRECISION)
     b_1 = tl.load(hidden_b_ptr + i, mask=i < iqn_hidden, other=0.0)
     hidden = tl.maximum(_layer(acc + _layer(b_1, BF16)[None, :], BF16), 0.0)  # [BM, I]
 
@@ -160,7 +160,7 @@ def _target_quantiles_kernel(
         other=0.0,
     )  # [I, O]: W_2ᵀ
     b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0)
-    quantiles = _layer(_dot(hidden, _layer(w_2, BF16), BF16, DOT_BF16, PRECISION) + _layer(b_2, BF16)[None, :], BF16)
+    quantiles = _layer(_dot(hidden, _layer(w_2, BF16), DOT_BF16, PRECISION) + _layer(b_2, BF16)[None, :], BF16)
 
     # r + γ (1 - done) Z_τ'(s', a*) per branch   [BM, K]
     discount = gamma * (1.0 - tl.load(done_ptr + sample, mask=in_rows, other=0.0))
@@ -169,10 +169,6 @@ def _target_quantiles_kernel(
         column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
         z = tl.sum(tl.where(o[None, :] == column[:, None], quantiles, 0.0), axis=1)  # [BM]
         tl.store(target_ptr + row * BRANCHES + k, reward + discount * z, mask=in_rows)
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @torch.library.custom_op("foxhunt::iqn_target_quantiles", mutates_args=())
@@ -207,7 +203,7 @@ def iqn_target_quantiles(
     tensors = [tau.float().contiguous(), h_next, *weights, a_star.contiguous(), reward.float().contiguous()]
     tensors += [done.float().contiguous(), target]
     strides = [t.stride(0) for t in (h_next, embed_w, hidden_w, out_w)]
-    precision = "ieee" if _interpreted() or torch.get_float32_matmul_precision() == "highest" else "tf32"
+    precision = "ieee" if interpreted() or torch.get_float32_matmul_precision() == "highest" else "tf32"
     _target_quantiles_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
         *tensors,
         *strides,

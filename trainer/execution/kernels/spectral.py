@@ -24,12 +24,12 @@ the step never does.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from trainer.execution.kernels import interpreted
 
 MAX_COLUMNS = 1024
 """The widest matrix a program takes: its v [C] and a tile of its rows stay in registers."""
@@ -40,8 +40,7 @@ the fastest; Triton's interpreter (the CPU tests) cannot time, so there only the
 
 
 def _configs() -> list[triton.Config]:
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    tiles = TILE_CONFIGS[:1] if interpreted else TILE_CONFIGS
+    tiles = TILE_CONFIGS[:1] if interpreted() else TILE_CONFIGS
     return [triton.Config({"BLOCK_R": rows}, num_warps=warps) for rows, warps in tiles]
 
 
