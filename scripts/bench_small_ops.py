@@ -13,7 +13,11 @@ The third is spectral norm's power iteration over the pinned `core` model's 9 we
 Inductor's batched form against the one-program-per-matrix Triton kernel (`trainer.execution.kernels.spectral`, with
 the autotuner's time for each of its tile configurations), each checked against the per-matrix loop.
 
-    python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral]
+The fourth (`--ops iqn`, not among the default ops) is IQN's target quantiles at the `core` size in bf16 (1024 samples
+x 32 target taus): the written form compiled by Inductor against the one-kernel form
+(`trainer.execution.kernels.iqn`) at several rows and warps per program, each checked against the written form.
+
+    python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn]
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from trainer.algo.budgets import spectral_project_batched, spectral_project_fuse
 from trainer.algo.losses.c51 import categorical_projection
 from trainer.algo.model import ModelDims, self_attention
 from trainer.algo.state import TrainState
-from trainer.execution.kernels import spectral
+from trainer.algo.step import next_quantile_targets
+from trainer.execution.kernels import iqn, spectral
 from trainer.execution.kernels.window_attention import window_attention_fused
 from trainer.tools.bench import BenchOptions, bench_spec, preset_config
 
@@ -74,6 +79,8 @@ def main() -> None:
         rows += projection_rows(args, generator)
     if "spectral" in ops:
         rows += spectral_rows(args.calls, generator)
+    if "iqn" in ops:
+        rows += iqn_rows(args.calls, generator)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
     for name, ms, count, names in rows:
@@ -146,6 +153,45 @@ def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:
     for config, timing in getattr(tuner, "configs_timings", {}).items():  # median, 20th, 80th percentile, ms
         print(f"spectral kernel {config}: {timing[0] * 1e3:.1f} us")
     print(f"spectral kernel chosen: {tuner.best_config}")
+    return rows
+
+
+IQN_TILES = [(32, 4), (64, 4), (64, 8), (128, 4), (128, 8)]
+"""(rows, warps) per program of the IQN kernel to time; (64, 8) is its default."""
+
+
+def iqn_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    """The `core` target network's IQN head over bf16 weights cast once, as the step runs it (`network_views`)."""
+    device, rows = torch.device("cuda"), []
+    config = preset_config("core", BenchOptions())
+    spec = bench_spec(config)
+    dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
+    state = TrainState.create(config, dims, device)
+    views = state.main.views(state.target.detach().to(torch.bfloat16))
+    batch, taus = config.run.batch_size, dims.iqn_target_taus
+    h_next = torch.randn(batch, dims.hidden, device=device, generator=generator).relu().to(torch.bfloat16)
+    tau = torch.rand(batch, taus, device=device, generator=generator)
+    a_star = torch.randint(0, dims.actions, (batch, dims.branches), device=device, generator=generator)
+    reward = torch.randn(batch, device=device, generator=generator)
+    done = (torch.rand(batch, device=device, generator=generator) < 0.1).float()
+    inputs = (views, h_next, tau, a_star, reward, done, 0.99, dims)
+
+    def written(*args: object) -> Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return next_quantile_targets(*args)  # type: ignore[arg-type]
+
+    compiled = torch.compile(written, dynamic=False)
+    want = compiled(*inputs)
+    rows.append((f"iqn target bf16 [{batch}x{taus}]: Inductor", *kernel_ms(lambda: compiled(*inputs), calls)))
+    default = iqn.ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM
+    try:
+        for tile in IQN_TILES:
+            iqn.ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = tile
+            torch.testing.assert_close(iqn.next_quantile_targets_fused(*inputs), want, rtol=2e-2, atol=2e-2)
+            fused = functools.partial(iqn.next_quantile_targets_fused, *inputs)
+            rows.append((f"iqn target bf16: kernel, {tile[0]} rows, {tile[1]} warps", *kernel_ms(fused, calls)))
+    finally:
+        iqn.ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = default
     return rows
 
 

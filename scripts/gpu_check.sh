@@ -121,6 +121,11 @@
 #     the kernel's tests (CPU form and GPU, Inductor too) and the fused plans with it = eager on `core` (float32;
 #     bf16 with combined kernels); then zerocopy-bf16+combo without and with it (variant suffix +iqnk), each
 #     compiled afresh, twice in turn (DEADLINE 560 s)  -> $OUT/gpu_tests_round19.log, $OUT/profile_round19_core.txt
+#   round20 = tests20,small20,packmarket: the IQN kernel's tests (CPU form and GPU: round 19's call found its relu
+#     dropping NaN on the GPU), the kernel timed alone at several rows and warps per program against Inductor's
+#     written form (scripts/bench_small_ops.py --ops iqn), then the market recipe's pack of 16 beside its solo run
+#     with Inductor's defaults (packcombo's control) (DEADLINE 330 s)
+#          -> $OUT/gpu_tests_round20.log, $OUT/small_ops_iqn.txt, $OUT/packcombo.txt, $OUT/packcombo_market_default.json
 #   packcombo (issue 31): the compiled market pack under Inductor's combo kernels without their compile-time
 #     benchmark (benchmark_combo_kernel=false): that benchmark launches each candidate kernel on made-up inputs
 #     (`get_args`: random floats), from which the pack's sampling computes replay indices out of range, and the
@@ -182,6 +187,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round17 ] && { stage=prof17; DEADLINE="${DEADLINE:-300}"; }
 [ "$stage" = round18 ] && { stage=prof18,tests18; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round19 ] && { stage=tests19,prof19; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
@@ -252,6 +258,14 @@ if has packtrain; then
   done
 fi
 
+market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside its solo run -> $OUT/packcombo_market_NAME.json
+  local name=$1 seconds=$2 report="$OUT/packcombo.txt"; shift 2
+  timeout -k 15 "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 \
+    --cpu-steps 0 --plan fused --out "/tmp/packcombo-market-$name" "$@" > "/tmp/packcombo-market-$name.log" 2>&1
+  { echo "== market $name ($*)"; grep -A4 '^| row' "/tmp/packcombo-market-$name.log"; } | tee -a "$report"
+  cp "/tmp/packcombo-market-$name/pack_recipes.json" "$OUT/packcombo_market_$name.json" 2>/dev/null
+}
+
 # ---- issue 31: the compiled pack under Inductor's combo kernels (stage packcombo) ----
 if has packcombo; then
   report="$OUT/packcombo.txt"
@@ -266,13 +280,6 @@ if has packcombo; then
   # an assert names the generated module it fired in: keep that kernel's source (round 8's probes could not)
   asserted=$(grep -m1 -o '/tmp/torchinductor_[^:]*\.py' /tmp/packcombo-probe.log)
   [ -n "$asserted" ] && cp "$asserted" "$OUT/packcombo_asserting_kernel.py"
-  market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside its solo run -> $OUT/packcombo_market_NAME.json
-    local name=$1 seconds=$2; shift 2
-    timeout -k 15 "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 \
-      --cpu-steps 0 --plan fused --out "/tmp/packcombo-market-$name" "$@" > "/tmp/packcombo-market-$name.log" 2>&1
-    { echo "== market $name ($*)"; grep -A4 '^| row' "/tmp/packcombo-market-$name.log"; } | tee -a "$report"
-    cp "/tmp/packcombo-market-$name/pack_recipes.json" "$OUT/packcombo_market_$name.json" 2>/dev/null
-  }
   [ $rc = 0 ] && market_row combo 150 "${unbenchmarked[@]}"
   [ $rc = 0 ] && [ -n "${PACKCOMBO_BF16:-}" ] && market_row bf16 150 "${unbenchmarked[@]}" -o run.precision=bf16
   # where the market's packed update (1.76 ms a pack step at K = 16, 0.47 ms solo) goes: its compiled kernels, K = 1 and 16
@@ -313,6 +320,12 @@ gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   timeout -k 15 "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
     | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
 }
+
+# ---- round 20 (issues 31 and 32) ----
+has tests20 && MARK="gpu or not gpu" gpu_tests gpu_tests_round20.log 90 tests/trainer/execution/kernels/test_iqn.py
+has small20 && timeout -k 15 "$(left 80)" python3 scripts/bench_small_ops.py --ops iqn 2>&1 | grep -v "Extern Choice" \
+  | tee "$OUT/small_ops_iqn.txt" | tail -8
+has packmarket && market_row default 170
 
 # ---- issue 32: round 15 ----
 has tests15 && MARK="gpu or not gpu" gpu_tests gpu_tests_round15.log 200 tests/trainer/execution/kernels/test_c51.py \

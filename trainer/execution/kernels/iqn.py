@@ -10,10 +10,10 @@ layer's product, then the output layer, the gather at a* and the target, one sto
 
 Under mixed precision (the trunk's h_s2 arrives in bf16) every product takes bf16 inputs with float32
 accumulation and every layer's output is rounded to bf16 once, as autocast rounds it; in float32 the products
-run as the step's other products do (TF32 unless float32 matmul precision is "highest"). The rounding to bf16
-is written out (`_round_bf16`, ties to even), since Triton's interpreter, which runs this on the CPU, truncates
-its casts to bf16 and multiplies bf16 tiles wrongly; there the products run in float32 on bf16-exact values,
-which is the same arithmetic.
+run as the step's other products do (TF32 unless float32 matmul precision is "highest"). On the GPU a cast to
+bf16 rounds (ties to even); Triton's interpreter, which runs this on the CPU, truncates its casts to bf16 and
+multiplies bf16 tiles wrongly, so there the rounding is written out (`_round_bf16`) and the products run in
+float32 on bf16-exact values, which is the same arithmetic.
 
 An opaque custom op (`foxhunt::iqn_target_quantiles`, with a fake for tracing), so Dynamo keeps the target
 graph whole around it and a CUDA graph records its launch. The fused plans use it when
@@ -35,7 +35,8 @@ from trainer.execution.kernels import interpreted
 
 ROWS_PER_PROGRAM = 64
 """(sample, tau) rows a program takes: its [64, 64] chunk of φ and [64, 128] hidden accumulator (`core`) stay in
-registers."""
+registers. Read at each launch, as WARPS_PER_PROGRAM is, so `scripts/bench_small_ops.py --ops iqn` can time others."""
+WARPS_PER_PROGRAM = 8
 
 
 def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
@@ -52,9 +53,19 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _layer(x, BF16: tl.constexpr):
-    """A layer's output as autocast leaves it: rounded to bf16 under mixed precision."""
-    if BF16:
+def _relu(x):
+    """relu as torch's: NaN stays NaN (the GPU's max returns the other operand), so the guard sees a poisoned sample."""
+    return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _layer(x, ROUND: tl.constexpr):
+    """A layer's output as autocast leaves it: rounded to bf16 under mixed precision, by the GPU's own cast (ROUND
+    1, ties to even) or, in the interpreter, whose cast truncates, by `_round_bf16` (ROUND 2); as it is in float32
+    (ROUND 0)."""
+    if ROUND == 1:
+        return x.to(tl.bfloat16).to(tl.float32)
+    if ROUND == 2:
         return _round_bf16(x)
     return x
 
@@ -74,6 +85,7 @@ def _dot(a, b, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
         "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
         "BLOCK_O": lambda args: _tile(args["BRANCHES"] * args["actions"]),
         "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
+        "ROUND": lambda args: (2 if interpreted() else 1) if args["BF16"] else 0,
         "BLOCK_M": lambda args: ROWS_PER_PROGRAM,
     }
 )
@@ -110,6 +122,7 @@ def _target_quantiles_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_O: tl.constexpr,
     DOT_BF16: tl.constexpr,
+    ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
     row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (sample, tau) pairs: row = b·T' + t
@@ -123,7 +136,7 @@ def _target_quantiles_kernel(
     # cos(π i τ), i = 0..E-1, as `cosine_features` computes it: (π i) first, then times τ   [BM, E]
     tau = tl.load(tau_ptr + row, mask=in_rows, other=0.0)
     pi_i = 3.141592653589793 * e.to(tl.float32)
-    features = _layer(tl.cos(pi_i[None, :] * tau[:, None]), BF16)
+    features = _layer(tl.cos(pi_i[None, :] * tau[:, None]), ROUND)
     features = tl.where(e[None, :] < embed, features, 0.0)
 
     # hidden = W_1 (ψ(s') ⊙ relu(W_e cos + b_e)) summed over chunks of BLOCK_H trunk units   [BM, I]
@@ -135,22 +148,22 @@ def _target_quantiles_kernel(
             embed_w_ptr + unit[None, :] * stride_embed_w + e[:, None],
             mask=in_unit[None, :] & (e[:, None] < embed),
             other=0.0,
-        )  # [E, BH]: W_eᵀ
-        b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0)
-        phi = _dot(features, _layer(w_e, BF16), DOT_BF16, PRECISION) + _layer(b_e, BF16)[None, :]
-        phi = tl.maximum(_layer(phi, BF16), 0.0)  # [BM, BH]
+        ).to(tl.float32)  # [E, BH]: W_eᵀ
+        b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0).to(tl.float32)
+        phi = _dot(features, _layer(w_e, ROUND), DOT_BF16, PRECISION) + _layer(b_e, ROUND)[None, :]
+        phi = _relu(_layer(phi, ROUND))  # [BM, BH]
         psi = tl.load(
             h_ptr + sample[:, None] * stride_h + unit[None, :], mask=in_rows[:, None] & in_unit[None, :], other=0.0
         )
-        mixed = _layer(psi.to(tl.float32) * phi, BF16)  # [BM, BH]
+        mixed = _layer(psi.to(tl.float32) * phi, ROUND)  # [BM, BH]
         w_1 = tl.load(
             hidden_w_ptr + i[None, :] * stride_hidden_w + unit[:, None],
             mask=(i[None, :] < iqn_hidden) & in_unit[:, None],
             other=0.0,
-        )  # [BH, I]: W_1ᵀ
-        acc += _dot(mixed, _layer(w_1, BF16), DOT_BF16, PRECISION)
-    b_1 = tl.load(hidden_b_ptr + i, mask=i < iqn_hidden, other=0.0)
-    hidden = tl.maximum(_layer(acc + _layer(b_1, BF16)[None, :], BF16), 0.0)  # [BM, I]
+        ).to(tl.float32)  # [BH, I]: W_1ᵀ
+        acc += _dot(mixed, _layer(w_1, ROUND), DOT_BF16, PRECISION)
+    b_1 = tl.load(hidden_b_ptr + i, mask=i < iqn_hidden, other=0.0).to(tl.float32)
+    hidden = _relu(_layer(acc + _layer(b_1, ROUND)[None, :], ROUND))  # [BM, I]
 
     # Z_τ'(s', ·) = W_2 hidden + b_2   [BM, K·A]
     outputs = BRANCHES * actions
@@ -158,9 +171,9 @@ def _target_quantiles_kernel(
         out_w_ptr + o[None, :] * stride_out_w + i[:, None],
         mask=(o[None, :] < outputs) & (i[:, None] < iqn_hidden),
         other=0.0,
-    )  # [I, O]: W_2ᵀ
-    b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0)
-    quantiles = _layer(_dot(hidden, _layer(w_2, BF16), DOT_BF16, PRECISION) + _layer(b_2, BF16)[None, :], BF16)
+    ).to(tl.float32)  # [I, O]: W_2ᵀ
+    b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0).to(tl.float32)
+    quantiles = _layer(_dot(hidden, _layer(w_2, ROUND), DOT_BF16, PRECISION) + _layer(b_2, ROUND)[None, :], ROUND)
 
     # r + γ (1 - done) Z_τ'(s', a*) per branch   [BM, K]
     discount = gamma * (1.0 - tl.load(done_ptr + sample, mask=in_rows, other=0.0))
@@ -199,7 +212,8 @@ def iqn_target_quantiles(
             raise ValueError(f"iqn_target_quantiles: {name} needs unit stride over its last dim, got {weight.stride()}")
     target = torch.empty(batch, taus, branches, device=tau.device, dtype=torch.float32)
     rows = batch * taus
-    weights = [t.float() if t.dim() == 2 else t.float().contiguous() for t in layers]  # views of flat parameters
+    # views of the flat parameters in their dtype (bf16 where the step cast them once): no copy, the kernel widens
+    weights = [t if t.dim() == 2 else t.contiguous() for t in layers]
     tensors = [tau.float().contiguous(), h_next, *weights, a_star.contiguous(), reward.float().contiguous()]
     tensors += [done.float().contiguous(), target]
     strides = [t.stride(0) for t in (h_next, embed_w, hidden_w, out_w)]
@@ -211,7 +225,7 @@ def iqn_target_quantiles(
         BRANCHES=branches,
         BF16=h_next.dtype == torch.bfloat16,
         PRECISION=precision,
-        num_warps=8,
+        num_warps=WARPS_PER_PROGRAM,
     )
     return target
 

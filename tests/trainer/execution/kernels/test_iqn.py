@@ -75,6 +75,9 @@ def test_under_mixed_precision_each_layer_is_rounded_to_bf16_as_autocast_rounds_
         expected = next_quantile_targets(p, h_next.bfloat16(), tau, a_star, reward, done, GAMMA, d)
     tolerance = 2e-2 if DEVICE == "cuda" else 0.0
     torch.testing.assert_close(target, expected, rtol=tolerance, atol=tolerance)
+    cast_once = {name: view.bfloat16() for name, view in p.items()}  # as the step passes them (`network_views`)
+    same = next_quantile_targets_fused(cast_once, h_next.bfloat16(), tau, a_star, reward, done, GAMMA, d)
+    assert torch.equal(same, target)  # bf16 weights are read as they are, fp32 ones rounded: the same values
     fp32 = next_quantile_targets(p, h_next, tau, a_star, reward, done, GAMMA, d)
     assert not torch.allclose(target, fp32, rtol=1e-4, atol=1e-4)  # the rounding happened: not float32's result
 
