@@ -358,7 +358,8 @@ class PackPlan:
     COMBO_REFUSED = (
         "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): their compile-time "
         "benchmark runs the market's packed update on made-up inputs, from which its sampling indexes out of the "
-        "replay (torch 2.11 on an H100 and an H200; docs/benchmarks/README.md, packs rounds 7 and 8)"
+        "replay (torch 2.11 on an H100 and an H200; docs/benchmarks/README.md, packs rounds 7 and 8); without that "
+        "benchmark they train it (round 10), not yet shown faster"
     )
     """Why a pack's runs that ask for combined kernels are compiled without them (`run_pack_training` prints it)."""
 
