@@ -130,13 +130,18 @@ def projection_rows(args: argparse.Namespace, generator: torch.Generator) -> lis
     return rows
 
 
-def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:
-    """The `core` model's main network, its parameters scaled so that every matrix is projected."""
-    device, rows = torch.device("cuda"), []
+def core_state() -> TrainState:
+    """The bench's `core` model, freshly initialised on the GPU."""
     config = preset_config("core", BenchOptions())
     spec = bench_spec(config)
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-    state = TrainState.create(config, dims, device)
+    return TrainState.create(config, dims, torch.device("cuda"))
+
+
+def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    """The `core` model's main network, its parameters scaled so that every matrix is projected."""
+    rows = []
+    state = core_state()
     layout, params = state.main, state.online.detach() * 30.0
     v = state.spectral_v
     want, want_v = spectral_project_per_matrix(params, v, layout, 1.0)
@@ -163,12 +168,10 @@ IQN_TILES = [(32, 4), (64, 4), (64, 8), (128, 4), (128, 8)]
 def iqn_rows(calls: int, generator: torch.Generator) -> list[Row]:
     """The `core` target network's IQN head over bf16 weights cast once, as the step runs it (`network_views`)."""
     device, rows = torch.device("cuda"), []
-    config = preset_config("core", BenchOptions())
-    spec = bench_spec(config)
-    dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-    state = TrainState.create(config, dims, device)
+    state = core_state()
+    dims = state.dims
     views = state.main.views(state.target.detach().to(torch.bfloat16))
-    batch, taus = config.run.batch_size, dims.iqn_target_taus
+    batch, taus = BenchOptions().batch_size, dims.iqn_target_taus
     h_next = torch.randn(batch, dims.hidden, device=device, generator=generator).relu().to(torch.bfloat16)
     tau = torch.rand(batch, taus, device=device, generator=generator)
     a_star = torch.randint(0, dims.actions, (batch, dims.branches), device=device, generator=generator)
