@@ -69,4 +69,6 @@ def test_iqnk_builds_the_step_with_the_iqn_target_kernel() -> None:
     assert split_variant("zerocopy-bf16+combo+iqnk") == ("zerocopy-bf16+combo", ["iqnk"])
     config = preset_config("core", BenchOptions(overrides=[OVERRIDE_FLAGS["iqnk"]]))
     assert config.run.iqn_target_kernel == "triton"
-    assert preset_config("core", BenchOptions()).run.iqn_target_kernel == "inductor"
+    assert preset_config("core", BenchOptions()).run.iqn_target_kernel == "auto"
+    inductor = preset_config("core", BenchOptions(overrides=[OVERRIDE_FLAGS["iqni"]]))
+    assert inductor.run.iqn_target_kernel == "inductor"

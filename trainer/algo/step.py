@@ -113,8 +113,8 @@ class Hyper:
     # in one Triton kernel (`trainer.execution.kernels.c51`).
     c51_target: Callable[..., Tensor] = target_distribution
     # How IQN's target quantiles are computed: None, as written (`next_quantile_targets`, its products and its gather
-    # apart, as every measured graph has them); by run.iqn_target_kernel (triton) the fused plans give one Triton
-    # kernel for all of it (`trainer.execution.kernels.iqn`).
+    # apart, as the graphs measured without the kernel have them); by run.iqn_target_kernel (auto under bf16, triton)
+    # the fused plans give one Triton kernel for all of it (`trainer.execution.kernels.iqn`).
     iqn_target: Callable[..., Tensor] | None = None
 
     @classmethod

@@ -17,7 +17,7 @@ float32 on bf16-exact values, which is the same arithmetic.
 
 An opaque custom op (`foxhunt::iqn_target_quantiles`, with a fake for tracing), so Dynamo keeps the target
 graph whole around it and a CUDA graph records its launch. The fused plans use it when
-`run.iqn_target_kernel` is `triton` (`trainer.execution.plans.fused.FusedPlan.hyper`).
+`run.iqn_target_kernel` says so (`trainer.execution.plans.fused.FusedPlan.iqn_kernel_chosen`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from contracts.config import IQN_KERNEL_MAX_WIDTH
 from trainer.algo.model import PADDED
 from trainer.execution.kernels import interpreted
 
-ROWS_PER_PROGRAM = 64
-"""(sample, tau) rows a program takes: its [64, 64] chunk of φ and [64, 128] hidden accumulator (`core`) stay in
-registers. Read at each launch, as WARPS_PER_PROGRAM is, so `scripts/bench_small_ops.py --ops iqn` can time others."""
+ROWS_PER_PROGRAM = 128
+"""(sample, tau) rows a program takes: its [128, 64] chunk of φ and [128, 128] hidden accumulator (`core`) stay in
+registers, over 8 warps (H100: 31.4 µs at `core`'s bf16 size, 36.4 at 64 rows, 50.3 at 32 with 4 warps; Inductor's
+written form 48.4 µs in 7 kernels; `docs/benchmarks/README.md`, issue 32 round 20). Read at each launch, as
+WARPS_PER_PROGRAM is, so `scripts/bench_small_ops.py --ops iqn` can time others."""
 WARPS_PER_PROGRAM = 8
 
 

@@ -169,11 +169,24 @@ class FusedPlan(DualStreamPlan):
 
             if kernel == "triton" or c51.supports(model.atoms):
                 hp = dataclasses.replace(hp, c51_target=c51.c51_target)
-        if self.compiled and config.run.iqn_target_kernel == "triton":
+        if self.compiled and self.iqn_kernel_chosen(config, self.state.dims.branches * self.state.dims.actions):
             from trainer.execution.kernels import iqn
 
             hp = dataclasses.replace(hp, iqn_target=iqn.next_quantile_targets_fused)
         return hp
+
+    @staticmethod
+    def iqn_kernel_chosen(config: TrainConfig, outputs: int) -> bool:
+        """Whether the compiled step computes IQN's target quantiles with the Triton kernel: when asked ('triton'),
+        or by 'auto' where it was measured faster (bf16; `docs/benchmarks/README.md`, issue 32 round 20) and the
+        widths fit (`outputs`: the data's branches x actions)."""
+        choice = config.run.iqn_target_kernel
+        if choice != "auto":
+            return choice == "triton"
+        from trainer.execution.kernels import iqn
+
+        model = config.model
+        return config.run.precision == "bf16" and iqn.supports(model.iqn_embed, model.iqn_hidden, outputs)
 
     @functools.cached_property
     def step_fn(self) -> Callable[..., StepOutput]:

@@ -9,7 +9,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from contracts.config import C51_KERNEL_MAX_ATOMS, ConfigError, build_config
-from tests.factories import tiny_config
+from tests.factories import tiny_config, tiny_state
 from trainer.algo.losses.c51 import target_distribution
 from trainer.execution.kernels.c51 import c51_target, supports
 from trainer.execution.plans.fused import FusedPlan
@@ -82,7 +82,8 @@ def test_compiled_on_the_gpu_the_target_is_the_kernel() -> None:
 
 
 def test_the_fused_plans_run_the_kernel_by_default_where_the_atoms_fit_and_the_other_plans_never() -> None:
-    fused, graph = object.__new__(FusedPlan), object.__new__(GraphPlan)  # hyper() reads the config alone
+    fused, graph = object.__new__(FusedPlan), object.__new__(GraphPlan)  # hyper() reads the config and the dims
+    fused.state = graph.state = tiny_state(tiny_config())
     asked, default = tiny_config(["run.c51_target_kernel=triton"]), tiny_config()
     assert default.run.c51_target_kernel == "auto"
     assert fused.hyper(asked).c51_target is c51_target and fused.hyper(default).c51_target is c51_target

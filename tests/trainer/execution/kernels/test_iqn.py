@@ -104,7 +104,7 @@ def test_what_the_kernel_cannot_run_is_refused_here_and_by_the_config() -> None:
         ConfigError, match=r"run.iqn_target_kernel 'triton' takes widths of at most 256; model.iqn_hidden is 300"
     ):
         build_config({"model": {"iqn_hidden": 300}, "run": {"iqn_target_kernel": "triton"}})
-    assert build_config({"model": {"iqn_hidden": 300}}).run.iqn_target_kernel == "inductor"
+    assert build_config({"model": {"iqn_hidden": 300}}).run.iqn_target_kernel == "auto"  # which then runs Inductor
 
 
 @pytest.mark.gpu
@@ -122,9 +122,17 @@ def test_compiled_on_the_gpu_the_target_quantiles_are_the_kernel() -> None:
     torch.testing.assert_close(target, next_quantile_targets(p, *inputs, GAMMA, d), rtol=1e-3, atol=1e-3)  # TF32
 
 
-def test_the_fused_plans_run_the_kernel_only_when_asked_and_the_other_plans_never() -> None:
-    fused, graph = object.__new__(FusedPlan), object.__new__(GraphPlan)  # hyper() reads the config alone
-    asked, default = tiny_config(["run.iqn_target_kernel=triton"]), tiny_config()
-    assert default.run.iqn_target_kernel == "inductor"
+def test_the_fused_plans_run_the_kernel_when_asked_or_by_default_under_bf16_and_the_other_plans_never() -> None:
+    """'auto' takes the kernel where it was measured faster (bf16) and where the widths fit; None: as written."""
+    fused, graph = object.__new__(FusedPlan), object.__new__(GraphPlan)  # hyper() reads the config and the dims
+    fused.state = graph.state = tiny_state(tiny_config(), branches=3, actions=5)
+    asked, bf16 = tiny_config(["run.iqn_target_kernel=triton"]), tiny_config(["run.precision=bf16"])
+    assert tiny_config().run.iqn_target_kernel == "auto"
     assert fused.hyper(asked).iqn_target is next_quantile_targets_fused
-    assert fused.hyper(default).iqn_target is None and graph.hyper(asked).iqn_target is None  # None: as written
+    assert fused.hyper(bf16).iqn_target is next_quantile_targets_fused
+    assert fused.hyper(tiny_config()).iqn_target is None  # TF32: not measured
+    assert fused.hyper(tiny_config(["run.precision=bf16", "run.iqn_target_kernel=inductor"])).iqn_target is None
+    assert graph.hyper(asked).iqn_target is None
+    assert FusedPlan.iqn_kernel_chosen(bf16, IQN_KERNEL_MAX_WIDTH)
+    assert not FusedPlan.iqn_kernel_chosen(bf16, IQN_KERNEL_MAX_WIDTH + 1)  # the data's K·A
+    assert not FusedPlan.iqn_kernel_chosen(tiny_config(["run.precision=bf16", "model.iqn_hidden=300"]), 15)

@@ -149,10 +149,11 @@ def assert_fed_plan_matches_eager(
     config_name: str,
     precision: str = "auto",
     combo_kernels: bool = False,
-    c51: str = "inductor",
-    iqn: str = "inductor",
+    c51: str = "auto",
+    iqn: str = "auto",
 ) -> None:
-    """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor."""
+    """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor. The target
+    kernels as the config's defaults choose them, unless `c51` or `iqn` says otherwise."""
     config = config_for(config_name)
     config.run.precision = precision  # read by the plan; eager below runs float32
     config.run.combo_kernels = combo_kernels
