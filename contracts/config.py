@@ -299,7 +299,9 @@ class RunConfig(_Section):
             "Compile the fused and zerocopy plans with Inductor's combined kernels (independent small Triton "
             "kernels launched as one, kept where Inductor measures them faster): on an H200, the pinned model's "
             "bf16 zerocopy step runs in 0.99 ms instead of 1.38 (docs/benchmarks, round 5), for about 70 s more "
-            "compilation at start. No effect on the other plans, nor on the CPU."
+            "compilation at start. A compiled pack of runs takes them too, every combination kept, since their "
+            "benchmark breaks its sampling (docs/benchmarks, packs round 10). No effect on the other plans, nor on "
+            "the CPU."
         ),
     )
     log_every: int = Field(500, ge=1, le=INT32_MAX, description="Steps between breakdown lines.")

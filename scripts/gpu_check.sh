@@ -126,10 +126,13 @@
 #     written form (scripts/bench_small_ops.py --ops iqn), then the market recipe's pack of 16 beside its solo run
 #     with Inductor's defaults (packcombo's control) (DEADLINE 330 s)
 #          -> $OUT/gpu_tests_round20.log, $OUT/small_ops_iqn.txt, $OUT/packcombo.txt, $OUT/packcombo_market_default.json
-#   round21 = prof21,tests21,packmarket: zerocopy-bf16+combo with IQN's target quantiles as Inductor's kernels
-#     (`+iqni`) and as the Triton kernel (the bf16 default since round 20), each compiled afresh, twice in turn; the
-#     bf16 equivalence tests of the defaults (both target kernels); then the market pack's control row (DEADLINE 560 s)
-#          -> $OUT/profile_round21_core.txt, $OUT/gpu_tests_round21.log, $OUT/packcombo_market_default.json
+#   round21 = prof21,tests21 (issue 32): zerocopy-bf16+combo with IQN's target quantiles as Inductor's kernels
+#     (`+iqni`) and as the Triton kernel (the bf16 default since round 20), each compiled afresh, twice in turn; then
+#     the bf16 equivalence tests of the defaults (both target kernels in one step) (DEADLINE 480 s)
+#          -> $OUT/profile_round21_core.txt, $OUT/gpu_tests_round21.log
+#   pack11 = packmarket,packcfg (issue 31): the market recipe's pack of 16 beside its solo run, with Inductor's
+#     defaults, then with run.combo_kernels (the pack compiles with PACK_COMBO_OPTIONS, the solo run with the fused
+#     plans' benchmarked combinations) (DEADLINE 400 s)    -> $OUT/packcombo.txt, $OUT/packcombo_market_{default,config}.json
 #   packcombo (issue 31): the compiled market pack under Inductor's combo kernels without their compile-time
 #     benchmark (benchmark_combo_kernel=false): that benchmark launches each candidate kernel on made-up inputs
 #     (`get_args`: random floats), from which the pack's sampling computes replay indices out of range, and the
@@ -192,7 +195,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round18 ] && { stage=prof18,tests18; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round19 ] && { stage=tests19,prof19; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
-[ "$stage" = round21 ] && { stage=prof21,tests21,packmarket; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round21 ] && { stage=prof21,tests21; DEADLINE="${DEADLINE:-480}"; }
+[ "$stage" = pack11 ] && { stage=packmarket,packcfg; DEADLINE="${DEADLINE:-400}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
@@ -334,6 +338,7 @@ has prof21 && TOP=30 profile_core profile_round21_core.txt 300 \
   zerocopy-bf16+combo+iqni zerocopy-bf16+combo zerocopy-bf16+combo+iqni zerocopy-bf16+combo
 has tests21 && gpu_tests gpu_tests_round21.log 150 "tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
 has packmarket && market_row default 170
+has packcfg && market_row config 200 -o run.combo_kernels=true
 
 # ---- issue 32: round 15 ----
 has tests15 && MARK="gpu or not gpu" gpu_tests gpu_tests_round15.log 200 tests/trainer/execution/kernels/test_c51.py \

@@ -299,6 +299,14 @@ class PackOutput(NamedTuple):
     ok: Tensor  # [K] bool: each run's guard
 
 
+PACK_COMBO_OPTIONS: dict[str, Any] = {"combo_kernels": True, "benchmark_combo_kernel": False}
+"""Inductor's options for a pack under `run.combo_kernels`: the solo plans' (`HORIZONTAL_OPTIONS`) but every
+combination kept, unmeasured. Inductor's compile-time benchmark of a combination runs it on made-up inputs, from
+which the pack's sampling computes indices out of its replay, and the failed index assert ends the process
+(torch 2.11 on an H100 and an H200, `docs/benchmarks/README.md`, packs rounds 7 and 8); without the benchmark
+the market's pack trains (round 10)."""
+
+
 class PackPlan:
     """A pack's updates: per update, each run's draws (its own generators), then sampling, `train_step` and
     the priority write-back of all K runs in one vmapped call. `graph=True` captures K = `run.steps_per_replay`
@@ -307,8 +315,8 @@ class PackPlan:
     `compiled=True` runs the vmapped update through Inductor, as the fused plans run `train_step`: Dynamo cannot
     trace vmap over the step's torch.func transforms and attention's autograd.Function, so the update is first
     traced to one graph of aten ops (`make_fx`: vmap and the gradients become plain batched ops) and that graph
-    is compiled, one per `StepFlags` (`compiled_update`), with Inductor's defaults: not with its combined kernels,
-    whatever `run.combo_kernels` says (`COMBO_REFUSED`). Its C51 target is the fused plans' kernel where the runs
+    is compiled, one per `StepFlags` (`compiled_update`), with Inductor's defaults, or under `run.combo_kernels` with
+    its combined kernels as `PACK_COMBO_OPTIONS` set them. Its C51 target is the fused plans' kernel where the runs
     share γ (`c51_kernel_fits`)."""
 
     def __init__(self, pack: Pack, graph: bool = False, compiled: bool = False) -> None:
@@ -354,14 +362,6 @@ class PackPlan:
         from trainer.execution.kernels import c51  # Triton: imported only where it runs
 
         return c51.supports(config.model.atoms)
-
-    COMBO_REFUSED = (
-        "the pack compiles its update without Inductor's combo kernels (run.combo_kernels): their compile-time "
-        "benchmark runs the market's packed update on made-up inputs, from which its sampling indexes out of the "
-        "replay (torch 2.11 on an H100 and an H200; docs/benchmarks/README.md, packs rounds 7 and 8); without that "
-        "benchmark they train it (round 10), not yet shown faster"
-    )
-    """Why a pack's runs that ask for combined kernels are compiled without them (`run_pack_training` prints it)."""
 
     COMPILED_PLANS = frozenset({"compile", "fused", "zerocopy"})
     """Solo plans whose step runs through Inductor: their runs' pack does too."""
@@ -439,7 +439,8 @@ class PackPlan:
             copies = [arg if i == 1 else torch.utils._pytree.tree_map(copy, arg) for i, arg in enumerate(inputs)]
             traced = make_fx(functools.partial(self.vmapped, flags))(*copies)
             raise_dynamo_cache_limits()
-            self.compiled_updates[flags] = torch.compile(traced, dynamic=False)  # type: ignore[assignment]
+            combo = {"options": PACK_COMBO_OPTIONS} if self.config.run.combo_kernels else {}
+            self.compiled_updates[flags] = torch.compile(traced, dynamic=False, **combo)  # type: ignore[assignment]
         return self.compiled_updates[flags]
 
     def update(self, flags: StepFlags, step: Tensor) -> PackOutput:

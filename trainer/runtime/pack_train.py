@@ -226,8 +226,6 @@ def _train(
     held: contextlib.ExitStack,
 ) -> list[dict[str, Any]]:
     runs, plan, diverged_at = build_pack(configs, run_dirs, checkpoint_urls, resume)
-    if plan.compiled and any(config.run.combo_kernels for config in configs):
-        out(PackPlan.COMBO_REFUSED)
     for run in runs:  # their envs' worker processes end with the pack (a search trains packs in one process)
         held.callback(run.source.close)
     config = configs[0]  # schedules (steps, log, eval, checkpoints) are shared by every run of a pack

@@ -434,10 +434,10 @@ def solo_runs_beside_pack(
 
 
 def pack_base(method: str) -> str:
-    """The plan a pack method runs as ("graph-bf16" -> "graph"); `ValueError` for one a pack cannot run (also any
-    `+combo`: a pack compiles without combined kernels, `PackPlan.COMBO_REFUSED`)."""
+    """The plan a pack method runs as ("graph-bf16" -> "graph", "fused-bf16+combo" -> "fused": `+combo` is
+    `run.combo_kernels`, `pack.PACK_COMBO_OPTIONS`); `ValueError` for one a pack cannot run."""
     base, _ = split_method(method)
-    if base not in PACK_BASES or is_horizontal(method):
+    if base not in PACK_BASES:
         raise ValueError(f"a pack runs as {' or '.join(PACK_BASES)} (with a precision suffix), not {method!r}")
     return base
 

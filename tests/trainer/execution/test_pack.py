@@ -196,10 +196,12 @@ def test_a_compiled_pack_with_the_c51_target_kernel_is_the_eager_pack() -> None:
 
 
 @pytest.mark.parametrize("combo", [False, True])
-def test_a_compiled_pack_compiles_without_combined_kernels(monkeypatch: pytest.MonkeyPatch, combo: bool) -> None:
-    """The pack's traced update goes to Inductor with its defaults, also under `run.combo_kernels`: under combined
-    kernels' compile-time benchmark the market's packed update indexed out of its replay (`PackPlan.COMBO_REFUSED`).
-    Inductor is not run: the options it is given are read."""
+def test_a_compiled_pack_takes_combined_kernels_only_when_asked_and_never_their_benchmark(
+    monkeypatch: pytest.MonkeyPatch, combo: bool
+) -> None:
+    """The pack's traced update goes to Inductor with its defaults, or under `run.combo_kernels` with combined
+    kernels but not their compile-time benchmark, under which the market's packed update indexed out of its replay
+    (`PACK_COMBO_OPTIONS`). Inductor is not run: the options it is given are read."""
     given: list[dict[str, Any]] = []
 
     def spy(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
@@ -210,7 +212,8 @@ def test_a_compiled_pack_compiles_without_combined_kernels(monkeypatch: pytest.M
     configs = [run_config(i, full=False) for i in range(2)]
     configs = [c.model_copy(update={"run": c.run.model_copy(update={"combo_kernels": combo})}) for c in configs]
     PackPlan(Pack(configs, solo_run), compiled=True).run(0)
-    assert given == [{"dynamic": False}]
+    combined = {"options": {"combo_kernels": True, "benchmark_combo_kernel": False}}
+    assert given == [{"dynamic": False, **(combined if combo else {})}]
 
 
 @contextlib.contextmanager

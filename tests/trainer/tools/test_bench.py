@@ -60,7 +60,6 @@ def test_pinned_defaults_are_the_issue_model() -> None:
         ({"pack": [0]}, "pack sizes must be 1 to 64"),
         ({"pack": [2], "pack_methods": ["zerocopy"]}, "a pack runs as eager or graph"),
         ({"pack": [2], "pack_methods": ["zerocopy+combo"]}, "a pack runs as eager or graph"),
-        ({"pack": [2], "pack_methods": ["fused-bf16+combo"]}, "a pack runs as eager or graph"),
     ],
 )
 def test_bad_options_are_one_line_errors(changes: dict[str, object], message: str) -> None:
@@ -292,3 +291,12 @@ def test_the_market_train_row_runs_its_torch_environment_on_the_training_device(
 def test_bad_train_options_are_one_line_errors(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_options(tiny_options(**changes))
+
+
+def test_a_pack_method_with_combo_runs_as_its_plan_with_combined_kernels() -> None:
+    from trainer.tools.bench import method_config, pack_base
+
+    assert pack_base("fused-bf16+combo") == "fused" and pack_base("graph-bf16") == "graph"
+    config = method_config(preset_config("core", BenchOptions()), "fused-bf16+combo")
+    assert config.run.combo_kernels and config.run.precision == "bf16"  # the pack compiles with PACK_COMBO_OPTIONS
+    check_options(tiny_options(pack=[2], pack_methods=["fused-bf16+combo"]))
