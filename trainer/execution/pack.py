@@ -439,8 +439,8 @@ class PackPlan:
             copies = [arg if i == 1 else torch.utils._pytree.tree_map(copy, arg) for i, arg in enumerate(inputs)]
             traced = make_fx(functools.partial(self.vmapped, flags))(*copies)
             raise_dynamo_cache_limits()
-            combo = {"options": PACK_COMBO_OPTIONS} if self.config.run.combo_kernels else {}
-            self.compiled_updates[flags] = torch.compile(traced, dynamic=False, **combo)  # type: ignore[assignment]
+            options = PACK_COMBO_OPTIONS if self.config.run.combo_kernels else None
+            self.compiled_updates[flags] = torch.compile(traced, dynamic=False, options=options)  # type: ignore[assignment]
         return self.compiled_updates[flags]
 
     def update(self, flags: StepFlags, step: Tensor) -> PackOutput:

@@ -212,8 +212,8 @@ def test_a_compiled_pack_takes_combined_kernels_only_when_asked_and_never_their_
     configs = [run_config(i, full=False) for i in range(2)]
     configs = [c.model_copy(update={"run": c.run.model_copy(update={"combo_kernels": combo})}) for c in configs]
     PackPlan(Pack(configs, solo_run), compiled=True).run(0)
-    combined = {"options": {"combo_kernels": True, "benchmark_combo_kernel": False}}
-    assert given == [{"dynamic": False, **(combined if combo else {})}]
+    combined = {"combo_kernels": True, "benchmark_combo_kernel": False}
+    assert given == [{"dynamic": False, "options": combined if combo else None}]
 
 
 @contextlib.contextmanager
