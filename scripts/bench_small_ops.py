@@ -15,7 +15,8 @@ the autotuner's time for each of its tile configurations), each checked against 
 
 The fourth (`--ops iqn`, not among the default ops) is IQN's target quantiles at the `core` size in bf16 (1024 samples
 x 32 target taus): the written form compiled by Inductor against the one-kernel form
-(`trainer.execution.kernels.iqn`) at several rows and warps per program, each checked against the written form.
+(`trainer.execution.kernels.iqn`) at several rows and warps per program, each checked against the written form;
+`--ops iqnonline` the same for the online pass, forward and backward (the gradient the step takes).
 
     python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn]
 """
@@ -28,14 +29,15 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.algo.budgets import spectral_project_batched, spectral_project_fused, spectral_project_per_matrix
 from trainer.algo.losses.c51 import categorical_projection
-from trainer.algo.model import ModelDims, self_attention
+from trainer.algo.model import ModelDims, iqn_quantiles, self_attention
 from trainer.algo.state import TrainState
-from trainer.algo.step import next_quantile_targets
+from trainer.algo.step import next_quantile_targets, quantiles_at
 from trainer.execution.kernels import iqn, spectral
 from trainer.execution.kernels.window_attention import window_attention_fused
 from trainer.tools.bench import BenchOptions, bench_spec, preset_config
@@ -81,6 +83,8 @@ def main() -> None:
         rows += spectral_rows(args.calls, generator)
     if "iqn" in ops:
         rows += iqn_rows(args.calls, generator)
+    if "iqnonline" in ops:
+        rows += iqn_online_rows(args.calls, generator)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
     for name, ms, count, names in rows:
@@ -195,6 +199,60 @@ def iqn_rows(calls: int, generator: torch.Generator) -> list[Row]:
             rows.append((f"iqn target bf16: kernel, {tile[0]} rows, {tile[1]} warps", *kernel_ms(fused, calls)))
     finally:
         iqn.ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = default
+    return rows
+
+
+def relative_error(got: object, want: object) -> float:
+    """‖got − want‖ / ‖want‖ over every tensor of two like structures (gradients as torch.func returns them)."""
+    flat_got, flat_want = (torch.cat([t.double().flatten() for t in pytree.tree_leaves(x)]) for x in (got, want))
+    return ((flat_got - flat_want).norm() / flat_want.norm()).item()
+
+
+IQN_BACKWARD_TILES = [(32, 4), (64, 4), (64, 8), (128, 8)]
+"""(rows, warps) per program of the online backward kernel to time; (64, 8) is its default."""
+
+
+def iqn_online_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    """The online pass at the `core` size in bf16 (1024 samples x 32 taus), forward and backward: the gradient of
+    Σ g ⊙ Z_τ(s, a) with respect to the head's layers and h_s2, as the step takes it (torch.func.grad)."""
+    device, rows = torch.device("cuda"), []
+    state = core_state()
+    dims = state.dims
+    views = state.main.views(state.online.detach().to(torch.bfloat16))
+    layers = {name: view for name, view in views.items() if name.startswith("iqn")}
+    batch, taus = BenchOptions().batch_size, dims.iqn_taus
+    h = torch.randn(batch, dims.hidden, device=device, generator=generator).relu().to(torch.bfloat16)
+    tau = torch.rand(batch, taus, device=device, generator=generator)
+    action = torch.randint(0, dims.actions, (batch, dims.branches), device=device, generator=generator)
+    g = torch.randn(batch, taus, dims.branches, device=device, generator=generator)
+
+    def loss(form: Callable[..., Tensor], layers: dict[str, Tensor], h: Tensor) -> Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return (g * form(layers, h, tau, action, dims)).sum()
+
+    def written(p: dict[str, Tensor], h: Tensor, tau: Tensor, action: Tensor, d: ModelDims) -> Tensor:
+        return quantiles_at(iqn_quantiles(p, h, tau, d), action)
+
+    forms = {"Inductor": written, "kernels": iqn.quantiles_at_fused}
+    grads = {
+        name: torch.compile(torch.func.grad(functools.partial(loss, form), argnums=(0, 1)))
+        for name, form in forms.items()
+    }
+    want = grads["Inductor"](layers, h)
+    rows.append(
+        (f"iqn online fwd+bwd bf16 [{batch}x{taus}]: Inductor", *kernel_ms(lambda: grads["Inductor"](layers, h), calls))
+    )
+    default = iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM
+    try:
+        for tile in IQN_BACKWARD_TILES:
+            iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = tile
+            got = grads["kernels"](layers, h)
+            error = relative_error(got, want)  # bf16: about 1e-3 expected
+            assert error < 2e-2, f"the kernels' gradients are {error:.1e} from Inductor's"
+            name = f"iqn online fwd+bwd bf16: kernels, backward {tile[0]} rows, {tile[1]} warps (error {error:.0e})"
+            rows.append((name, *kernel_ms(functools.partial(grads["kernels"], layers, h), calls)))
+    finally:
+        iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = default
     return rows
 
 

@@ -126,10 +126,13 @@
 #     written form (scripts/bench_small_ops.py --ops iqn), then the market recipe's pack of 16 beside its solo run
 #     with Inductor's defaults (packcombo's control) (DEADLINE 330 s)
 #          -> $OUT/gpu_tests_round20.log, $OUT/small_ops_iqn.txt, $OUT/packcombo.txt, $OUT/packcombo_market_default.json
-#   round21 = prof21,tests21 (issue 32): zerocopy-bf16+combo with IQN's target quantiles as Inductor's kernels
-#     (`+iqni`) and as the Triton kernel (the bf16 default since round 20), each compiled afresh, twice in turn; then
-#     the bf16 equivalence tests of the defaults (both target kernels in one step) (DEADLINE 480 s)
-#          -> $OUT/profile_round21_core.txt, $OUT/gpu_tests_round21.log
+#   round21 = tests21o,small21,prof21,tests21 (issue 32): the online IQN kernels' tests (CPU form and GPU, and the
+#     fused plans with them against eager on `core`, float32 and bf16 with combined kernels); the online pass's
+#     forward and backward timed alone, Inductor against the kernels at several backward tiles
+#     (scripts/bench_small_ops.py --ops iqnonline); zerocopy-bf16+combo with IQN's target as Inductor's kernels
+#     (`+iqni`), as the default (the Triton target kernel, since round 20), and with the online kernels too
+#     (`+iqno`), each compiled afresh, twice in turn; then the bf16 equivalence tests of the defaults (DEADLINE 570 s)
+#          -> $OUT/gpu_tests_round21o.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round21_core.txt, $OUT/gpu_tests_round21.log
 #   pack11 = packmarket,packcfg (issue 31): the market recipe's pack of 16 beside its solo run, with Inductor's
 #     defaults, then with run.combo_kernels (the pack compiles with PACK_COMBO_OPTIONS, the solo run with the fused
 #     plans' benchmarked combinations) (DEADLINE 400 s)    -> $OUT/packcombo.txt, $OUT/packcombo_market_{default,config}.json
@@ -195,7 +198,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round18 ] && { stage=prof18,tests18; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round19 ] && { stage=tests19,prof19; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
-[ "$stage" = round21 ] && { stage=prof21,tests21; DEADLINE="${DEADLINE:-480}"; }
+[ "$stage" = round21 ] && { stage=tests21o,small21,prof21,tests21; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg; DEADLINE="${DEADLINE:-400}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
@@ -334,8 +337,12 @@ gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
 has tests20 && MARK="gpu or not gpu" gpu_tests gpu_tests_round20.log 90 tests/trainer/execution/kernels/test_iqn.py
 has small20 && timeout -k 15 "$(left 80)" python3 scripts/bench_small_ops.py --ops iqn 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_iqn.txt" | tail -8
-has prof21 && TOP=30 profile_core profile_round21_core.txt 300 \
-  zerocopy-bf16+combo+iqni zerocopy-bf16+combo zerocopy-bf16+combo+iqni zerocopy-bf16+combo
+has tests21o && MARK="gpu or not gpu" gpu_tests gpu_tests_round21o.log 150 tests/trainer/execution/kernels/test_iqn.py \
+  tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_online_kernels_match_eager_after_50_steps
+has small21 && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --ops iqnonline 2>&1 | grep -v "Extern Choice" \
+  | tee "$OUT/small_ops_iqnonline.txt" | tail -8
+has prof21 && TOP=30 profile_core profile_round21_core.txt 280 zerocopy-bf16+combo+iqni zerocopy-bf16+combo \
+  zerocopy-bf16+combo+iqno zerocopy-bf16+combo+iqni zerocopy-bf16+combo zerocopy-bf16+combo+iqno
 has tests21 && gpu_tests gpu_tests_round21.log 150 "tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
 has packmarket && market_row default 170
 has packcfg && market_row config 200 -o run.combo_kernels=true

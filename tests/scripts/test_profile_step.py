@@ -72,3 +72,6 @@ def test_iqnk_builds_the_step_with_the_iqn_target_kernel() -> None:
     assert preset_config("core", BenchOptions()).run.iqn_target_kernel == "auto"
     inductor = preset_config("core", BenchOptions(overrides=[OVERRIDE_FLAGS["iqni"]]))
     assert inductor.run.iqn_target_kernel == "inductor"
+    online = preset_config("core", BenchOptions(overrides=[OVERRIDE_FLAGS["iqno"]]))
+    assert online.run.iqn_online_kernel == "triton"
+    assert preset_config("core", BenchOptions()).run.iqn_online_kernel == "inductor"

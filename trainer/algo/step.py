@@ -116,6 +116,10 @@ class Hyper:
     # apart, as the graphs measured without the kernel have them); by run.iqn_target_kernel (auto under bf16, triton)
     # the fused plans give one Triton kernel for all of it (`trainer.execution.kernels.iqn`).
     iqn_target: Callable[..., Tensor] | None = None
+    # How the online pass's Z_τ(s, a) is computed, with its gradient: None, as written (`iqn_quantiles` and the gather
+    # at the batch's actions); by run.iqn_online_kernel (triton) the fused plans give a forward and a backward Triton
+    # kernel (`trainer.execution.kernels.iqn.quantiles_at_fused`).
+    iqn_online: Callable[..., Tensor] | None = None
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -137,6 +141,7 @@ class Hyper:
             "attend": self_attention,
             "c51_target": target_distribution,
             "iqn_target": None,
+            "iqn_online": None,
         }
         sections = {**loss.model_dump(), **optim.model_dump()}
         copied = {f.name: sections[f.name] for f in fields(cls) if f.name not in derived}
@@ -344,8 +349,11 @@ def iqn_loss_of_features(
     h_s2 [B, H], whose gradient carries IQN's share of the trunk's."""
     assert targets.z_target is not None
     p = network_views(state.main, online, hp)
-    z = iqn_quantiles(p, h_s2, draws.tau, state.dims)  # [B, T, K, A]
-    z_data = take(z, batch.action[:, None, :, None], dim=3)  # [B, T, K]
+    if hp.iqn_online is None:
+        z = iqn_quantiles(p, h_s2, draws.tau, state.dims)  # [B, T, K, A]
+        z_data = take(z, batch.action[:, None, :, None], dim=3)  # [B, T, K]
+    else:
+        z_data = hp.iqn_online(p, h_s2, draws.tau, batch.action, state.dims)  # [B, T, K]
     per_sample = quantile_huber_loss(z_data, targets.z_target, draws.tau, hp.kappa)  # [B]
     return (batch.weight * per_sample).mean(), per_sample
 

@@ -22,6 +22,7 @@ graph whole around it and a CUDA graph records its launch. The fused plans use i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ registers, over 8 warps (H100: 31.4 µs at `core`'s bf16 size, 36.4 at 64 rows, 
 written form 48.4 µs in 7 kernels; `docs/benchmarks/README.md`, issue 32 round 20). Read at each launch, as
 WARPS_PER_PROGRAM is, so `scripts/bench_small_ops.py --ops iqn` can time others."""
 WARPS_PER_PROGRAM = 8
+BACKWARD_ROWS_PER_PROGRAM = 64
+"""The backward kernel's rows a program: it holds the hidden layer's activations and their gradient, [64, 128]
+each at `core`, beside a chunk's; not yet measured (`scripts/bench_small_ops.py --ops iqn` times others)."""
 
 
 def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
@@ -80,19 +84,149 @@ def _dot(a, b, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
     return tl.dot(a, b, input_precision=PRECISION, out_dtype=tl.float32)
 
 
-@triton.heuristics(
-    {
+def _tiles(rows_per_program: Callable[[], int]) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """A kernel's tile widths and precision flags, from its arguments; its rows a program from the module's
+    constant, read at each launch."""
+    return {
         "BLOCK_E": lambda args: _tile(args["embed"]),
         "BLOCK_H": lambda args: min(64, _tile(args["hidden"])),
         "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
         "BLOCK_O": lambda args: _tile(args["BRANCHES"] * args["actions"]),
         "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
         "ROUND": lambda args: (2 if interpreted() else 1) if args["BF16"] else 0,
-        "BLOCK_M": lambda args: ROWS_PER_PROGRAM,
+        "BLOCK_M": lambda args: rows_per_program(),
     }
-)
+
+
 @triton.jit
-def _target_quantiles_kernel(
+def _features(tau_ptr, row, in_rows, e, embed, ROUND: tl.constexpr):
+    """cos(π i τ), i = 0..E-1, as `cosine_features` computes it: (π i) first, then times τ   [BM, E]."""
+    tau = tl.load(tau_ptr + row, mask=in_rows, other=0.0)
+    pi_i = 3.141592653589793 * e.to(tl.float32)
+    features = _layer(tl.cos(pi_i[None, :] * tau[:, None]), ROUND)
+    return tl.where(e[None, :] < embed, features, 0.0)
+
+
+@triton.jit
+def _mixed_chunk(
+    features,
+    embed_w_ptr,
+    embed_b_ptr,
+    h_ptr,
+    sample,
+    in_rows,
+    unit,
+    in_unit,
+    e,
+    embed,
+    stride_embed_w,
+    stride_h,
+    DOT_BF16: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ROUND: tl.constexpr,
+):
+    """One chunk of BLOCK_H trunk units: φ = relu(W_e cos + b_e), ψ(s) and ψ ⊙ φ, each [BM, BH]."""
+    w_e = tl.load(
+        embed_w_ptr + unit[None, :] * stride_embed_w + e[:, None],
+        mask=in_unit[None, :] & (e[:, None] < embed),
+        other=0.0,
+    ).to(tl.float32)  # [E, BH]: W_eᵀ
+    b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0).to(tl.float32)
+    phi = _dot(features, _layer(w_e, ROUND), DOT_BF16, PRECISION) + _layer(b_e, ROUND)[None, :]
+    phi = _relu(_layer(phi, ROUND))  # [BM, BH]
+    psi = tl.load(
+        h_ptr + sample[:, None] * stride_h + unit[None, :], mask=in_rows[:, None] & in_unit[None, :], other=0.0
+    ).to(tl.float32)
+    return phi, psi, _layer(psi * phi, ROUND)
+
+
+@triton.jit
+def _hidden_layer(
+    features,
+    embed_w_ptr,
+    embed_b_ptr,
+    hidden_w_ptr,
+    hidden_b_ptr,
+    h_ptr,
+    sample,
+    in_rows,
+    e,
+    u,
+    i,
+    embed,
+    hidden,
+    iqn_hidden,
+    stride_embed_w,
+    stride_hidden_w,
+    stride_h,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ROUND: tl.constexpr,
+):
+    """W_1 (ψ ⊙ φ) + b_1 before its relu, summed over chunks of BLOCK_H trunk units   [BM, I]."""
+    acc = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    for start in range(0, hidden, BLOCK_H):
+        unit = start + u  # [BH]
+        in_unit = unit < hidden
+        _, _, mixed = _mixed_chunk(
+            features, embed_w_ptr, embed_b_ptr, h_ptr, sample, in_rows, unit, in_unit, e, embed, stride_embed_w,
+            stride_h, DOT_BF16, PRECISION, ROUND,
+        )  # fmt: skip
+        w_1 = tl.load(
+            hidden_w_ptr + i[None, :] * stride_hidden_w + unit[:, None],
+            mask=(i[None, :] < iqn_hidden) & in_unit[:, None],
+            other=0.0,
+        ).to(tl.float32)  # [BH, I]: W_1ᵀ
+        acc += _dot(mixed, _layer(w_1, ROUND), DOT_BF16, PRECISION)
+    b_1 = tl.load(hidden_b_ptr + i, mask=i < iqn_hidden, other=0.0).to(tl.float32)
+    return _layer(acc + _layer(b_1, ROUND)[None, :], ROUND)
+
+
+@triton.jit
+def _program_rows(
+    tau_ptr,
+    h_ptr,
+    embed_w_ptr,
+    embed_b_ptr,
+    hidden_w_ptr,
+    hidden_b_ptr,
+    stride_h,
+    stride_embed_w,
+    stride_hidden_w,
+    rows,
+    taus,
+    embed,
+    hidden,
+    iqn_hidden,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ROUND: tl.constexpr,
+):
+    """A program's BLOCK_M (sample, tau) rows (row = b·T + t), which are in range, their samples, their cosine
+    features [BM, E] and the hidden layer's output relu(W_1 (ψ ⊙ φ) + b_1) [BM, I]: what both kernels start from."""
+    row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    in_rows = row < rows
+    sample = row // taus  # [BM]
+    e = tl.arange(0, BLOCK_E)
+    features = _features(tau_ptr, row, in_rows, e, embed, ROUND)
+    hidden_pre = _hidden_layer(
+        features, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, h_ptr, sample, in_rows, e,
+        tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_I), embed, hidden, iqn_hidden, stride_embed_w, stride_hidden_w,
+        stride_h, BLOCK_M, BLOCK_H, BLOCK_I, DOT_BF16, PRECISION, ROUND,
+    )  # fmt: skip
+    return row, in_rows, sample, features, _relu(hidden_pre)
+
+
+@triton.heuristics(_tiles(lambda: ROWS_PER_PROGRAM))
+@triton.jit
+def _quantiles_kernel(
     tau_ptr,
     h_ptr,
     embed_w_ptr,
@@ -104,13 +238,84 @@ def _target_quantiles_kernel(
     action_ptr,
     reward_ptr,
     done_ptr,
-    target_ptr,
+    out_ptr,
     stride_h,
     stride_embed_w,
     stride_hidden_w,
     stride_out_w,
     rows,
     gamma,
+    taus,
+    embed,
+    hidden,
+    iqn_hidden,
+    actions,
+    BRANCHES: tl.constexpr,
+    TARGET: tl.constexpr,
+    BF16: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    ROUND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Z_τ(s, a) per branch [BM, K] at the actions `action_ptr` holds, or (TARGET) r + γ (1 - done) of it."""
+    row, in_rows, sample, _, hidden_out = _program_rows(
+        tau_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, stride_h, stride_embed_w,
+        stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, BLOCK_M, BLOCK_E, BLOCK_H, BLOCK_I, DOT_BF16,
+        PRECISION, ROUND,
+    )  # fmt: skip
+    i = tl.arange(0, BLOCK_I)
+    o = tl.arange(0, BLOCK_O)
+
+    # Z_τ(s, ·) = W_2 hidden + b_2   [BM, K·A]
+    outputs = BRANCHES * actions
+    w_2 = tl.load(
+        out_w_ptr + o[None, :] * stride_out_w + i[:, None],
+        mask=(o[None, :] < outputs) & (i[:, None] < iqn_hidden),
+        other=0.0,
+    ).to(tl.float32)  # [I, O]: W_2ᵀ
+    b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0).to(tl.float32)
+    quantiles = _layer(_dot(hidden_out, _layer(w_2, ROUND), DOT_BF16, PRECISION) + _layer(b_2, ROUND)[None, :], ROUND)
+
+    if TARGET:  # r + γ (1 - done) Z_τ'(s', a*)
+        discount = gamma * (1.0 - tl.load(done_ptr + sample, mask=in_rows, other=0.0))
+        reward = tl.load(reward_ptr + sample, mask=in_rows, other=0.0)
+    for k in tl.static_range(BRANCHES):
+        column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
+        z = tl.sum(tl.where(o[None, :] == column[:, None], quantiles, 0.0), axis=1)  # [BM]
+        if TARGET:
+            z = reward + discount * z
+        tl.store(out_ptr + row * BRANCHES + k, z, mask=in_rows)
+
+
+@triton.heuristics(_tiles(lambda: BACKWARD_ROWS_PER_PROGRAM))
+@triton.jit
+def _quantiles_backward_kernel(
+    tau_ptr,
+    h_ptr,
+    embed_w_ptr,
+    embed_b_ptr,
+    hidden_w_ptr,
+    hidden_b_ptr,
+    out_w_ptr,
+    action_ptr,
+    grad_ptr,
+    grad_h_ptr,
+    grad_embed_w_ptr,
+    grad_embed_b_ptr,
+    grad_hidden_w_ptr,
+    grad_hidden_b_ptr,
+    grad_out_w_ptr,
+    grad_out_b_ptr,
+    stride_h,
+    stride_embed_w,
+    stride_hidden_w,
+    stride_out_w,
+    rows,
     taus,
     embed,
     hidden,
@@ -127,63 +332,138 @@ def _target_quantiles_kernel(
     ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (sample, tau) pairs: row = b·T' + t
-    in_rows = row < rows
-    sample = row // taus  # [BM]
+    """The gradients of Σ grad ⊙ Z_τ(s, a) with respect to ψ(s) and the head's layers, from the forward
+    recomputed on chip. Each program adds its rows' share into the zeroed float32 gradients (atomic adds), the
+    layers' outputs and gradients rounded as autograd's bf16 products round them."""
+    row, in_rows, sample, features, hidden_out = _program_rows(
+        tau_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, stride_h, stride_embed_w,
+        stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, BLOCK_M, BLOCK_E, BLOCK_H, BLOCK_I, DOT_BF16,
+        PRECISION, ROUND,
+    )  # fmt: skip
     e = tl.arange(0, BLOCK_E)
     u = tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_I)
     o = tl.arange(0, BLOCK_O)
+    outputs = BRANCHES * actions
+    in_i = i < iqn_hidden
 
-    # cos(π i τ), i = 0..E-1, as `cosine_features` computes it: (π i) first, then times τ   [BM, E]
-    tau = tl.load(tau_ptr + row, mask=in_rows, other=0.0)
-    pi_i = 3.141592653589793 * e.to(tl.float32)
-    features = _layer(tl.cos(pi_i[None, :] * tau[:, None]), ROUND)
-    features = tl.where(e[None, :] < embed, features, 0.0)
+    # ∂/∂Z [BM, K·A]: each branch's gradient at its taken action's column, zero elsewhere
+    grad_z = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
+    for k in tl.static_range(BRANCHES):
+        column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
+        g = tl.load(grad_ptr + row * BRANCHES + k, mask=in_rows, other=0.0)  # [BM]
+        grad_z += tl.where(o[None, :] == column[:, None], g[:, None], 0.0)
+    grad_z = _layer(grad_z, ROUND)
 
-    # hidden = W_1 (ψ(s') ⊙ relu(W_e cos + b_e)) summed over chunks of BLOCK_H trunk units   [BM, I]
-    acc = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    # output layer: ∂W_2 = ∂Zᵀ hidden, ∂b_2 = Σ ∂Z, ∂hidden = ∂Z W_2 through the relu
+    in_o = o < outputs
+    tl.atomic_add(
+        grad_out_w_ptr + o[:, None] * iqn_hidden + i[None, :],
+        _dot(tl.trans(grad_z), hidden_out, DOT_BF16, PRECISION),
+        mask=in_o[:, None] & in_i[None, :],
+    )
+    tl.atomic_add(grad_out_b_ptr + o, tl.sum(grad_z, axis=0), mask=in_o)
+    w_2 = tl.load(out_w_ptr + o[:, None] * stride_out_w + i[None, :], mask=in_o[:, None] & in_i[None, :], other=0.0).to(
+        tl.float32
+    )  # [O, I]
+    grad_hidden = _layer(_dot(grad_z, _layer(w_2, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, I]
+    grad_hidden = tl.where(hidden_out <= 0.0, 0.0, grad_hidden)
+    tl.atomic_add(grad_hidden_b_ptr + i, tl.sum(grad_hidden, axis=0), mask=in_i)
+
+    # per chunk of trunk units: ∂W_1 = ∂hiddenᵀ (ψ ⊙ φ); ∂(ψ ⊙ φ) = ∂hidden W_1; ∂ψ and ∂φ through the product,
+    # ∂ψ summed over the sample's taus; ∂W_e = ∂φᵀ cos and ∂b_e = Σ ∂φ through φ's relu
     for start in range(0, hidden, BLOCK_H):
         unit = start + u  # [BH]
         in_unit = unit < hidden
-        w_e = tl.load(
-            embed_w_ptr + unit[None, :] * stride_embed_w + e[:, None],
-            mask=in_unit[None, :] & (e[:, None] < embed),
-            other=0.0,
-        ).to(tl.float32)  # [E, BH]: W_eᵀ
-        b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0).to(tl.float32)
-        phi = _dot(features, _layer(w_e, ROUND), DOT_BF16, PRECISION) + _layer(b_e, ROUND)[None, :]
-        phi = _relu(_layer(phi, ROUND))  # [BM, BH]
-        psi = tl.load(
-            h_ptr + sample[:, None] * stride_h + unit[None, :], mask=in_rows[:, None] & in_unit[None, :], other=0.0
+        phi, psi, mixed = _mixed_chunk(
+            features, embed_w_ptr, embed_b_ptr, h_ptr, sample, in_rows, unit, in_unit, e, embed, stride_embed_w,
+            stride_h, DOT_BF16, PRECISION, ROUND,
+        )  # fmt: skip
+        tl.atomic_add(
+            grad_hidden_w_ptr + i[:, None] * hidden + unit[None, :],
+            _dot(tl.trans(grad_hidden), mixed, DOT_BF16, PRECISION),
+            mask=in_i[:, None] & in_unit[None, :],
         )
-        mixed = _layer(psi.to(tl.float32) * phi, ROUND)  # [BM, BH]
         w_1 = tl.load(
-            hidden_w_ptr + i[None, :] * stride_hidden_w + unit[:, None],
-            mask=(i[None, :] < iqn_hidden) & in_unit[:, None],
+            hidden_w_ptr + i[:, None] * stride_hidden_w + unit[None, :],
+            mask=in_i[:, None] & in_unit[None, :],
             other=0.0,
-        ).to(tl.float32)  # [BH, I]: W_1ᵀ
-        acc += _dot(mixed, _layer(w_1, ROUND), DOT_BF16, PRECISION)
-    b_1 = tl.load(hidden_b_ptr + i, mask=i < iqn_hidden, other=0.0).to(tl.float32)
-    hidden = _relu(_layer(acc + _layer(b_1, ROUND)[None, :], ROUND))  # [BM, I]
+        ).to(tl.float32)  # [I, BH]
+        grad_mixed = _layer(_dot(grad_hidden, _layer(w_1, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, BH]
+        in_block = in_rows[:, None] & in_unit[None, :]
+        tl.atomic_add(
+            grad_h_ptr + sample[:, None] * hidden + unit[None, :], _layer(grad_mixed * phi, ROUND), mask=in_block
+        )
+        grad_phi = tl.where(phi <= 0.0, 0.0, _layer(grad_mixed * psi, ROUND))  # [BM, BH]
+        tl.atomic_add(
+            grad_embed_w_ptr + unit[:, None] * embed + e[None, :],
+            _dot(tl.trans(grad_phi), features, DOT_BF16, PRECISION),
+            mask=in_unit[:, None] & (e[None, :] < embed),
+        )
+        tl.atomic_add(grad_embed_b_ptr + unit, tl.sum(grad_phi, axis=0), mask=in_unit)
 
-    # Z_τ'(s', ·) = W_2 hidden + b_2   [BM, K·A]
-    outputs = BRANCHES * actions
-    w_2 = tl.load(
-        out_w_ptr + o[None, :] * stride_out_w + i[:, None],
-        mask=(o[None, :] < outputs) & (i[:, None] < iqn_hidden),
-        other=0.0,
-    ).to(tl.float32)  # [I, O]: W_2ᵀ
-    b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0).to(tl.float32)
-    quantiles = _layer(_dot(hidden, _layer(w_2, ROUND), DOT_BF16, PRECISION) + _layer(b_2, ROUND)[None, :], ROUND)
 
-    # r + γ (1 - done) Z_τ'(s', a*) per branch   [BM, K]
-    discount = gamma * (1.0 - tl.load(done_ptr + sample, mask=in_rows, other=0.0))
-    reward = tl.load(reward_ptr + sample, mask=in_rows, other=0.0)
-    for k in tl.static_range(BRANCHES):
-        column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
-        z = tl.sum(tl.where(o[None, :] == column[:, None], quantiles, 0.0), axis=1)  # [BM]
-        tl.store(target_ptr + row * BRANCHES + k, reward + discount * z, mask=in_rows)
+def _tile(width: int) -> int:
+    """A tile's width: the next power of two, at least 16 (the smallest a product's dimension takes)."""
+    return max(16, triton.next_power_of_2(width))
+
+
+def _head_arguments(op: str, h: Tensor, layers: list[Tensor], rows: int, taus: int, outputs: int) -> list[Any]:
+    """The kernels' shared arguments after their pointers: strides, then rows, taus and the widths. Refuses what
+    a program cannot hold (`supports`) and rows without unit stride."""
+    embed_w, _, hidden_w, _, out_w, _ = layers
+    hidden, embed = embed_w.shape
+    iqn_hidden = hidden_w.shape[0]
+    if not supports(embed, iqn_hidden, outputs):
+        raise ValueError(
+            f"{op}: iqn_embed, iqn_hidden and K·A must be at most {IQN_KERNEL_MAX_WIDTH}, got {embed}, {iqn_hidden} "
+            f"and {outputs}"
+        )
+    for name, weight in (("embed_w", embed_w), ("hidden_w", hidden_w), ("out_w", out_w), ("h", h)):
+        if weight.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} needs unit stride over its last dim, got {weight.stride()}")
+    return [*(t.stride(0) for t in (h, embed_w, hidden_w, out_w)), rows, taus, embed, hidden, iqn_hidden]
+
+
+def _launch_options(h: Tensor, branches: int) -> dict[str, Any]:
+    precision = "ieee" if interpreted() or torch.get_float32_matmul_precision() == "highest" else "tf32"
+    bf16 = h.dtype == torch.bfloat16
+    return {"BRANCHES": branches, "BF16": bf16, "PRECISION": precision, "num_warps": WARPS_PER_PROGRAM}
+
+
+def _weights(layers: list[Tensor]) -> list[Tensor]:
+    """Views of the flat parameters in their dtype (bf16 where the step cast them once): no copy, the kernels
+    widen them as they load them."""
+    return [t if t.dim() == 2 else t.contiguous() for t in layers]
+
+
+def _quantiles(
+    op: str, tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int, target: tuple | None
+) -> Tensor:
+    """Z_τ(s, a) [B, T, K] float32 at `action` [B, K], or with `target` (reward, done, gamma) r + γ (1 - done) Z."""
+    (batch, taus), branches = tau.shape, action.shape[1]
+    rows = batch * taus
+    shared = _head_arguments(op, h, layers, rows, taus, branches * actions)
+    out = torch.empty(batch, taus, branches, device=tau.device, dtype=torch.float32)
+    reward, done, gamma = target if target is not None else (out, out, 1.0)  # unread without TARGET
+    strides, sizes = shared[:4], shared[4:]
+    _quantiles_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
+        tau.float().contiguous(),
+        h,
+        *_weights(layers),
+        action.contiguous(),
+        reward.float().contiguous(),
+        done.float().contiguous(),
+        out,
+        *strides,
+        sizes[0],
+        gamma,
+        *sizes[1:],
+        actions,
+        TARGET=target is not None,
+        **_launch_options(h, branches),
+    )
+    return out
 
 
 @torch.library.custom_op("foxhunt::iqn_target_quantiles", mutates_args=())
@@ -200,41 +480,7 @@ def iqn_target_quantiles(
     """r + γ (1 - done) Z_τ'(s', a*) [B, T', K] float32 of one network's IQN head: tau [B, T'], h_next [B, H] (its
     dtype, bf16 or float32, is the products' precision), `layers` its three layers' weights [out, in] and biases
     [out] in turn (the output layer's rows may be padded past K·A), a_star [B, K] int64, reward and done [B]."""
-    embed_w, _, hidden_w, _, out_w, _ = layers
-    (batch, taus), branches = tau.shape, a_star.shape[1]
-    hidden, embed = embed_w.shape
-    iqn_hidden = hidden_w.shape[0]
-    if not supports(embed, iqn_hidden, branches * actions):
-        raise ValueError(
-            f"iqn_target_quantiles: iqn_embed, iqn_hidden and K·A must be at most {IQN_KERNEL_MAX_WIDTH}, got {embed}, "
-            f"{iqn_hidden} and {branches * actions}"
-        )
-    for name, weight in (("embed_w", embed_w), ("hidden_w", hidden_w), ("out_w", out_w), ("h_next", h_next)):
-        if weight.stride(-1) != 1:
-            raise ValueError(f"iqn_target_quantiles: {name} needs unit stride over its last dim, got {weight.stride()}")
-    target = torch.empty(batch, taus, branches, device=tau.device, dtype=torch.float32)
-    rows = batch * taus
-    # views of the flat parameters in their dtype (bf16 where the step cast them once): no copy, the kernel widens
-    weights = [t if t.dim() == 2 else t.contiguous() for t in layers]
-    tensors = [tau.float().contiguous(), h_next, *weights, a_star.contiguous(), reward.float().contiguous()]
-    tensors += [done.float().contiguous(), target]
-    strides = [t.stride(0) for t in (h_next, embed_w, hidden_w, out_w)]
-    precision = "ieee" if interpreted() or torch.get_float32_matmul_precision() == "highest" else "tf32"
-    _target_quantiles_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
-        *tensors,
-        *strides,
-        *(rows, gamma, taus, embed, hidden, iqn_hidden, actions),
-        BRANCHES=branches,
-        BF16=h_next.dtype == torch.bfloat16,
-        PRECISION=precision,
-        num_warps=WARPS_PER_PROGRAM,
-    )
-    return target
-
-
-def _tile(width: int) -> int:
-    """A tile's width: the next power of two, at least 16 (the smallest a product's dimension takes)."""
-    return max(16, triton.next_power_of_2(width))
+    return _quantiles("iqn_target_quantiles", tau, h_next, layers, a_star, actions, (reward, done, gamma))
 
 
 @iqn_target_quantiles.register_fake
@@ -242,9 +488,94 @@ def _(tau: Tensor, h_next: Tensor, layers: list[Tensor], a_star: Tensor, *scalar
     return tau.new_empty(*tau.shape, a_star.shape[1], dtype=torch.float32)
 
 
+def _head_layers(p: dict[str, Tensor]) -> list[Tensor]:
+    """The IQN head's three layers, weights and biases in turn, the output layer padded as the products run it."""
+    names = ("iqn_embed_w", "iqn_embed_b", "iqn1_w", "iqn1_b", f"iqn2_w{PADDED}", f"iqn2_b{PADDED}")
+    return [p[name] for name in names]
+
+
 def next_quantile_targets_fused(p: dict[str, Tensor], h_next: Tensor, tau: Tensor, *rest: Any) -> Tensor:
     """`trainer.algo.step.next_quantile_targets` through the kernel, with the same arguments: after tau, a_star,
     reward, done, gamma and the model's dims."""
     a_star, reward, done, gamma, d = rest
-    names = ("iqn_embed_w", "iqn_embed_b", "iqn1_w", "iqn1_b", f"iqn2_w{PADDED}", f"iqn2_b{PADDED}")
-    return iqn_target_quantiles(tau, h_next, [p[name] for name in names], a_star, reward, done, gamma, d.actions)
+    return iqn_target_quantiles(tau, h_next, _head_layers(p), a_star, reward, done, gamma, d.actions)
+
+
+# ---- the online pass: Z_τ(s, a) at the batch's actions, with its gradient ----
+
+
+@torch.library.custom_op("foxhunt::iqn_quantiles_at", mutates_args=())
+def iqn_quantiles_at(tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int) -> Tensor:
+    """Z_τ(s, a) [B, T, K] float32 of one network's IQN head at the actions a [B, K] (`iqn_target_quantiles`'
+    arguments otherwise)."""
+    return _quantiles("iqn_quantiles_at", tau, h, layers, action, actions, None)
+
+
+@iqn_quantiles_at.register_fake
+def _(tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int) -> Tensor:
+    return tau.new_empty(*tau.shape, action.shape[1], dtype=torch.float32)
+
+
+@torch.library.custom_op("foxhunt::iqn_quantiles_at_backward", mutates_args=())
+def iqn_quantiles_at_backward(
+    grad: Tensor, tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int
+) -> list[Tensor]:
+    """∂/∂h [B, H] and ∂/∂ each of `layers` of Σ grad ⊙ Z_τ(s, a) (grad [B, T, K]), each in its input's dtype: the
+    float32 sums over all rows rounded once, as a bf16 product's float32 accumulation is."""
+    (batch, taus), branches = tau.shape, action.shape[1]
+    rows = batch * taus
+    shared = _head_arguments("iqn_quantiles_at_backward", h, layers, rows, taus, branches * actions)
+    grads = [torch.zeros(t.shape, device=t.device, dtype=torch.float32) for t in (h, *layers)]
+    embed_w, embed_b, hidden_w, hidden_b, out_w, _ = _weights(layers)
+    _quantiles_backward_kernel[(triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM),)](
+        tau.float().contiguous(),
+        h,
+        embed_w,
+        embed_b,
+        hidden_w,
+        hidden_b,
+        out_w,
+        action.contiguous(),
+        grad.float().contiguous(),
+        *grads,
+        *shared,
+        actions,
+        **_launch_options(h, branches),
+    )
+    return [g.to(t.dtype) for g, t in zip(grads, (h, *layers), strict=True)]
+
+
+@iqn_quantiles_at_backward.register_fake
+def _(grad: Tensor, tau: Tensor, h: Tensor, layers: list[Tensor], *rest: object) -> list[Tensor]:
+    return [torch.empty_like(t) for t in (h, *layers)]
+
+
+class _QuantilesAt(torch.autograd.Function):
+    """The forward kernel with the backward kernel as its derivative, the layers as separate inputs (each gets its
+    gradient); `setup_context`, so torch.func's grad and Dynamo take it (as `window_attention`'s)."""
+
+    @staticmethod
+    def forward(tau: Tensor, h: Tensor, *rest: Any) -> Tensor:  # type: ignore[override]
+        *layers, action, actions = rest
+        return iqn_quantiles_at(tau, h, list(layers), action, actions)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        tau, h, *rest = inputs
+        *layers, action, actions = rest
+        ctx.save_for_backward(tau, h, *layers, action)
+        ctx.actions = actions
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        tau, h, *layers, action = ctx.saved_tensors
+        with torch.no_grad():  # no second derivative: torch.func.grad would otherwise trace through the op
+            grad_h, *grad_layers = iqn_quantiles_at_backward(grad, tau, h, layers, action, ctx.actions)
+        return (None, grad_h, *grad_layers, None, None)
+
+
+def quantiles_at_fused(p: dict[str, Tensor], h_s2: Tensor, tau: Tensor, action: Tensor, d: Any) -> Tensor:
+    """`quantiles_at(iqn_quantiles(p, h_s2, tau, d), action)` [B, T, K] through the kernels, differentiable with
+    respect to h_s2 and the head's layers."""
+    out: Tensor = _QuantilesAt.apply(tau, h_s2, *_head_layers(p), action, d.actions)
+    return out

@@ -162,17 +162,5 @@ def spectral_power_step(
 
 
 @spectral_power_step.register_fake
-def _(
-    params: Tensor,
-    v: Tensor,
-    offset: Tensor,
-    row_stride: Tensor,
-    rows: Tensor,
-    cols: Tensor,
-    v_start: Tensor,
-    counters: Tensor,
-    sigma_max: float,
-    max_rows: int,
-    max_cols: int,
-) -> tuple[Tensor, Tensor]:
+def _(params: Tensor, v: Tensor, offset: Tensor, *layout_and_sizes: object) -> tuple[Tensor, Tensor]:
     return params.new_empty(offset.shape[0] + 1), torch.empty_like(v)

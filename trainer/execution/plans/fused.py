@@ -173,6 +173,10 @@ class FusedPlan(DualStreamPlan):
             from trainer.execution.kernels import iqn
 
             hp = dataclasses.replace(hp, iqn_target=iqn.next_quantile_targets_fused)
+        if self.compiled and config.run.iqn_online_kernel == "triton":
+            from trainer.execution.kernels import iqn
+
+            hp = dataclasses.replace(hp, iqn_online=iqn.quantiles_at_fused)
         return hp
 
     @staticmethod

@@ -1,8 +1,12 @@
-"""The one-kernel IQN target quantiles (`trainer.execution.kernels.iqn`) against `next_quantile_targets`, the
-quantile head, gather and target it replaces. On the CPU through Triton's interpreter; on the GPU compiled by
+"""The IQN head's kernels (`trainer.execution.kernels.iqn`): the one-kernel target quantiles against
+`next_quantile_targets`, the quantile head, gather and target it replaces; the online pass's forward and backward
+kernels against autograd of the written head. On the CPU through Triton's interpreter; on the GPU compiled by
 Inductor inside the fused plan's step too (`tests/trainer/execution/plans/test_equivalence.py`)."""
 
 from __future__ import annotations
+
+import functools
+from typing import Any
 
 import pytest
 import torch
@@ -10,9 +14,14 @@ from torch._inductor.utils import run_and_get_code
 
 from contracts.config import IQN_KERNEL_MAX_WIDTH, ConfigError, build_config
 from tests.factories import tiny_config, tiny_state
-from trainer.algo.model import ModelDims
-from trainer.algo.step import Hyper, network_views, next_quantile_targets
-from trainer.execution.kernels.iqn import iqn_target_quantiles, next_quantile_targets_fused, supports
+from trainer.algo.model import ModelDims, iqn_quantiles
+from trainer.algo.step import Hyper, network_views, next_quantile_targets, quantiles_at
+from trainer.execution.kernels.iqn import (
+    iqn_target_quantiles,
+    next_quantile_targets_fused,
+    quantiles_at_fused,
+    supports,
+)
 from trainer.execution.plans.fused import FusedPlan
 from trainer.execution.plans.graph import GraphPlan
 
@@ -136,3 +145,103 @@ def test_the_fused_plans_run_the_kernel_when_asked_or_by_default_under_bf16_and_
     assert FusedPlan.iqn_kernel_chosen(bf16, IQN_KERNEL_MAX_WIDTH)
     assert not FusedPlan.iqn_kernel_chosen(bf16, IQN_KERNEL_MAX_WIDTH + 1)  # the data's K·A
     assert not FusedPlan.iqn_kernel_chosen(tiny_config(["run.precision=bf16", "model.iqn_hidden=300"]), 15)
+
+
+# ---- the online pass: Z_τ(s, a) at the batch's actions and its gradient (`quantiles_at_fused`) ----
+
+
+def _online_pass(fn: Any, p: dict, h: torch.Tensor, tau: torch.Tensor, action: torch.Tensor, d: ModelDims) -> tuple:
+    """Z [B, T, K], and the gradients of Σ g ⊙ Z (g fixed, random) with respect to h and each of the head's layers,
+    through `fn(p, h, tau, action, d)` under autocast when h is bf16 (the step's `mixed_precision`)."""
+    leaves = {name: view.detach().clone().requires_grad_() for name, view in p.items()}
+    h = h.detach().clone().requires_grad_()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=h.dtype == torch.bfloat16):
+        z = fn(leaves, h, tau, action, d)
+    g = torch.randn(z.shape, generator=torch.Generator().manual_seed(11)).to(z.device)
+    (g * z).sum().backward()
+    return z, h.grad, {name: leaf.grad for name, leaf in leaves.items() if leaf.grad is not None}
+
+
+def _written(p: dict, h: torch.Tensor, tau: torch.Tensor, action: torch.Tensor, d: ModelDims) -> torch.Tensor:
+    return quantiles_at(iqn_quantiles(p, h, tau, d), action)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "branches", "actions"),
+    [([], 3, 4), (CORE, 3, 5), (["model.iqn_embed=5", "model.hidden=70", "model.iqn_hidden=20"], 2, 7)],
+    ids=["tiny", "core-widths", "odd-widths"],
+)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_online_kernels_are_the_quantile_head_at_the_actions_and_its_gradient(
+    overrides: list[str], branches: int, actions: int, precision: str
+) -> None:
+    """Forward and backward against autograd of the written form. float32: within 1e-5. bf16 (weights cast once,
+    as the step has them): each layer's output and gradient rounded as autograd's bf16 products round them, so on
+    the CPU bit for bit; on a GPU cuBLAS sums in another order."""
+    p, d, (h, tau, action, _, _) = _inputs(overrides, seed=len(overrides) + 20, branches=branches, actions=actions)
+    if precision == "bf16":
+        p, h = {name: view.bfloat16() for name, view in p.items()}, h.bfloat16()
+    z, grad_h, grads = _online_pass(quantiles_at_fused, p, h, tau, action, d)
+    want_z, want_h, want = _online_pass(_written, p, h, tau, action, d)
+    tolerance = 1e-5 if precision == "fp32" else (2e-2 if DEVICE == "cuda" else 0.0)
+    assert z.shape == (6, tau.shape[1], d.branches) and grad_h.dtype == h.dtype
+    torch.testing.assert_close(z, want_z, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(grad_h, want_h, rtol=tolerance, atol=tolerance)
+    assert (
+        grads.keys()
+        == want.keys()
+        == {"iqn_embed_w", "iqn_embed_b", "iqn1_w", "iqn1_b", "iqn2_w_padded", "iqn2_b_padded"}
+    )
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, want[name], rtol=tolerance, atol=tolerance, msg=name)
+    assert not torch.equal(grads["iqn1_w"], torch.zeros_like(grads["iqn1_w"]))
+
+
+def test_the_online_kernels_train_under_torch_func_as_the_step_takes_their_gradient() -> None:
+    """`iqn_loss_of_features` differentiates with torch.func.grad over the flat parameters and h_s2: the kernels'
+    autograd.Function carries it."""
+    p, d, (h, tau, action, _, _) = _inputs(CORE, seed=30, actions=5)
+    names = list(p)
+    flat = torch.cat([p[name].reshape(-1) for name in names])
+    sizes = [p[name].numel() for name in names]
+
+    def loss(fn: Any, flat: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        views = {name: part.view(p[name].shape) for name, part in zip(names, flat.split(sizes), strict=True)}
+        return fn(views, h, tau, action, d).square().mean()
+
+    got = torch.func.grad(functools.partial(loss, quantiles_at_fused), argnums=(0, 1))(flat, h)
+    want = torch.func.grad(functools.partial(loss, _written), argnums=(0, 1))(flat, h)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_fused_plans_run_the_online_kernels_only_when_asked() -> None:
+    fused, graph = object.__new__(FusedPlan), object.__new__(GraphPlan)
+    fused.state = graph.state = tiny_state(tiny_config(), branches=3, actions=5)
+    asked = tiny_config(["run.iqn_online_kernel=triton"])
+    assert tiny_config().run.iqn_online_kernel == "inductor"
+    assert fused.hyper(asked).iqn_online is quantiles_at_fused
+    assert fused.hyper(tiny_config(["run.precision=bf16"])).iqn_online is None  # not measured: as written
+    assert graph.hyper(asked).iqn_online is None
+    with pytest.raises(ConfigError, match=r"run.iqn_online_kernel 'triton' takes widths of at most 256"):
+        build_config({"model": {"iqn_embed": 300}, "run": {"iqn_online_kernel": "triton"}})
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_online_gradients_add_up_across_programs(monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """16 rows a program: the 30 (sample, tau) rows take two programs, and sample 3's taus (rows 15 to 19) are
+    split between them, so its ∂h and every layer's gradient are sums of both programs' atomic adds."""
+    from trainer.execution.kernels import iqn
+
+    monkeypatch.setattr(iqn, "ROWS_PER_PROGRAM", 16)
+    monkeypatch.setattr(iqn, "BACKWARD_ROWS_PER_PROGRAM", 16)
+    p, d, (h, tau, action, _, _) = _inputs(CORE, seed=40, actions=5)
+    if precision == "bf16":
+        p, h = {name: view.bfloat16() for name, view in p.items()}, h.bfloat16()
+    z, grad_h, grads = _online_pass(quantiles_at_fused, p, h, tau, action, d)
+    want_z, want_h, want = _online_pass(_written, p, h, tau, action, d)
+    tolerance = 1e-5 if precision == "fp32" else 2e-2  # bf16: the cross-program sums' order is not autograd's
+    torch.testing.assert_close(z, want_z, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(grad_h, want_h, rtol=tolerance, atol=tolerance)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, want[name], rtol=tolerance, atol=tolerance, msg=name)
