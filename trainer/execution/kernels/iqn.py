@@ -293,6 +293,11 @@ def _quantiles_kernel(
 
 
 @triton.heuristics(_tiles(lambda: BACKWARD_ROWS_PER_PROGRAM))
+@triton.heuristics(  # after BLOCK_M: the outer heuristics run first
+    {  # the rows of a program's samples, where its rows are whole samples (a power of two dividing BLOCK_M), else 0
+        "WHOLE_SAMPLES": lambda args: args["taus"] if args["BLOCK_M"] % args["taus"] == 0 else 0,
+    }
+)
 @triton.jit
 def _quantiles_backward_kernel(
     tau_ptr,
@@ -331,6 +336,7 @@ def _quantiles_backward_kernel(
     DOT_BF16: tl.constexpr,
     ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    WHOLE_SAMPLES: tl.constexpr,
 ):
     """The gradients of Σ grad ⊙ Z_τ(s, a) with respect to ψ(s) and the head's layers, from the forward
     recomputed on chip. Each program adds its rows' share into the zeroed float32 gradients (atomic adds), the
@@ -390,10 +396,15 @@ def _quantiles_backward_kernel(
             other=0.0,
         ).to(tl.float32)  # [I, BH]
         grad_mixed = _layer(_dot(grad_hidden, _layer(w_1, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, BH]
-        in_block = in_rows[:, None] & in_unit[None, :]
-        tl.atomic_add(
-            grad_h_ptr + sample[:, None] * hidden + unit[None, :], _layer(grad_mixed * phi, ROUND), mask=in_block
-        )
+        grad_psi = _layer(grad_mixed * phi, ROUND)  # [BM, BH]: each row's share of its sample's ∂ψ
+        if WHOLE_SAMPLES > 0:  # the program holds its samples' every tau: their sums, stored
+            samples = tl.program_id(0) * (BLOCK_M // WHOLE_SAMPLES) + tl.arange(0, BLOCK_M // WHOLE_SAMPLES)
+            grad_psi = tl.sum(tl.reshape(grad_psi, (BLOCK_M // WHOLE_SAMPLES, WHOLE_SAMPLES, BLOCK_H)), axis=1)
+            in_samples = (samples < rows // taus)[:, None] & in_unit[None, :]
+            tl.store(grad_h_ptr + samples[:, None] * hidden + unit[None, :], grad_psi, mask=in_samples)
+        else:  # a sample's taus may span programs: each row adds its share
+            in_block = in_rows[:, None] & in_unit[None, :]
+            tl.atomic_add(grad_h_ptr + sample[:, None] * hidden + unit[None, :], grad_psi, mask=in_block)
         grad_phi = tl.where(phi <= 0.0, 0.0, _layer(grad_mixed * psi, ROUND))  # [BM, BH]
         tl.atomic_add(
             grad_embed_w_ptr + unit[:, None] * embed + e[None, :],
