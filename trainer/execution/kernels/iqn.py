@@ -1,5 +1,6 @@
-"""The IQN target quantiles in one Triton kernel: the target network's quantile head at s' for T' taus, the
-Double-DQN gather and r + γ(1 - done) Z, one program per BLOCK_M rows of (sample, tau) (issue 32).
+"""IQN's quantile head as Triton kernels (issue 32): the target quantiles in one kernel (the target network's
+head at s' for T' taus, the Double-DQN gather and r + γ(1 - done) Z), and the online pass (the head at s for T taus
+at the batch's actions) in a forward and a backward kernel; one program per BLOCK_M rows of (sample, tau).
 
 The same mathematics as `trainer.algo.step.next_quantile_targets` (`iqn_quantiles`, the gather at a*,
 `iqn_target`), executed differently. Inductor runs that chain as three matrix products (cos(πiτ) → H,
@@ -15,9 +16,14 @@ bf16 rounds (ties to even); Triton's interpreter, which runs this on the CPU, tr
 multiplies bf16 tiles wrongly, so there the rounding is written out (`_round_bf16`) and the products run in
 float32 on bf16-exact values, which is the same arithmetic.
 
-An opaque custom op (`foxhunt::iqn_target_quantiles`, with a fake for tracing), so Dynamo keeps the target
-graph whole around it and a CUDA graph records its launch. The fused plans use it when
-`run.iqn_target_kernel` says so (`trainer.execution.plans.fused.FusedPlan.iqn_kernel_chosen`).
+The online backward recomputes each program's activations from the inputs (nothing is saved between the two
+kernels) and adds its rows' share of the weight gradients atomically, in float32, rounded once at the end.
+
+Opaque custom ops (`foxhunt::iqn_target_quantiles`, `foxhunt::iqn_quantiles_at` and its backward, with fakes for
+tracing), so Dynamo keeps the step's graph whole around them and a CUDA graph records their launches; the online
+pair under an autograd.Function that torch.func differentiates. The fused plans use them when
+`run.iqn_target_kernel` (`trainer.execution.plans.fused.FusedPlan.iqn_kernel_chosen`) and `run.iqn_online_kernel`
+say so.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ WARPS_PER_PROGRAM is, so `scripts/bench_small_ops.py --ops iqn` can time others.
 WARPS_PER_PROGRAM = 8
 BACKWARD_ROWS_PER_PROGRAM = 64
 """The backward kernel's rows a program: it holds the hidden layer's activations and their gradient, [64, 128]
-each at `core`, beside a chunk's; not yet measured (`scripts/bench_small_ops.py --ops iqn` times others)."""
+each at `core`, beside a chunk's; not yet measured (`scripts/bench_small_ops.py --ops iqnonline` times others)."""
 
 
 def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
