@@ -375,9 +375,11 @@ def _quantiles_backward_kernel(
         mask=in_o[:, None] & in_i[None, :],
     )
     tl.atomic_add(grad_out_b_ptr + o, tl.sum(grad_z, axis=0), mask=in_o)
-    w_2 = tl.load(out_w_ptr + o[:, None] * stride_out_w + i[None, :], mask=in_o[:, None] & in_i[None, :], other=0.0).to(
-        tl.float32
-    )  # [O, I]
+    w_2 = tl.load(
+        out_w_ptr + o[:, None] * stride_out_w + i[None, :],
+        mask=in_o[:, None] & in_i[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [O, I]
     grad_hidden = _layer(_dot(grad_z, _layer(w_2, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, I]
     grad_hidden = tl.where(hidden_out <= 0.0, 0.0, grad_hidden)
     tl.atomic_add(grad_hidden_b_ptr + i, tl.sum(grad_hidden, axis=0), mask=in_i)
