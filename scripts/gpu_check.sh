@@ -133,9 +133,11 @@
 #     (`+iqni`), as the default (the Triton target kernel, since round 20), and with the online kernels too
 #     (`+iqno`), each compiled afresh, twice in turn; then the bf16 equivalence tests of the defaults (DEADLINE 570 s)
 #          -> $OUT/gpu_tests_round21o.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round21_core.txt, $OUT/gpu_tests_round21.log
-#   pack11 = packmarket,packcfg (issue 31): the market recipe's pack of 16 beside its solo run, with Inductor's
+#   pack11 = packmarket,packcfg,packprof (issue 31): the market recipe's pack of 16 beside its solo run, with Inductor's
 #     defaults, then with run.combo_kernels (the pack compiles with PACK_COMBO_OPTIONS, the solo run with the fused
-#     plans' benchmarked combinations) (DEADLINE 400 s)    -> $OUT/packcombo.txt, $OUT/packcombo_market_{default,config}.json
+#     plans' benchmarked combinations); then the compiled market pack's kernels at K = 16 without and with them
+#     (scripts/profile_pack.py) (DEADLINE 570 s)
+#          -> $OUT/packcombo.txt, $OUT/packcombo_market_{default,config}.json, $OUT/pack11_profile_{default,combo}.txt
 #   packcombo (issue 31): the compiled market pack under Inductor's combo kernels without their compile-time
 #     benchmark (benchmark_combo_kernel=false): that benchmark launches each candidate kernel on made-up inputs
 #     (`get_args`: random floats), from which the pack's sampling computes replay indices out of range, and the
@@ -199,7 +201,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round19 ] && { stage=tests19,prof19; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
 [ "$stage" = round21 ] && { stage=tests21o,small21,prof21,tests21; DEADLINE="${DEADLINE:-570}"; }
-[ "$stage" = pack11 ] && { stage=packmarket,packcfg; DEADLINE="${DEADLINE:-400}"; }
+[ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
 [ "$stage" = packtrain ] && DEADLINE="${DEADLINE:-580}"
@@ -346,6 +348,13 @@ has prof21 && TOP=30 profile_core profile_round21_core.txt 280 zerocopy-bf16+com
 has tests21 && gpu_tests gpu_tests_round21.log 150 "tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
 has packmarket && market_row default 170
 has packcfg && market_row config 200 -o run.combo_kernels=true
+if has packprof; then
+  for combo in false true; do
+    timeout -k 15 "$(left 90)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 16 \
+      --no-divergence --top 30 -o "run.combo_kernels=$combo" 2>&1 | grep -v "Warn\|check(" > "$OUT/pack11_profile_$combo.txt"
+    grep "kernels," "$OUT/pack11_profile_$combo.txt" | sed "s/^/combo kernels $combo: /" | tee -a "$OUT/packcombo.txt"
+  done
+fi
 
 # ---- issue 32: round 15 ----
 has tests15 && MARK="gpu or not gpu" gpu_tests gpu_tests_round15.log 200 tests/trainer/execution/kernels/test_c51.py \

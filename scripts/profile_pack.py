@@ -1,7 +1,7 @@
 """Where a pack's step time goes, and when a pack first parts from its solo runs (issue 31).
 
 Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20] [--compiled]
-       [--config RECIPE.yaml] [--no-divergence] [--device cpu]
+       [--config RECIPE.yaml] [-o KEY=VALUE ...] [--no-divergence] [--device cpu]
 
 1. Kernels of one eager (`--compiled`: Inductor's) pack step (`trainer.execution.pack.PackPlan`, not captured,
    so each kernel is seen) on `core` (`--config`: a recipe's model, batch and replay, over random transitions of
@@ -21,7 +21,7 @@ import argparse
 import collections
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch._inductor import config as inductor_config
@@ -104,12 +104,14 @@ def divergence(base: TrainConfig, capacity: int, device: torch.device) -> None:
         print(f"{step + packed.steps_per_call:>7}  {online}      {priorities}")
 
 
-def base_config(recipe: str | None, precision: str | None, capacity: int) -> TrainConfig:
+def base_config(recipe: str | None, precision: str | None, capacity: int, overrides: Sequence[str] = ()) -> TrainConfig:
     """What every run of the profiled packs starts from: `core` (fp32 unless `precision`), or the recipe at `recipe`
-    in its own precision unless `precision`; the replay holds `capacity` transitions."""
+    in its own precision unless `precision`; the replay holds `capacity` transitions; `overrides` (KEY=VALUE, e.g.
+    run.combo_kernels=true) over either."""
     if recipe is None:
-        return method_config(preset_config("core", BenchOptions(capacity=capacity)), f"graph-{precision or 'fp32'}")
-    config = load_config(recipe, [f"replay.capacity={capacity}"])
+        core = preset_config("core", BenchOptions(capacity=capacity, overrides=list(overrides)))
+        return method_config(core, f"graph-{precision or 'fp32'}")
+    config = load_config(recipe, [f"replay.capacity={capacity}", *overrides])
     return method_config(config, f"graph-{precision}") if precision else config
 
 
@@ -121,6 +123,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--compiled", action="store_true", help="the pack through Inductor (PackPlan(compiled=True))")
     parser.add_argument("--config", help="a recipe's model, batch size and replay instead of `core`'s")
+    parser.add_argument(
+        "-o", "--override", action="append", default=[], help="KEY=VALUE over the config (e.g. run.combo_kernels=true)"
+    )
     parser.add_argument("--no-divergence", action="store_true", help="kernels only")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu (Inductor's and ATen's CPU time; no divergence)")
     args = parser.parse_args()
@@ -128,7 +133,7 @@ def main() -> None:
     if device.type == "cpu":
         inductor_config.cpp.enable_kernel_profile = True  # each generated kernel a profiler event of its own
         print(f"CPU: {torch.get_num_threads()} threads")
-    base = base_config(args.config, args.precision, args.capacity)
+    base = base_config(args.config, args.precision, args.capacity, args.override)
     args.precision = base.run.precision
     sizes = [int(k) for k in args.sizes.split(",")]
     tables = {k: kernels(k, base, args.capacity, device, args.compiled) for k in sizes}

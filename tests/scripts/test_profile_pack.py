@@ -18,6 +18,12 @@ def test_a_recipe_keeps_its_model_batch_and_precision_unless_told() -> None:
     assert base_config("examples/market.yaml", "bf16", 100_000).run.precision == "bf16"
 
 
+def test_overrides_go_over_core_and_a_recipe_alike() -> None:
+    assert base_config(None, None, 4096, ["run.combo_kernels=true"]).run.combo_kernels
+    market = base_config("examples/market.yaml", None, 100_000, ["run.combo_kernels=true", "model.hidden=64"])
+    assert market.run.combo_kernels and market.model.hidden == 64 and market.replay.capacity == 100_000
+
+
 def test_on_the_cpu_the_table_has_inductors_kernels_and_aten_ops_by_cpu_time() -> None:
     """`cpu_kernels` (the `--device cpu` table) over a stand-in for a compiled pack: a compiled function beside an
     eager product. Inductor's generated kernels are profiler events of their own with `cpp.enable_kernel_profile`
