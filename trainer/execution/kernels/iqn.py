@@ -46,6 +46,10 @@ registers, over 8 warps (H100: 31.4 µs at `core`'s bf16 size, 36.4 at 64 rows, 
 written form 48.4 µs in 7 kernels; `docs/benchmarks/README.md`, issue 32 round 20). Read at each launch, as
 WARPS_PER_PROGRAM is, so `scripts/bench_small_ops.py --ops iqn` can time others."""
 WARPS_PER_PROGRAM = 8
+STAGES_PER_PROGRAM = 2
+"""Software-pipelining stages of the kernels' loops. Three (Triton's default) ask for 240 KB of shared memory for the
+float32 forward and 256 KB for the backward at `core`'s tiles (Triton 3.7 compiling for sm_90), past an H100's
+227 KB; two ask for 160 and 192 KB. bf16 needs 32 and 56 KB either way (`test_iqn.py` compiles them for Hopper)."""
 BACKWARD_ROWS_PER_PROGRAM = 64
 """The backward kernel's rows a program: it holds the hidden layer's activations and their gradient, [64, 128]
 each at `core`, beside a chunk's; not yet measured (`scripts/bench_small_ops.py --ops iqnonline` times others)."""
@@ -447,7 +451,13 @@ def _head_arguments(op: str, h: Tensor, layers: list[Tensor], rows: int, taus: i
 def _launch_options(h: Tensor, branches: int) -> dict[str, Any]:
     precision = "ieee" if interpreted() or torch.get_float32_matmul_precision() == "highest" else "tf32"
     bf16 = h.dtype == torch.bfloat16
-    return {"BRANCHES": branches, "BF16": bf16, "PRECISION": precision, "num_warps": WARPS_PER_PROGRAM}
+    return {
+        "BRANCHES": branches,
+        "BF16": bf16,
+        "PRECISION": precision,
+        "num_warps": WARPS_PER_PROGRAM,
+        "num_stages": STAGES_PER_PROGRAM,
+    }
 
 
 def _weights(layers: list[Tensor]) -> list[Tensor]:

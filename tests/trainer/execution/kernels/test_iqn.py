@@ -6,6 +6,10 @@ Inductor inside the fused plan's step too (`tests/trainer/execution/plans/test_e
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -251,3 +255,67 @@ def test_the_online_gradients_add_up_across_programs(
     torch.testing.assert_close(grad_h, want_h, rtol=tolerance, atol=tolerance)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, want[name], rtol=tolerance, atol=tolerance, msg=name)
+
+
+HOPPER_SHARED_MEMORY = 227 * 1024
+"""The most shared memory an H100's or H200's program may take."""
+
+
+def shared_memory_on_hopper(precision: str) -> dict[str, int]:
+    """Each kernel built for sm_90 by Triton's compiler and ptxas (in Triton's wheel) at `core`'s tiles, as the plans
+    launch them (`_launch_options`), without a GPU: its shared memory in bytes. In a process where Triton compiles
+    (not the interpreter, which `tests/conftest.py` turns on without a GPU)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from trainer.execution.kernels import iqn
+
+    bf16 = precision == "bf16"
+    weights = "*bf16" if bf16 else "*fp32"
+    flags = {"BRANCHES": 3, "BF16": bf16, "DOT_BF16": bf16, "ROUND": 1 if bf16 else 0, "PRECISION": "tf32"}
+    tiles = {"BLOCK_E": 64, "BLOCK_H": 64, "BLOCK_I": 128, "BLOCK_O": 16}
+    float32 = {"tau_ptr", "reward_ptr", "done_ptr", "out_ptr", "grad_ptr", "gamma"}
+    options = {"num_warps": iqn.WARPS_PER_PROGRAM, "num_stages": iqn.STAGES_PER_PROGRAM}
+    hopper = GPUTarget("cuda", 90, 32)
+    shared, rows, backward_rows = {}, iqn.ROWS_PER_PROGRAM, iqn.BACKWARD_ROWS_PER_PROGRAM
+    for name, kernel, constants in [
+        ("target", iqn._quantiles_kernel, {"TARGET": True, "BLOCK_M": rows}),
+        ("online", iqn._quantiles_kernel, {"TARGET": False, "BLOCK_M": rows}),
+        ("backward", iqn._quantiles_backward_kernel, {"BLOCK_M": backward_rows, "WHOLE_SAMPLES": 32}),
+        ("backward-split", iqn._quantiles_backward_kernel, {"BLOCK_M": backward_rows, "WHOLE_SAMPLES": 0}),
+    ]:
+        while not isinstance(kernel, triton.runtime.jit.JITFunction):
+            kernel = kernel.fn  # under its heuristics
+        constants = {**flags, **tiles, **constants}
+        signature = {}
+        for arg in kernel.arg_names:
+            if arg in constants:
+                signature[arg] = "constexpr"
+            elif arg == "action_ptr":
+                signature[arg] = "*i64"
+            elif arg in float32 or arg.startswith("grad_"):
+                signature[arg] = "*fp32" if arg.endswith("_ptr") else "fp32"
+            else:
+                signature[arg] = weights if arg.endswith("_ptr") else "i32"
+        compiled = triton.compile(ASTSource(kernel, signature, constants), target=hopper, options=options)
+        shared[name] = compiled.metadata.shared
+    return shared
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_kernels_compile_for_hopper_within_its_shared_memory(precision: str) -> None:
+    """What the interpreter lets by (a construct the code generator refuses, tiles past the shared memory: three
+    pipelining stages asked 240 KB of the float32 forward) fails here, not on the device."""
+    code = f"import json; print(json.dumps(shared_memory_on_hopper({precision!r})))"
+    compiled = subprocess.run(
+        [sys.executable, "-c", f"from {__name__} import shared_memory_on_hopper; {code}"],
+        env={name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    shared = json.loads(compiled.stdout.splitlines()[-1])
+    assert shared.keys() == {"target", "online", "backward", "backward-split"}
+    assert all(0 < size <= HOPPER_SHARED_MEMORY for size in shared.values()), shared
