@@ -317,7 +317,8 @@ class PackPlan:
     traced to one graph of aten ops (`make_fx`: vmap and the gradients become plain batched ops) and that graph
     is compiled, one per `StepFlags` (`compiled_update`), with Inductor's defaults, or under `run.combo_kernels` with
     its combined kernels as `PACK_COMBO_OPTIONS` set them. Its C51 target is the fused plans' kernel where the runs
-    share γ (`c51_kernel_fits`)."""
+    share γ (`c51_kernel_fits`), and its IQN head's the fused plans' kernels where they would take them
+    (`iqn_kernels`)."""
 
     def __init__(self, pack: Pack, graph: bool = False, compiled: bool = False) -> None:
         self.pack, self.config = pack, pack.configs[0]
@@ -331,6 +332,10 @@ class PackPlan:
             from trainer.execution.kernels.c51 import c51_target
 
             self.hp = dataclasses.replace(self.hp, c51_target=c51_target)
+        if compiled:
+            dims = pack.states[0].dims
+            kernels = self.iqn_kernels(self.config, pack.hyper, self.device, dims.branches * dims.actions)
+            self.hp = dataclasses.replace(self.hp, **kernels)
         self.batch_size = self.config.run.batch_size
         template = pack.replays[0].empty_batch(self.batch_size)
         self.batch = {name: torch.stack([t] * pack.size) for name, t in vars(template).items()}  # name -> [K, ...]
@@ -362,6 +367,25 @@ class PackPlan:
         from trainer.execution.kernels import c51  # Triton: imported only where it runs
 
         return c51.supports(config.model.atoms)
+
+    @staticmethod
+    def iqn_kernels(
+        config: TrainConfig, differing: Collection[str], device: torch.device, outputs: int
+    ) -> dict[str, Any]:
+        """The IQN kernels a compiled pack runs (`Hyper` fields), as the solo fused plans choose them
+        (`FusedPlan.iqn_kernel_chosen`, `run.iqn_online_kernel`), on a GPU; under vmap a pack's runs are one
+        launch. The target kernel only where no run's γ differs, since it takes γ as a number."""
+        if device.type != "cuda":
+            return {}
+        from trainer.execution.kernels import iqn  # Triton: imported only where it runs
+        from trainer.execution.plans.fused import FusedPlan
+
+        kernels: dict[str, Any] = {}
+        if "gamma" not in differing and FusedPlan.iqn_kernel_chosen(config, outputs):
+            kernels["iqn_target"] = iqn.next_quantile_targets_fused
+        if config.run.iqn_online_kernel == "triton":
+            kernels["iqn_online"] = iqn.quantiles_at_fused
+        return kernels
 
     COMPILED_PLANS = frozenset({"compile", "fused", "zerocopy"})
     """Solo plans whose step runs through Inductor: their runs' pack does too."""

@@ -185,7 +185,12 @@ def test_a_compiled_pack_with_the_c51_target_kernel_is_the_eager_pack() -> None:
     eager, compiled = PackPlan(Pack(shared, solo_run)), PackPlan(Pack(shared, solo_run), compiled=True)
     assert eager.hp.c51_target is target_distribution
     compiled.hp = dataclasses.replace(compiled.hp, c51_target=c51_target)  # what a GPU's compiled pack chooses
-    for step in range(2):
+    assert_runs_alike(eager, compiled, updates=2)
+
+
+def assert_runs_alike(eager: PackPlan, compiled: PackPlan, updates: int) -> None:
+    """`updates` updates of both packs: the same losses and state within `COMPILED_RTOL`."""
+    for step in range(updates):
         want, got = eager.run(step), compiled.run(step)
         for name, loss in want.losses.items():
             torch.testing.assert_close(got.losses[name], loss, rtol=COMPILED_RTOL, atol=0.0, msg=name)
@@ -193,6 +198,36 @@ def test_a_compiled_pack_with_the_c51_target_kernel_is_the_eager_pack() -> None:
     for name, tensor in compiled.pack.tensors().items():
         error = (tensor.double() - expected[name].double()).norm() / expected[name].double().norm().clamp(1e-30)
         assert error <= COMPILED_RTOL, name
+
+
+def test_a_compiled_pack_on_a_gpu_takes_the_iqn_kernels_as_the_fused_plans_choose_them() -> None:
+    """The target kernel by `run.iqn_target_kernel` (auto: bf16) where no run's γ differs, the online pair by
+    `run.iqn_online_kernel`; on a GPU only."""
+    from trainer.execution.kernels.iqn import next_quantile_targets_fused, quantiles_at_fused
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    bf16 = tiny_config(["run.precision=bf16"])
+    online = tiny_config(["run.iqn_online_kernel=triton"])
+    assert PackPlan.iqn_kernels(bf16, {"lr": [1e-3, 2e-3]}, cuda, 15) == {"iqn_target": next_quantile_targets_fused}
+    assert PackPlan.iqn_kernels(bf16, {"gamma": [0.9, 0.99]}, cuda, 15) == {}
+    assert PackPlan.iqn_kernels(online, {"gamma": [0.9, 0.99]}, cuda, 15) == {"iqn_online": quantiles_at_fused}
+    assert PackPlan.iqn_kernels(bf16, {}, cpu, 15) == {} and PackPlan.iqn_kernels(tiny_config(), {}, cuda, 15) == {}
+
+
+@pytest.mark.slow
+def test_a_compiled_pack_with_the_iqn_kernels_is_the_eager_pack() -> None:
+    """The IQN target and online kernels under vmap (`trainer.execution.kernels.iqn._over_runs`: the runs as one
+    launch) inside the compiled update, here through Triton's interpreter: the eager pack's losses and state after
+    2 updates (the eager pack runs the written forms)."""
+    from trainer.execution.kernels.iqn import next_quantile_targets_fused, quantiles_at_fused
+
+    configs = [run_config(i, full=False) for i in range(2)]
+    shared = [c.model_copy(update={"loss": configs[0].loss}) for c in configs]
+    eager, compiled = PackPlan(Pack(shared, solo_run)), PackPlan(Pack(shared, solo_run), compiled=True)
+    assert eager.hp.iqn_target is None and eager.hp.iqn_online is None
+    kernels = {"iqn_target": next_quantile_targets_fused, "iqn_online": quantiles_at_fused}
+    compiled.hp = dataclasses.replace(compiled.hp, **kernels)  # what a GPU's compiled pack chooses when asked
+    assert_runs_alike(eager, compiled, updates=2)
 
 
 @pytest.mark.parametrize("combo", [False, True])

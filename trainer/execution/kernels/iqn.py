@@ -19,6 +19,9 @@ float32 on bf16-exact values, which is the same arithmetic.
 The online backward recomputes each program's activations from the inputs (nothing is saved between the two
 kernels) and adds its rows' share of the weight gradients atomically, in float32, rounded once at the end.
 
+Every op takes its tensors with a leading run dimension R (one network: R = 1) and launches one grid of
+(programs, R): under vmap (a pack's runs, `trainer.execution.pack`) the runs are one launch (`_over_runs`).
+
 Opaque custom ops (`foxhunt::iqn_target_quantiles`, `foxhunt::iqn_quantiles_at` and its backward, with fakes for
 tracing), so Dynamo keeps the step's graph whole around them and a CUDA graph records their launches; the online
 pair under an autograd.Function that torch.func differentiates. The fused plans use them when
@@ -35,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch._functorch.autograd_function import VmapInfo
 
 from contracts.config import IQN_KERNEL_MAX_WIDTH
 from trainer.algo.model import PADDED
@@ -253,6 +257,13 @@ def _quantiles_kernel(
     stride_embed_w,
     stride_hidden_w,
     stride_out_w,
+    run_h,
+    run_embed_w,
+    run_embed_b,
+    run_hidden_w,
+    run_hidden_b,
+    run_out_w,
+    run_out_b,
     rows,
     gamma,
     taus,
@@ -272,7 +283,19 @@ def _quantiles_kernel(
     ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Z_τ(s, a) per branch [BM, K] at the actions `action_ptr` holds, or (TARGET) r + γ (1 - done) of it."""
+    """Z_τ(s, a) per branch [BM, K] at the actions `action_ptr` holds, or (TARGET) r + γ (1 - done) of it, of run
+    program_id(1) (the inputs' run strides `run_*`; the contiguous ones' from the sizes)."""
+    run = tl.program_id(1)
+    tau_ptr, action_ptr = tau_ptr + run * rows, action_ptr + run * (rows // taus) * BRANCHES
+    h_ptr, embed_w_ptr, embed_b_ptr = (
+        h_ptr + run * run_h,
+        embed_w_ptr + run * run_embed_w,
+        embed_b_ptr + run * run_embed_b,
+    )
+    hidden_w_ptr, hidden_b_ptr = hidden_w_ptr + run * run_hidden_w, hidden_b_ptr + run * run_hidden_b
+    out_w_ptr, out_b_ptr = out_w_ptr + run * run_out_w, out_b_ptr + run * run_out_b
+    reward_ptr, done_ptr = reward_ptr + run * (rows // taus), done_ptr + run * (rows // taus)
+    out_ptr += run * rows * BRANCHES
     row, in_rows, sample, _, hidden_out = _program_rows(
         tau_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, stride_h, stride_embed_w,
         stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, BLOCK_M, BLOCK_E, BLOCK_H, BLOCK_I, DOT_BF16,
@@ -330,6 +353,13 @@ def _quantiles_backward_kernel(
     stride_embed_w,
     stride_hidden_w,
     stride_out_w,
+    run_h,
+    run_embed_w,
+    run_embed_b,
+    run_hidden_w,
+    run_hidden_b,
+    run_out_w,
+    out_rows,
     rows,
     taus,
     embed,
@@ -350,7 +380,22 @@ def _quantiles_backward_kernel(
 ):
     """The gradients of Σ grad ⊙ Z_τ(s, a) with respect to ψ(s) and the head's layers, from the forward
     recomputed on chip. Each program adds its rows' share into the zeroed float32 gradients (atomic adds), the
-    layers' outputs and gradients rounded as autograd's bf16 products round them."""
+    layers' outputs and gradients rounded as autograd's bf16 products round them. Of run program_id(1), as the
+    forward kernel's; the gradients contiguous, the output layer's `out_rows` rows (padded) a run."""
+    run = tl.program_id(1)
+    tau_ptr, action_ptr = tau_ptr + run * rows, action_ptr + run * (rows // taus) * BRANCHES
+    h_ptr, embed_w_ptr, embed_b_ptr = (
+        h_ptr + run * run_h,
+        embed_w_ptr + run * run_embed_w,
+        embed_b_ptr + run * run_embed_b,
+    )
+    hidden_w_ptr, hidden_b_ptr = hidden_w_ptr + run * run_hidden_w, hidden_b_ptr + run * run_hidden_b
+    out_w_ptr, grad_ptr = out_w_ptr + run * run_out_w, grad_ptr + run * rows * BRANCHES
+    grad_h_ptr += run * (rows // taus) * hidden
+    grad_embed_w_ptr, grad_embed_b_ptr = grad_embed_w_ptr + run * hidden * embed, grad_embed_b_ptr + run * hidden
+    grad_hidden_w_ptr += run * iqn_hidden * hidden
+    grad_hidden_b_ptr += run * iqn_hidden
+    grad_out_w_ptr, grad_out_b_ptr = grad_out_w_ptr + run * out_rows * iqn_hidden, grad_out_b_ptr + run * out_rows
     row, in_rows, sample, features, hidden_out = _program_rows(
         tau_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, stride_h, stride_embed_w,
         stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, BLOCK_M, BLOCK_E, BLOCK_H, BLOCK_I, DOT_BF16,
@@ -431,21 +476,27 @@ def _tile(width: int) -> int:
     return max(16, triton.next_power_of_2(width))
 
 
+# ---- launching: every tensor with a leading run dimension R (1 for one network; a pack's runs under vmap) ----
+
+
 def _head_arguments(op: str, h: Tensor, layers: list[Tensor], rows: int, taus: int, outputs: int) -> list[Any]:
-    """The kernels' shared arguments after their pointers: strides, then rows, taus and the widths. Refuses what
-    a program cannot hold (`supports`) and rows without unit stride."""
+    """The kernels' shared arguments after their pointers: row strides, run strides (0 for a tensor shared by the
+    runs), then rows and taus a run and the widths. Refuses what a program cannot hold (`supports`) and rows
+    without unit stride."""
     embed_w, _, hidden_w, _, out_w, _ = layers
-    hidden, embed = embed_w.shape
-    iqn_hidden = hidden_w.shape[0]
+    hidden, embed = embed_w.shape[1:]
+    iqn_hidden = hidden_w.shape[1]
     if not supports(embed, iqn_hidden, outputs):
         raise ValueError(
             f"{op}: iqn_embed, iqn_hidden and K·A must be at most {IQN_KERNEL_MAX_WIDTH}, got {embed}, {iqn_hidden} "
             f"and {outputs}"
         )
-    for name, weight in (("embed_w", embed_w), ("hidden_w", hidden_w), ("out_w", out_w), ("h", h)):
-        if weight.stride(-1) != 1:
-            raise ValueError(f"{op}: {name} needs unit stride over its last dim, got {weight.stride()}")
-    return [*(t.stride(0) for t in (h, embed_w, hidden_w, out_w)), rows, taus, embed, hidden, iqn_hidden]
+    names = ("embed_w", "embed_b", "hidden_w", "hidden_b", "out_w", "out_b", "h")
+    for name, tensor in zip(names, (*layers, h), strict=True):
+        if tensor.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} needs unit stride over its last dim, got {tensor.stride()}")
+    row_strides = [t.stride(1) for t in (h, embed_w, hidden_w, out_w)]
+    return [*row_strides, h.stride(0), *(t.stride(0) for t in layers[:5]), rows, taus, embed, hidden, iqn_hidden]
 
 
 def _launch_options(h: Tensor, branches: int) -> dict[str, Any]:
@@ -460,31 +511,30 @@ def _launch_options(h: Tensor, branches: int) -> dict[str, Any]:
     }
 
 
-def _weights(layers: list[Tensor]) -> list[Tensor]:
-    """Views of the flat parameters in their dtype (bf16 where the step cast them once): no copy, the kernels
-    widen them as they load them."""
-    return [t if t.dim() == 2 else t.contiguous() for t in layers]
-
-
 def _quantiles(
     op: str, tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int, target: tuple | None
 ) -> Tensor:
-    """Z_τ(s, a) [B, T, K] float32 at `action` [B, K], or with `target` (reward, done, gamma) r + γ (1 - done) Z."""
-    (batch, taus), branches = tau.shape, action.shape[1]
+    """Z_τ(s, a) [R, B, T, K] float32 at `action` [R, B, K], or with `target` (reward, done, gamma)
+    r + γ (1 - done) Z: one launch for the R runs."""
+    (runs, batch, taus), branches = tau.shape, action.shape[2]
     rows = batch * taus
     shared = _head_arguments(op, h, layers, rows, taus, branches * actions)
-    out = torch.empty(batch, taus, branches, device=tau.device, dtype=torch.float32)
+    out = torch.empty(runs, batch, taus, branches, device=tau.device, dtype=torch.float32)
     reward, done, gamma = target if target is not None else (out, out, 1.0)  # unread without TARGET
-    strides, sizes = shared[:4], shared[4:]
-    _quantiles_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
+    row_strides, run_strides, sizes = shared[:4], shared[4:10], shared[10:]
+    # the layers are views of the flat parameters in their dtype (bf16 where the step cast them once): no copy,
+    # the kernels widen them as they load them
+    _quantiles_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM), runs)](
         tau.float().contiguous(),
         h,
-        *_weights(layers),
+        *layers,
         action.contiguous(),
         reward.float().contiguous(),
         done.float().contiguous(),
         out,
-        *strides,
+        *row_strides,
+        *run_strides,
+        layers[5].stride(0),  # the output bias's run stride
         sizes[0],
         gamma,
         *sizes[1:],
@@ -493,6 +543,27 @@ def _quantiles(
         **_launch_options(h, branches),
     )
     return out
+
+
+def _over_runs(info: VmapInfo, in_dims: tuple[Any, ...], op: Any, *args: Any) -> tuple[Any, Any]:
+    """A vmap rule of the ops below: vmap's dimension V before each tensor's run dimension R, then V·R runs in one
+    launch (a pack's runs, `trainer.execution.pack`), the outputs back as [V, R, ...]. A tensor without V is each
+    run's (expanded, no copy); a list of tensors (the layers) is batched as each of its tensors is."""
+
+    def with_runs(arg: Any, dim: Any) -> Any:
+        if isinstance(arg, list):
+            return [
+                with_runs(t, d)
+                for t, d in zip(arg, dim if isinstance(dim, list | tuple) else [dim] * len(arg), strict=True)
+            ]
+        if not isinstance(arg, Tensor):
+            return arg
+        arg = arg.movedim(dim, 0) if dim is not None else arg.expand(info.batch_size, *arg.shape)
+        return arg.flatten(0, 1)  # [V·R, ...]
+
+    out = op(*(with_runs(arg, dim) for arg, dim in zip(args, in_dims, strict=True)))
+    back = lambda t: t.unflatten(0, (info.batch_size, -1))  # noqa: E731
+    return ([back(t) for t in out], [0] * len(out)) if isinstance(out, list) else (back(out), 0)
 
 
 @torch.library.custom_op("foxhunt::iqn_target_quantiles", mutates_args=())
@@ -506,28 +577,36 @@ def iqn_target_quantiles(
     gamma: float,
     actions: int,
 ) -> Tensor:
-    """r + γ (1 - done) Z_τ'(s', a*) [B, T', K] float32 of one network's IQN head: tau [B, T'], h_next [B, H] (its
-    dtype, bf16 or float32, is the products' precision), `layers` its three layers' weights [out, in] and biases
-    [out] in turn (the output layer's rows may be padded past K·A), a_star [B, K] int64, reward and done [B]."""
+    """r + γ (1 - done) Z_τ'(s', a*) [R, B, T', K] float32 of R networks' IQN heads: tau [R, B, T'], h_next
+    [R, B, H] (its dtype, bf16 or float32, is the products' precision), `layers` the three layers' weights
+    [R, out, in] and biases [R, out] in turn (the output layer's rows may be padded past K·A), a_star [R, B, K]
+    int64, reward and done [R, B]."""
     return _quantiles("iqn_target_quantiles", tau, h_next, layers, a_star, actions, (reward, done, gamma))
 
 
 @iqn_target_quantiles.register_fake
 def _(tau: Tensor, h_next: Tensor, layers: list[Tensor], a_star: Tensor, *scalars: object) -> Tensor:
-    return tau.new_empty(*tau.shape, a_star.shape[1], dtype=torch.float32)
+    return tau.new_empty(*tau.shape, a_star.shape[-1], dtype=torch.float32)
+
+
+@iqn_target_quantiles.register_vmap
+def _(info: VmapInfo, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
+    return _over_runs(info, in_dims, iqn_target_quantiles, *args)
 
 
 def _head_layers(p: dict[str, Tensor]) -> list[Tensor]:
-    """The IQN head's three layers, weights and biases in turn, the output layer padded as the products run it."""
+    """The IQN head's three layers, weights and biases in turn, the output layer padded as the products run it,
+    each with a run dimension of one."""
     names = ("iqn_embed_w", "iqn_embed_b", "iqn1_w", "iqn1_b", f"iqn2_w{PADDED}", f"iqn2_b{PADDED}")
-    return [p[name] for name in names]
+    return [p[name][None] for name in names]
 
 
 def next_quantile_targets_fused(p: dict[str, Tensor], h_next: Tensor, tau: Tensor, *rest: Any) -> Tensor:
     """`trainer.algo.step.next_quantile_targets` through the kernel, with the same arguments: after tau, a_star,
     reward, done, gamma and the model's dims."""
     a_star, reward, done, gamma, d = rest
-    return iqn_target_quantiles(tau, h_next, _head_layers(p), a_star, reward, done, gamma, d.actions)
+    one = (t[None] for t in (tau, h_next))
+    return iqn_target_quantiles(*one, _head_layers(p), a_star[None], reward[None], done[None], gamma, d.actions)[0]
 
 
 # ---- the online pass: Z_τ(s, a) at the batch's actions, with its gradient ----
@@ -535,28 +614,34 @@ def next_quantile_targets_fused(p: dict[str, Tensor], h_next: Tensor, tau: Tenso
 
 @torch.library.custom_op("foxhunt::iqn_quantiles_at", mutates_args=())
 def iqn_quantiles_at(tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int) -> Tensor:
-    """Z_τ(s, a) [B, T, K] float32 of one network's IQN head at the actions a [B, K] (`iqn_target_quantiles`'
+    """Z_τ(s, a) [R, B, T, K] float32 of R networks' IQN heads at the actions a [R, B, K] (`iqn_target_quantiles`'
     arguments otherwise)."""
     return _quantiles("iqn_quantiles_at", tau, h, layers, action, actions, None)
 
 
 @iqn_quantiles_at.register_fake
 def _(tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int) -> Tensor:
-    return tau.new_empty(*tau.shape, action.shape[1], dtype=torch.float32)
+    return tau.new_empty(*tau.shape, action.shape[-1], dtype=torch.float32)
+
+
+@iqn_quantiles_at.register_vmap
+def _(info: VmapInfo, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
+    return _over_runs(info, in_dims, iqn_quantiles_at, *args)
 
 
 @torch.library.custom_op("foxhunt::iqn_quantiles_at_backward", mutates_args=())
 def iqn_quantiles_at_backward(
     grad: Tensor, tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int
 ) -> list[Tensor]:
-    """∂/∂h [B, H] and ∂/∂ each of `layers` of Σ grad ⊙ Z_τ(s, a) (grad [B, T, K]), each in its input's dtype: the
-    float32 sums over all rows rounded once, as a bf16 product's float32 accumulation is."""
-    (batch, taus), branches = tau.shape, action.shape[1]
+    """∂/∂h [R, B, H] and ∂/∂ each of `layers` of Σ grad ⊙ Z_τ(s, a) (grad [R, B, T, K]), each in its input's dtype:
+    the float32 sums over all rows rounded once, as a bf16 product's float32 accumulation is."""
+    (runs, batch, taus), branches = tau.shape, action.shape[2]
     rows = batch * taus
     shared = _head_arguments("iqn_quantiles_at_backward", h, layers, rows, taus, branches * actions)
     grads = [torch.zeros(t.shape, device=t.device, dtype=torch.float32) for t in (h, *layers)]
-    embed_w, embed_b, hidden_w, hidden_b, out_w, _ = _weights(layers)
-    _quantiles_backward_kernel[(triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM),)](
+    embed_w, embed_b, hidden_w, hidden_b, out_w, _ = layers
+    row_strides, run_strides, sizes = shared[:4], shared[4:10], shared[10:]
+    _quantiles_backward_kernel[(triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM), runs)](
         tau.float().contiguous(),
         h,
         embed_w,
@@ -567,7 +652,10 @@ def iqn_quantiles_at_backward(
         action.contiguous(),
         grad.float().contiguous(),
         *grads,
-        *shared,
+        *row_strides,
+        *run_strides,
+        out_w.shape[1],
+        *sizes,
         actions,
         **_launch_options(h, branches),
     )
@@ -579,9 +667,17 @@ def _(grad: Tensor, tau: Tensor, h: Tensor, layers: list[Tensor], *rest: object)
     return [torch.empty_like(t) for t in (h, *layers)]
 
 
+@iqn_quantiles_at_backward.register_vmap
+def _(info: VmapInfo, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
+    return _over_runs(info, in_dims, iqn_quantiles_at_backward, *args)
+
+
 class _QuantilesAt(torch.autograd.Function):
     """The forward kernel with the backward kernel as its derivative, the layers as separate inputs (each gets its
-    gradient); `setup_context`, so torch.func's grad and Dynamo take it (as `window_attention`'s)."""
+    gradient); `setup_context`, so torch.func's grad and Dynamo take it (as `window_attention`'s), and a vmap rule
+    made of the ops' (a pack's runs)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(tau: Tensor, h: Tensor, *rest: Any) -> Tensor:  # type: ignore[override]
@@ -606,5 +702,5 @@ class _QuantilesAt(torch.autograd.Function):
 def quantiles_at_fused(p: dict[str, Tensor], h_s2: Tensor, tau: Tensor, action: Tensor, d: Any) -> Tensor:
     """`quantiles_at(iqn_quantiles(p, h_s2, tau, d), action)` [B, T, K] through the kernels, differentiable with
     respect to h_s2 and the head's layers."""
-    out: Tensor = _QuantilesAt.apply(tau, h_s2, *_head_layers(p), action, d.actions)
-    return out
+    out: Tensor = _QuantilesAt.apply(tau[None], h_s2[None], *_head_layers(p), action[None], d.actions)
+    return out[0]

@@ -106,12 +106,13 @@ def test_a_non_finite_state_poisons_only_its_own_sample() -> None:
 def test_what_the_kernel_cannot_run_is_refused_here_and_by_the_config() -> None:
     assert supports(IQN_KERNEL_MAX_WIDTH, IQN_KERNEL_MAX_WIDTH, IQN_KERNEL_MAX_WIDTH)
     assert not supports(IQN_KERNEL_MAX_WIDTH + 1, 8, 8) and not supports(8, 8, IQN_KERNEL_MAX_WIDTH + 1)
-    p, d, (h_next, tau, a_star, reward, done) = _inputs([], seed=4)
-    weights = [p[name] for name in ("iqn_embed_w", "iqn_embed_b", "iqn1_w", "iqn1_b", "iqn2_w", "iqn2_b")]
+    p, d, inputs = _inputs([], seed=4)
+    h_next, tau, a_star, reward, done = (t[None] for t in inputs)  # one run
+    weights = [p[name][None] for name in ("iqn_embed_w", "iqn_embed_b", "iqn1_w", "iqn1_b", "iqn2_w", "iqn2_b")]
     with pytest.raises(ValueError, match="K·A must be at most 256, got 8, 16 and 390"):
         iqn_target_quantiles(tau, h_next, weights, a_star, reward, done, GAMMA, 130)  # 3 branches x 130 actions
     with pytest.raises(ValueError, match="embed_w needs unit stride"):
-        transposed = weights[0].t().contiguous().t()
+        transposed = weights[0].transpose(1, 2).contiguous().transpose(1, 2)
         iqn_target_quantiles(tau, h_next, [transposed, *weights[1:]], a_star, reward, done, GAMMA, d.actions)
     with pytest.raises(
         ConfigError, match=r"run.iqn_target_kernel 'triton' takes widths of at most 256; model.iqn_hidden is 300"
@@ -319,3 +320,58 @@ def test_the_kernels_compile_for_hopper_within_its_shared_memory(precision: str)
     shared = json.loads(compiled.stdout.splitlines()[-1])
     assert shared.keys() == {"target", "online", "backward", "backward-split"}
     assert all(0 < size <= HOPPER_SHARED_MEMORY for size in shared.values()), shared
+
+
+# ---- a pack's runs: the ops under vmap (one launch for every run) ----
+
+
+def _runs(precision: str, count: int = 3) -> tuple[list[dict], ModelDims, list[tuple]]:
+    """`count` runs' heads and inputs, each its own (seeds 50, 51, ...), in `precision`'s dtype."""
+    heads, inputs = [], []
+    for run in range(count):
+        p, d, (h, tau, action, reward, done) = _inputs(CORE, seed=50 + run, actions=5)
+        if precision == "bf16":
+            p, h = {name: view.bfloat16() for name, view in p.items()}, h.bfloat16()
+        heads.append(p)
+        inputs.append((h, tau, action, reward, done))
+    return heads, d, inputs
+
+
+def _stacked(heads: list[dict], inputs: list[tuple]) -> tuple[dict, list[torch.Tensor]]:
+    stacked_heads = {name: torch.stack([p[name] for p in heads]) for name in heads[0]}
+    return stacked_heads, [torch.stack(t) for t in zip(*inputs, strict=True)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_under_vmap_the_target_kernel_is_each_runs_own(precision: str) -> None:
+    """A pack's runs (`trainer.execution.pack` vmaps the step): every run's target, bit for bit, in one launch."""
+    heads, d, inputs = _runs(precision)
+    p, (h, tau, a_star, reward, done) = _stacked(heads, inputs)
+
+    def target(p: dict, h: torch.Tensor, tau: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return next_quantile_targets_fused(p, h, tau, *rest, GAMMA, d)
+
+    packed = torch.func.vmap(target)(p, h, tau, a_star, reward, done)
+    for run, (head, (h_i, tau_i, a_i, r_i, done_i)) in enumerate(zip(heads, inputs, strict=True)):
+        assert torch.equal(packed[run], target(head, h_i, tau_i, a_i, r_i, done_i)), run
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_under_vmap_the_online_kernels_give_each_runs_own_gradients(precision: str) -> None:
+    """vmap over torch.func.grad, as a pack takes each run's step: each run's ∂h and layers' gradients, bit for bit."""
+    heads, d, inputs = _runs(precision)
+    p, (h, tau, action, _, _) = _stacked(heads, inputs)
+    g = torch.randn(3, *tau.shape[1:], d.branches, generator=torch.Generator().manual_seed(60)).to(DEVICE)
+
+    def loss(p: dict, h: torch.Tensor, tau: torch.Tensor, action: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return (g * quantiles_at_fused(p, h, tau, action, d)).sum()
+
+    gradients = torch.func.grad(loss, argnums=(0, 1))
+    packed_layers, packed_h = torch.func.vmap(gradients)(p, h, tau, action, g)
+    for run, (head, (h_i, tau_i, action_i, _, _)) in enumerate(zip(heads, inputs, strict=True)):
+        layers, grad_h = gradients(head, h_i, tau_i, action_i, g[run])
+        assert torch.equal(packed_h[run], grad_h), run
+        for name, grad in layers.items():
+            assert torch.equal(packed_layers[name][run], grad), (run, name)
