@@ -32,7 +32,7 @@ say so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -265,11 +265,11 @@ def _quantiles_kernel(
     run_out_w,
     run_out_b,
     rows,
-    gamma,
     taus,
     embed,
     hidden,
     iqn_hidden,
+    gamma,
     actions,
     BRANCHES: tl.constexpr,
     TARGET: tl.constexpr,
@@ -479,10 +479,16 @@ def _tile(width: int) -> int:
 # ---- launching: every tensor with a leading run dimension R (1 for one network; a pack's runs under vmap) ----
 
 
-def _head_arguments(op: str, h: Tensor, layers: list[Tensor], rows: int, taus: int, outputs: int) -> list[Any]:
-    """The kernels' shared arguments after their pointers: row strides, run strides (0 for a tensor shared by the
-    runs), then rows and taus a run and the widths. Refuses what a program cannot hold (`supports`) and rows
-    without unit stride."""
+class _Arguments(NamedTuple):
+    """The kernels' arguments after their pointers."""
+
+    row_strides: list[int]  # h, W_e, W_1, W_2
+    run_strides: list[int]  # h, W_e, b_e, W_1, b_1, W_2, b_2 (0: a tensor every run shares)
+    sizes: list[int]  # rows and taus a run, iqn_embed, the trunk's width, iqn_hidden
+
+
+def _head_arguments(op: str, h: Tensor, layers: list[Tensor], rows: int, taus: int, outputs: int) -> _Arguments:
+    """Refuses what a program cannot hold (`supports`) and rows without unit stride."""
     embed_w, _, hidden_w, _, out_w, _ = layers
     hidden, embed = embed_w.shape[1:]
     iqn_hidden = hidden_w.shape[1]
@@ -496,7 +502,8 @@ def _head_arguments(op: str, h: Tensor, layers: list[Tensor], rows: int, taus: i
         if tensor.stride(-1) != 1:
             raise ValueError(f"{op}: {name} needs unit stride over its last dim, got {tensor.stride()}")
     row_strides = [t.stride(1) for t in (h, embed_w, hidden_w, out_w)]
-    return [*row_strides, h.stride(0), *(t.stride(0) for t in layers[:5]), rows, taus, embed, hidden, iqn_hidden]
+    run_strides = [t.stride(0) for t in (h, *layers)]
+    return _Arguments(row_strides, run_strides, [rows, taus, embed, hidden, iqn_hidden])
 
 
 def _launch_options(h: Tensor, branches: int) -> dict[str, Any]:
@@ -518,10 +525,9 @@ def _quantiles(
     r + γ (1 - done) Z: one launch for the R runs."""
     (runs, batch, taus), branches = tau.shape, action.shape[2]
     rows = batch * taus
-    shared = _head_arguments(op, h, layers, rows, taus, branches * actions)
+    arguments = _head_arguments(op, h, layers, rows, taus, branches * actions)
     out = torch.empty(runs, batch, taus, branches, device=tau.device, dtype=torch.float32)
     reward, done, gamma = target if target is not None else (out, out, 1.0)  # unread without TARGET
-    row_strides, run_strides, sizes = shared[:4], shared[4:10], shared[10:]
     # the layers are views of the flat parameters in their dtype (bf16 where the step cast them once): no copy,
     # the kernels widen them as they load them
     _quantiles_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM), runs)](
@@ -532,12 +538,10 @@ def _quantiles(
         reward.float().contiguous(),
         done.float().contiguous(),
         out,
-        *row_strides,
-        *run_strides,
-        layers[5].stride(0),  # the output bias's run stride
-        sizes[0],
+        *arguments.row_strides,
+        *arguments.run_strides,
+        *arguments.sizes,
         gamma,
-        *sizes[1:],
         actions,
         TARGET=target is not None,
         **_launch_options(h, branches),
@@ -637,10 +641,9 @@ def iqn_quantiles_at_backward(
     the float32 sums over all rows rounded once, as a bf16 product's float32 accumulation is."""
     (runs, batch, taus), branches = tau.shape, action.shape[2]
     rows = batch * taus
-    shared = _head_arguments("iqn_quantiles_at_backward", h, layers, rows, taus, branches * actions)
+    arguments = _head_arguments("iqn_quantiles_at_backward", h, layers, rows, taus, branches * actions)
     grads = [torch.zeros(t.shape, device=t.device, dtype=torch.float32) for t in (h, *layers)]
     embed_w, embed_b, hidden_w, hidden_b, out_w, _ = layers
-    row_strides, run_strides, sizes = shared[:4], shared[4:10], shared[10:]
     _quantiles_backward_kernel[(triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM), runs)](
         tau.float().contiguous(),
         h,
@@ -652,10 +655,10 @@ def iqn_quantiles_at_backward(
         action.contiguous(),
         grad.float().contiguous(),
         *grads,
-        *row_strides,
-        *run_strides,
+        *arguments.row_strides,
+        *arguments.run_strides[:6],  # not the output bias's: the backward never reads b_2
         out_w.shape[1],
-        *sizes,
+        *arguments.sizes,
         actions,
         **_launch_options(h, branches),
     )
