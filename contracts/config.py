@@ -281,8 +281,8 @@ class RunConfig(_Section):
             f"('inductor'), or one Triton kernel that keeps each row's activations on chip ('triton', iqn_embed, "
             f"iqn_hidden and the data's branches x actions at most {IQN_KERNEL_MAX_WIDTH}); 'auto' is 'triton' where "
             "it was measured faster, run.precision 'bf16' with the widths in range, else 'inductor'. On an H100 "
-            "'triton' took `core`'s zerocopy-bf16+combo step from 0.791 to 0.765 ms (2026-12-07). No effect on the "
-            "other plans, on packs, nor on the CPU."
+            "'triton' took `core`'s zerocopy-bf16+combo step from 0.791 to 0.765 ms (2026-12-07). Compiled packs whose "
+            "runs share gamma follow it too; no effect on the other plans, nor on the CPU."
         ),
     )
     iqn_online_kernel: Literal["inductor", "triton"] = Field(
@@ -292,7 +292,8 @@ class RunConfig(_Section):
             "T taus, at the batch's actions) and its gradient: Inductor's products and kernels ('inductor'), or "
             "a forward and a backward Triton kernel that recompute each row's activations on chip ('triton', the "
             f"widths as for iqn_target_kernel, at most {IQN_KERNEL_MAX_WIDTH}). Not yet measured on a GPU: "
-            "'inductor' stays the default until it is. No effect on the other plans, on packs, nor on the CPU."
+            "'inductor' stays the default until it is. Compiled packs follow it too; no effect on the other plans, "
+            "nor on the CPU."
         ),
     )
     precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(
