@@ -335,6 +335,8 @@ gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
     | grep -v vectorized_gather | tee "$OUT/$log" | grep -E "passed|failed|PASS|FAIL|relative|gap|Error" | tail -20
 }
 
+bf16_test="tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
+
 # ---- round 20 (issues 31 and 32) ----
 has tests20 && MARK="gpu or not gpu" gpu_tests gpu_tests_round20.log 90 tests/trainer/execution/kernels/test_iqn.py
 has small20 && timeout -k 15 "$(left 80)" python3 scripts/bench_small_ops.py --ops iqn 2>&1 | grep -v "Extern Choice" \
@@ -345,7 +347,7 @@ has small21 && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --o
   | tee "$OUT/small_ops_iqnonline.txt" | tail -8
 has prof21 && TOP=30 profile_core profile_round21_core.txt 280 zerocopy-bf16+combo+iqni zerocopy-bf16+combo \
   zerocopy-bf16+combo+iqno zerocopy-bf16+combo+iqni zerocopy-bf16+combo zerocopy-bf16+combo+iqno
-has tests21 && gpu_tests gpu_tests_round21.log 150 "tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
+has tests21 && gpu_tests gpu_tests_round21.log 150 "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
 has packmarket && market_row default 170
 has packcfg && market_row config 200 -o run.combo_kernels=true
 if has packprof; then
@@ -373,7 +375,6 @@ has prof17 && TOP=40 profile_core profile_round17_workspace.txt 180 zerocopy-bf1
 has prof17 && CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 TOP=40 \
   profile_core profile_round17_noworkspace.txt 120 zerocopy-bf16+combo
 
-bf16_test="tests/trainer/execution/plans/test_equivalence.py::test_fused_bf16_matches_eager_after_50_steps"
 
 # ---- issue 32: round 18 ----
 has prof18 && TOP=40 profile_core profile_round18_core.txt 300 \
