@@ -98,6 +98,11 @@ def _dot(a, b, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
     return tl.dot(a, b, input_precision=PRECISION, out_dtype=tl.float32)
 
 
+def _tile(width: int) -> int:
+    """A tile's width: the next power of two, at least 16 (the smallest a product's dimension takes)."""
+    return max(16, triton.next_power_of_2(width))
+
+
 def _tiles(rows_per_program: Callable[[], int]) -> dict[str, Callable[[dict[str, Any]], Any]]:
     """A kernel's tile widths and precision flags, from its arguments; its rows a program from the module's
     constant, read at each launch."""
@@ -200,6 +205,39 @@ def _hidden_layer(
 
 
 @triton.jit
+def _run_inputs(
+    run,
+    tau_ptr,
+    action_ptr,
+    h_ptr,
+    embed_w_ptr,
+    embed_b_ptr,
+    hidden_w_ptr,
+    hidden_b_ptr,
+    run_h,
+    run_embed_w,
+    run_embed_b,
+    run_hidden_w,
+    run_hidden_b,
+    rows,
+    taus,
+    BRANCHES: tl.constexpr,
+):
+    """Both kernels' shared inputs at run `run`: the taus and actions contiguous ([R, B, T], [R, B, K]), ψ and the
+    layers by their run strides (0: every run's)."""
+    samples = rows // taus
+    return (
+        tau_ptr + run * rows,
+        action_ptr + run * samples * BRANCHES,
+        h_ptr + run * run_h,
+        embed_w_ptr + run * run_embed_w,
+        embed_b_ptr + run * run_embed_b,
+        hidden_w_ptr + run * run_hidden_w,
+        hidden_b_ptr + run * run_hidden_b,
+    )
+
+
+@triton.jit
 def _program_rows(
     tau_ptr,
     h_ptr,
@@ -286,13 +324,10 @@ def _quantiles_kernel(
     """Z_τ(s, a) per branch [BM, K] at the actions `action_ptr` holds, or (TARGET) r + γ (1 - done) of it, of run
     program_id(1) (the inputs' run strides `run_*`; the contiguous ones' from the sizes)."""
     run = tl.program_id(1)
-    tau_ptr, action_ptr = tau_ptr + run * rows, action_ptr + run * (rows // taus) * BRANCHES
-    h_ptr, embed_w_ptr, embed_b_ptr = (
-        h_ptr + run * run_h,
-        embed_w_ptr + run * run_embed_w,
-        embed_b_ptr + run * run_embed_b,
-    )
-    hidden_w_ptr, hidden_b_ptr = hidden_w_ptr + run * run_hidden_w, hidden_b_ptr + run * run_hidden_b
+    tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr = _run_inputs(
+        run, tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, run_h, run_embed_w,
+        run_embed_b, run_hidden_w, run_hidden_b, rows, taus, BRANCHES,
+    )  # fmt: skip
     out_w_ptr, out_b_ptr = out_w_ptr + run * run_out_w, out_b_ptr + run * run_out_b
     reward_ptr, done_ptr = reward_ptr + run * (rows // taus), done_ptr + run * (rows // taus)
     out_ptr += run * rows * BRANCHES
@@ -383,13 +418,10 @@ def _quantiles_backward_kernel(
     layers' outputs and gradients rounded as autograd's bf16 products round them. Of run program_id(1), as the
     forward kernel's; the gradients contiguous, the output layer's `out_rows` rows (padded) a run."""
     run = tl.program_id(1)
-    tau_ptr, action_ptr = tau_ptr + run * rows, action_ptr + run * (rows // taus) * BRANCHES
-    h_ptr, embed_w_ptr, embed_b_ptr = (
-        h_ptr + run * run_h,
-        embed_w_ptr + run * run_embed_w,
-        embed_b_ptr + run * run_embed_b,
-    )
-    hidden_w_ptr, hidden_b_ptr = hidden_w_ptr + run * run_hidden_w, hidden_b_ptr + run * run_hidden_b
+    tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr = _run_inputs(
+        run, tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, run_h, run_embed_w,
+        run_embed_b, run_hidden_w, run_hidden_b, rows, taus, BRANCHES,
+    )  # fmt: skip
     out_w_ptr, grad_ptr = out_w_ptr + run * run_out_w, grad_ptr + run * rows * BRANCHES
     grad_h_ptr += run * (rows // taus) * hidden
     grad_embed_w_ptr, grad_embed_b_ptr = grad_embed_w_ptr + run * hidden * embed, grad_embed_b_ptr + run * hidden
@@ -469,11 +501,6 @@ def _quantiles_backward_kernel(
             mask=in_unit[:, None] & (e[None, :] < embed),
         )
         tl.atomic_add(grad_embed_b_ptr + unit, tl.sum(grad_phi, axis=0), mask=in_unit)
-
-
-def _tile(width: int) -> int:
-    """A tile's width: the next power of two, at least 16 (the smallest a product's dimension takes)."""
-    return max(16, triton.next_power_of_2(width))
 
 
 # ---- launching: every tensor with a leading run dimension R (1 for one network; a pack's runs under vmap) ----
