@@ -25,8 +25,9 @@ row prints its breakdown (ms per update; a pack's per pack update).
 time; each counts its own runs' updates).
 
 `--inductor combo_kernels=true` holds an Inductor setting for every row: a probe of how the compiled pack builds
-under settings its plan does not choose (the pack refuses `run.combo_kernels`; docs/benchmarks/README.md, packs
-round 7). The JSON records the settings.
+under settings its plan does not choose (`-o run.combo_kernels=true` is the plan's own choice of them:
+`trainer.execution.pack.PACK_COMBO_OPTIONS`; docs/benchmarks/README.md, packs rounds 7 and 10). The JSON records
+the settings.
 
 Time, measured on an H100 (2026-12-06, `bash scripts/gpu_check.sh packtrain`, docs/benchmarks/pack5/): CartPole's
 pack of 16 trained its 30,000 updates a run in 107 s (fused) or was cut at 150 s (graph), its solo run 47-74 s;

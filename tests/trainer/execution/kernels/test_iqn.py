@@ -359,7 +359,9 @@ def test_under_vmap_the_target_kernel_is_each_runs_own(precision: str) -> None:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_under_vmap_the_online_kernels_give_each_runs_own_gradients(precision: str) -> None:
-    """vmap over torch.func.grad, as a pack takes each run's step: each run's ∂h and layers' gradients, bit for bit."""
+    """vmap over torch.func.grad, as a pack takes each run's step: each run's ∂h and layers' gradients, bit for bit
+    where the programs run in turn (the interpreter); on a GPU the backward's atomic adds land in any order, so
+    within float32's rounding of the sums (bf16: one bf16 step)."""
     heads, d, inputs = _runs(precision)
     p, (h, tau, action, _, _) = _stacked(heads, inputs)
     g = torch.randn(3, *tau.shape[1:], d.branches, generator=torch.Generator().manual_seed(60)).to(DEVICE)
@@ -372,6 +374,16 @@ def test_under_vmap_the_online_kernels_give_each_runs_own_gradients(precision: s
     packed_layers, packed_h = torch.func.vmap(gradients)(p, h, tau, action, g)
     for run, (head, (h_i, tau_i, action_i, _, _)) in enumerate(zip(heads, inputs, strict=True)):
         layers, grad_h = gradients(head, h_i, tau_i, action_i, g[run])
-        assert torch.equal(packed_h[run], grad_h), run
+        assert_same_sums(packed_h[run], grad_h, precision, f"run {run} ∂h")
         for name, grad in layers.items():
-            assert torch.equal(packed_layers[name][run], grad), (run, name)
+            assert_same_sums(packed_layers[name][run], grad, precision, f"run {run} ∂{name}")
+
+
+def assert_same_sums(actual: torch.Tensor, expected: torch.Tensor, precision: str, what: str) -> None:
+    """Equal where the kernels' sums are made in a fixed order (the interpreter); else equal to the rounding of
+    sums added in another order."""
+    if DEVICE == "cpu":
+        assert torch.equal(actual, expected), what
+    else:
+        tolerance = 1e-5 if precision == "fp32" else 2**-7
+        torch.testing.assert_close(actual, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item(), msg=what)
