@@ -136,8 +136,11 @@
 #   round22 = tests22,packeval (issues 31 and 32): the online kernels' vmap tests (round 21's call found the float32
 #     one asking bit for bit of the GPU's atomic sums) and their bf16 equivalence with combined kernels (cut by that
 #     call's stage limit); then the market recipe's pack of 16 beside its solo run with no periodic evaluation
-#     (run.eval_every=0): how much of a pack step's loop time the evaluations are (DEADLINE 330 s)
-#          -> $OUT/gpu_tests_round22.log, $OUT/packcombo.txt, $OUT/packcombo_market_noeval.json
+#     (run.eval_every=0): how much of a pack step's loop time the evaluations are; then `core` with the online kernels
+#     (+iqno) in a fresh Inductor cache, whose generated kernels named like round 21's 0.34 ms reduction
+#     (`triton_red_fused_12`, not in the default step) are kept: which of the step's sums it is (DEADLINE 400 s)
+#          -> $OUT/gpu_tests_round22.log, $OUT/packcombo.txt, $OUT/packcombo_market_noeval.json,
+#             $OUT/profile_round22_iqno.txt, $OUT/iqno_kernels.tar.gz
 #   pack11 = packmarket,packcfg,packprof (issue 31): the market recipe's pack of 16 beside its solo run, with Inductor's
 #     defaults, then with run.combo_kernels (the pack compiles with PACK_COMBO_OPTIONS, the solo run with the fused
 #     plans' benchmarked combinations); then the compiled market pack's kernels at K = 16 without and with them
@@ -206,7 +209,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round19 ] && { stage=tests19,prof19; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
 [ "$stage" = round21 ] && { stage=tests21o,small21,prof21,tests21; DEADLINE="${DEADLINE:-570}"; }
-[ "$stage" = round22 ] && { stage=tests22,packeval; DEADLINE="${DEADLINE:-330}"; }
+[ "$stage" = round22 ] && { stage=tests22,packeval,iqnodump; DEADLINE="${DEADLINE:-400}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
@@ -358,6 +361,14 @@ has tests22 && MARK="gpu or not gpu" gpu_tests gpu_tests_round22.log 130 \
   "tests/trainer/execution/kernels/test_iqn.py::test_under_vmap_the_online_kernels_give_each_runs_own_gradients" \
   "tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_online_kernels_match_eager_after_50_steps[fused-bf16-combo]"
 has packeval && market_row noeval 170 -o run.eval_every=0
+if has iqnodump; then
+  rm -rf /tmp/iqno-cache
+  TORCHINDUCTOR_CACHE_DIR=/tmp/iqno-cache TOP=12 profile_core profile_round22_iqno.txt 90 zerocopy-bf16+combo+iqno
+  # the generated modules defining the costliest Inductor kernel the profile names (a kernel's name is per graph)
+  kernel=$(grep -o -m1 "triton_[a-z]*_fused_[A-Za-z0-9_]*" "$OUT/profile_round22_iqno.txt")
+  [ -n "$kernel" ] && grep -rl --include=*.py "def $kernel(" /tmp/iqno-cache \
+    | tar -czf "$OUT/iqno_kernels.tar.gz" -T - 2>/dev/null && echo "kept the modules defining $kernel"
+fi
 has packmarket && market_row default 170
 has packcfg && market_row config 200 -o run.combo_kernels=true
 if has packprof; then
