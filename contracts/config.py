@@ -290,11 +290,11 @@ class RunConfig(_Section):
         description=(
             "How the fused and zerocopy plans compute the online IQN pass on a GPU (the quantile head at s for the "
             "T taus, at the batch's actions) and its gradient: Inductor's products and kernels ('inductor'), or "
-            "a forward and a backward Triton kernel that recompute each row's activations on chip ('triton', the "
-            f"widths as for iqn_target_kernel, at most {IQN_KERNEL_MAX_WIDTH}). Measured slower: on an H100 'triton' "
-            "took core's bf16 step from 0.79 to 1.27 ms (the backward's atomic sums of the weight gradients), so "
-            "'inductor' is the default; 'triton' is there to measure the kernels' next form. Compiled packs follow "
-            "it too; no effect on the other plans, nor on the CPU."
+            "Triton kernels that recompute the rows' activations on chip, a forward and two backward ('triton', "
+            f"the widths as for iqn_target_kernel, at most {IQN_KERNEL_MAX_WIDTH}). The kernels' first form took "
+            "core's bf16 step from 0.79 to 1.27 ms on an H100 (its backward added the weight gradients atomically); "
+            "this second form, without atomics, is not yet measured, so 'inductor' is the default. Compiled packs "
+            "follow it too; no effect on the other plans, nor on the CPU."
         ),
     )
     precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(

@@ -208,8 +208,9 @@ def relative_error(got: object, want: object) -> float:
     return ((flat_got - flat_want).norm() / flat_want.norm()).item()
 
 
-IQN_BACKWARD_TILES = [(32, 4), (64, 4), (64, 8), (128, 8)]
-"""(rows, warps) per program of the online backward kernel to time; (64, 8) is its default."""
+IQN_BACKWARD_TILES = [(64, 128, 8), (64, 64, 8), (64, 256, 8), (32, 128, 4), (128, 128, 8)]
+"""(rows a block, programs a kernel, warps a program) of the online backward's kernels to time; (64, 128, 8) is
+their default."""
 
 
 def iqn_online_rows(calls: int, generator: torch.Generator) -> list[Row]:
@@ -242,17 +243,21 @@ def iqn_online_rows(calls: int, generator: torch.Generator) -> list[Row]:
     rows.append(
         (f"iqn online fwd+bwd bf16 [{batch}x{taus}]: Inductor", *kernel_ms(lambda: grads["Inductor"](layers, h), calls))
     )
-    default = iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM
+    default = iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.BACKWARD_PROGRAMS, iqn.WARPS_PER_PROGRAM
     try:
         for tile in IQN_BACKWARD_TILES:
-            iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = tile
+            iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.BACKWARD_PROGRAMS, iqn.WARPS_PER_PROGRAM = tile
             got = grads["kernels"](layers, h)
             error = relative_error(got, want)  # bf16: about 1e-3 expected
             assert error < 2e-2, f"the kernels' gradients are {error:.1e} from Inductor's"
-            name = f"iqn online fwd+bwd bf16: kernels, backward {tile[0]} rows, {tile[1]} warps (error {error:.0e})"
+            rows_a_block, programs, warps = tile
+            name = (
+                f"iqn online fwd+bwd bf16: kernels, backward {rows_a_block} rows a block, {programs} programs, "
+                f"{warps} warps (error {error:.0e})"
+            )
             rows.append((name, *kernel_ms(functools.partial(grads["kernels"], layers, h), calls)))
     finally:
-        iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = default
+        iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.BACKWARD_PROGRAMS, iqn.WARPS_PER_PROGRAM = default
     return rows
 
 

@@ -133,14 +133,18 @@
 #     (`+iqni`), as the default (the Triton target kernel, since round 20), and with the online kernels too
 #     (`+iqno`), each compiled afresh, twice in turn; then the bf16 equivalence tests of the defaults (DEADLINE 570 s)
 #          -> $OUT/gpu_tests_round21o.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round21_core.txt, $OUT/gpu_tests_round21.log
-#   round22 = tests22,packeval (issues 31 and 32): the online kernels' vmap tests (round 21's call found the float32
-#     one asking bit for bit of the GPU's atomic sums) and their bf16 equivalence with combined kernels (cut by that
-#     call's stage limit); then the market recipe's pack of 16 beside its solo run with no periodic evaluation
-#     (run.eval_every=0): how much of a pack step's loop time the evaluations are; then `core` with the online kernels
-#     (+iqno) in a fresh Inductor cache, whose generated kernels named like round 21's 0.34 ms reduction
-#     (`triton_red_fused_12`, not in the default step) are kept: which of the step's sums it is (DEADLINE 400 s)
-#          -> $OUT/gpu_tests_round22.log, $OUT/packcombo.txt, $OUT/packcombo_market_noeval.json,
+#   round22 = tests22,small22,prof22,iqnodump (issue 32): the online IQN kernels' second form (two backward kernels,
+#     each program summing its share of the weight gradients in registers, no atomics): the kernels' tests (CPU form
+#     and GPU) and the fused plans with them against eager on `core` (float32; bf16 with combined kernels); forward
+#     and backward alone against Inductor's at several blocks, programs and warps (bench_small_ops --ops iqnonline);
+#     zerocopy-bf16+combo without and with them (+iqno), each compiled afresh, twice in turn; then +iqno alone in a
+#     fresh Inductor cache, whose generated modules defining the step's costliest Inductor kernel are kept (round 21's
+#     +iqno step had a 0.34 ms reduction the default step has not) (DEADLINE 570 s)
+#          -> $OUT/gpu_tests_round22.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round22_core.txt,
 #             $OUT/profile_round22_iqno.txt, $OUT/iqno_kernels.tar.gz
+#   pack12 = packeval (issue 31): the market recipe's pack of 16 beside its solo run with no periodic evaluation
+#     (run.eval_every=0): how much of a pack step's loop time the evaluations are (DEADLINE 200 s)
+#          -> $OUT/packcombo.txt, $OUT/packcombo_market_noeval.json
 #   pack11 = packmarket,packcfg,packprof (issue 31): the market recipe's pack of 16 beside its solo run, with Inductor's
 #     defaults, then with run.combo_kernels (the pack compiles with PACK_COMBO_OPTIONS, the solo run with the fused
 #     plans' benchmarked combinations); then the compiled market pack's kernels at K = 16 without and with them
@@ -209,7 +213,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round19 ] && { stage=tests19,prof19; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
 [ "$stage" = round21 ] && { stage=tests21o,small21,prof21,tests21; DEADLINE="${DEADLINE:-570}"; }
-[ "$stage" = round22 ] && { stage=tests22,packeval,iqnodump; DEADLINE="${DEADLINE:-400}"; }
+[ "$stage" = round22 ] && { stage=tests22,small22,prof22,iqnodump; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = pack12 ] && { stage=packeval; DEADLINE="${DEADLINE:-200}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
@@ -357,9 +362,12 @@ has small21 && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --o
 has prof21 && TOP=30 profile_core profile_round21_core.txt 280 zerocopy-bf16+combo+iqni zerocopy-bf16+combo \
   zerocopy-bf16+combo+iqno zerocopy-bf16+combo+iqni zerocopy-bf16+combo zerocopy-bf16+combo+iqno
 has tests21 && gpu_tests gpu_tests_round21.log 150 "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
-has tests22 && MARK="gpu or not gpu" gpu_tests gpu_tests_round22.log 130 \
-  "tests/trainer/execution/kernels/test_iqn.py::test_under_vmap_the_online_kernels_give_each_runs_own_gradients" \
-  "tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_online_kernels_match_eager_after_50_steps[fused-bf16-combo]"
+has tests22 && MARK="gpu or not gpu" gpu_tests gpu_tests_round22.log 240 tests/trainer/execution/kernels/test_iqn.py \
+  tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_online_kernels_match_eager_after_50_steps
+has small22 && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --ops iqnonline 2>&1 | grep -v "Extern Choice" \
+  | tee "$OUT/small_ops_iqnonline.txt" | tail -8
+has prof22 && TOP=30 profile_core profile_round22_core.txt 150 zerocopy-bf16+combo zerocopy-bf16+combo+iqno \
+  zerocopy-bf16+combo zerocopy-bf16+combo+iqno
 has packeval && market_row noeval 170 -o run.eval_every=0
 if has iqnodump; then
   rm -rf /tmp/iqno-cache

@@ -14,7 +14,7 @@ launched with Hopper's programmatic dependent launch: each starts while the kern
 in-kernel before its first read of that kernel's output, `triton.enable_pdl`; round 18: 1% slower); "+iqnk" (IQN's
 target quantiles as one Triton kernel, `run.iqn_target_kernel=triton`: under bf16 the default since round 20);
 "+iqni" (as Inductor's products and kernels, `run.iqn_target_kernel=inductor`); "+iqno" (the online IQN pass
-and its gradient as two Triton kernels, `run.iqn_online_kernel=triton`); "+c51i" (the C51 target as Inductor's
+and its gradient as three Triton kernels, `run.iqn_online_kernel=triton`); "+c51i" (the C51 target as Inductor's
 kernels, `run.c51_target_kernel=inductor`). Each variant
 is compiled afresh (Dynamo's in-memory cache and the plans' compiled wrappers are reset first), so one compiled
 under other Inductor settings is never reused.

@@ -117,8 +117,8 @@ class Hyper:
     # the fused plans give one Triton kernel for all of it (`trainer.execution.kernels.iqn`).
     iqn_target: Callable[..., Tensor] | None = None
     # How the online pass's Z_τ(s, a) is computed, with its gradient: None, as written (`iqn_quantiles` and the gather
-    # at the batch's actions); by run.iqn_online_kernel (triton) the fused plans give a forward and a backward Triton
-    # kernel (`trainer.execution.kernels.iqn.quantiles_at_fused`).
+    # at the batch's actions); by run.iqn_online_kernel (triton) the fused plans give a forward and two backward
+    # Triton kernels (`trainer.execution.kernels.iqn.quantiles_at_fused`).
     iqn_online: Callable[..., Tensor] | None = None
 
     @classmethod

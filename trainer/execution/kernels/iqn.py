@@ -1,6 +1,7 @@
 """IQN's quantile head as Triton kernels (issue 32): the target quantiles in one kernel (the target network's
 head at s' for T' taus, the Double-DQN gather and r + γ(1 - done) Z), and the online pass (the head at s for T taus
-at the batch's actions) in a forward and a backward kernel; one program per BLOCK_M rows of (sample, tau).
+at the batch's actions) in a forward and two backward kernels; a program takes blocks of BLOCK_M (sample, tau)
+rows.
 
 The same mathematics as `trainer.algo.step.next_quantile_targets` (`iqn_quantiles`, the gather at a*,
 `iqn_target`), executed differently. Inductor runs that chain as three matrix products (cos(πiτ) → H,
@@ -16,8 +17,11 @@ bf16 rounds (ties to even); Triton's interpreter, which runs this on the CPU, tr
 multiplies bf16 tiles wrongly, so there the rounding is written out (`_round_bf16`) and the products run in
 float32 on bf16-exact values, which is the same arithmetic.
 
-The online backward recomputes each program's activations from the inputs (nothing is saved between the two
-kernels) and adds its rows' share of the weight gradients atomically, in float32, rounded once at the end.
+The online backward recomputes the activations from the inputs (the forward saves nothing) in two kernels: the
+first recomputes each row's hidden layer and stores its gradient, the second takes the trunk's units a chunk at a
+time, recomputing only that chunk's φ. Each program sums its share of the weight gradients in registers over many
+rows and stores it once; the shares are added in a fixed order and rounded once. (Round 21's single backward
+kernel added every program's share atomically, and was 2.2× slower than Inductor's form for it.)
 
 Every op takes its tensors with a leading run dimension R (one network: R = 1) and launches one grid of
 (programs, R): under vmap (a pack's runs, `trainer.execution.pack`) the runs are one launch (`_over_runs`).
@@ -55,10 +59,13 @@ STAGES_PER_PROGRAM = 2
 float32 forward and 256 KB for the backward at `core`'s tiles (Triton 3.7 compiling for sm_90), past an H100's
 227 KB; two ask for 160 and 192 KB. bf16 needs 32 and 56 KB either way (`test_iqn.py` compiles them for Hopper)."""
 BACKWARD_ROWS_PER_PROGRAM = 64
-"""The backward kernel's rows a program: it holds the hidden layer's activations and their gradient, [64, 128]
-each at `core`, beside a chunk's. On an H100 forward and backward took 489, 332 and 202 µs at 32, 64 and 128 rows
-(Inductor's form: 148 µs in 25 kernels; issue 32 round 21): the programs' atomic adds of the same 50 K weight
-gradients serialise, fewer programs add less. Measured slower, so `run.iqn_online_kernel` defaults to Inductor's."""
+"""The backward kernels' rows a block: the first holds the block's hidden layer and its gradient, [64, 128] each at
+`core`, beside a chunk's."""
+BACKWARD_PROGRAMS = 128
+"""Programs of each backward kernel (a run), about an H100's 132 SMs: each loops over its share of the blocks and
+sums its share of the weight gradients in registers. Round 21's backward (one program a block of 64 rows, 512 at
+`core`, each adding its share of the 50 K weight gradients atomically) took forward and backward to 332 µs on an
+H100 (489 at 32 rows, 202 at 128), against Inductor's 148 µs in 25 kernels (issue 32 round 21)."""
 
 
 def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
@@ -105,18 +112,20 @@ def _tile(width: int) -> int:
     return max(16, triton.next_power_of_2(width))
 
 
-def _tiles(rows_per_program: Callable[[], int]) -> dict[str, Callable[[dict[str, Any]], Any]]:
-    """A kernel's tile widths and precision flags, from its arguments; its rows a program from the module's
-    constant, read at each launch."""
-    return {
+def _tiles(rows_per_program: Callable[[], int], outputs: bool = True) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """A kernel's tile widths and precision flags, from its arguments (the output layer's only where it has one);
+    its rows a program from the module's constant, read at each launch."""
+    tiles = {
         "BLOCK_E": lambda args: _tile(args["embed"]),
         "BLOCK_H": lambda args: min(64, _tile(args["hidden"])),
         "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
-        "BLOCK_O": lambda args: _tile(args["BRANCHES"] * args["actions"]),
         "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
         "ROUND": lambda args: (2 if interpreted() else 1) if args["BF16"] else 0,
         "BLOCK_M": lambda args: rows_per_program(),
     }
+    if outputs:
+        tiles["BLOCK_O"] = lambda args: _tile(args["BRANCHES"] * args["actions"])
+    return tiles
 
 
 @triton.jit
@@ -255,6 +264,7 @@ def _program_rows(
     embed,
     hidden,
     iqn_hidden,
+    block,
     BLOCK_M: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -263,9 +273,10 @@ def _program_rows(
     PRECISION: tl.constexpr,
     ROUND: tl.constexpr,
 ):
-    """A program's BLOCK_M (sample, tau) rows (row = b·T + t), which are in range, their samples, their cosine
-    features [BM, E] and the hidden layer's output relu(W_1 (ψ ⊙ φ) + b_1) [BM, I]: what both kernels start from."""
-    row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    """Block `block`'s BLOCK_M (sample, tau) rows (row = b·T + t), which are in range, their samples, their cosine
+    features [BM, E] and the hidden layer's output relu(W_1 (ψ ⊙ φ) + b_1) [BM, I]: what the forward and the
+    backward's first kernel start from."""
+    row = block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     in_rows = row < rows
     sample = row // taus  # [BM]
     e = tl.arange(0, BLOCK_E)
@@ -335,8 +346,8 @@ def _quantiles_kernel(
     out_ptr += run * rows * BRANCHES
     row, in_rows, sample, _, hidden_out = _program_rows(
         tau_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, stride_h, stride_embed_w,
-        stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, BLOCK_M, BLOCK_E, BLOCK_H, BLOCK_I, DOT_BF16,
-        PRECISION, ROUND,
+        stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, tl.program_id(0), BLOCK_M, BLOCK_E, BLOCK_H,
+        BLOCK_I, DOT_BF16, PRECISION, ROUND,
     )  # fmt: skip
     i = tl.arange(0, BLOCK_I)
     o = tl.arange(0, BLOCK_O)
@@ -363,13 +374,8 @@ def _quantiles_kernel(
 
 
 @triton.heuristics(_tiles(lambda: BACKWARD_ROWS_PER_PROGRAM))
-@triton.heuristics(  # after BLOCK_M: the outer heuristics run first
-    {  # the rows of a program's samples, where its rows are whole samples (a power of two dividing BLOCK_M), else 0
-        "WHOLE_SAMPLES": lambda args: args["taus"] if args["BLOCK_M"] % args["taus"] == 0 else 0,
-    }
-)
 @triton.jit
-def _quantiles_backward_kernel(
+def _backward_rows_kernel(
     tau_ptr,
     h_ptr,
     embed_w_ptr,
@@ -379,13 +385,8 @@ def _quantiles_backward_kernel(
     out_w_ptr,
     action_ptr,
     grad_ptr,
-    grad_h_ptr,
-    grad_embed_w_ptr,
-    grad_embed_b_ptr,
-    grad_hidden_w_ptr,
-    grad_hidden_b_ptr,
-    grad_out_w_ptr,
-    grad_out_b_ptr,
+    grad_hidden_ptr,
+    partial_ptr,
     stride_h,
     stride_embed_w,
     stride_hidden_w,
@@ -403,6 +404,7 @@ def _quantiles_backward_kernel(
     hidden,
     iqn_hidden,
     actions,
+    steps,
     BRANCHES: tl.constexpr,
     BF16: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -413,96 +415,160 @@ def _quantiles_backward_kernel(
     DOT_BF16: tl.constexpr,
     ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    WHOLE_SAMPLES: tl.constexpr,
 ):
-    """The gradients of Σ grad ⊙ Z_τ(s, a) with respect to ψ(s) and the head's layers, from the forward
-    recomputed on chip. Each program adds its rows' share into the zeroed float32 gradients (atomic adds), the
-    layers' outputs and gradients rounded as autograd's bf16 products round them. Of run program_id(1), as the
-    forward kernel's; the gradients contiguous, the output layer's `out_rows` rows (padded) a run."""
+    """The backward's first half. Program g of G takes blocks g, g + G, ... (`steps` of them): recomputes each
+    block's forward to the hidden layer, stores ∂hidden [BM, I] (through the relu) for the second half, and sums
+    the output layer's ∂W_2 = ∂Zᵀ hidden, ∂b_2 = Σ ∂Z and ∂b_1 = Σ ∂hidden over its blocks in registers; its sums
+    are stored once, as row g of run program_id(1)'s partial sums [G, out_rows·I + out_rows + I]."""
     run = tl.program_id(1)
     tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr = _run_inputs(
         run, tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, run_h, run_embed_w,
         run_embed_b, run_hidden_w, run_hidden_b, rows, taus, BRANCHES,
     )  # fmt: skip
     out_w_ptr, grad_ptr = out_w_ptr + run * run_out_w, grad_ptr + run * rows * BRANCHES
-    grad_h_ptr += run * (rows // taus) * hidden
-    grad_embed_w_ptr, grad_embed_b_ptr = grad_embed_w_ptr + run * hidden * embed, grad_embed_b_ptr + run * hidden
-    grad_hidden_w_ptr += run * iqn_hidden * hidden
-    grad_hidden_b_ptr += run * iqn_hidden
-    grad_out_w_ptr, grad_out_b_ptr = grad_out_w_ptr + run * out_rows * iqn_hidden, grad_out_b_ptr + run * out_rows
-    row, in_rows, sample, features, hidden_out = _program_rows(
-        tau_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, stride_h, stride_embed_w,
-        stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, BLOCK_M, BLOCK_E, BLOCK_H, BLOCK_I, DOT_BF16,
-        PRECISION, ROUND,
-    )  # fmt: skip
-    e = tl.arange(0, BLOCK_E)
-    u = tl.arange(0, BLOCK_H)
+    grad_hidden_ptr += run * rows * iqn_hidden
     i = tl.arange(0, BLOCK_I)
     o = tl.arange(0, BLOCK_O)
     outputs = BRANCHES * actions
-    in_i = i < iqn_hidden
-
-    # ∂/∂Z [BM, K·A]: each branch's gradient at its taken action's column, zero elsewhere
-    grad_z = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
-    for k in tl.static_range(BRANCHES):
-        column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
-        g = tl.load(grad_ptr + row * BRANCHES + k, mask=in_rows, other=0.0)  # [BM]
-        grad_z += tl.where(o[None, :] == column[:, None], g[:, None], 0.0)
-    grad_z = _layer(grad_z, ROUND)
-
-    # output layer: ∂W_2 = ∂Zᵀ hidden, ∂b_2 = Σ ∂Z, ∂hidden = ∂Z W_2 through the relu
-    in_o = o < outputs
-    tl.atomic_add(
-        grad_out_w_ptr + o[:, None] * iqn_hidden + i[None, :],
-        _dot(tl.trans(grad_z), hidden_out, DOT_BF16, PRECISION),
-        mask=in_o[:, None] & in_i[None, :],
-    )
-    tl.atomic_add(grad_out_b_ptr + o, tl.sum(grad_z, axis=0), mask=in_o)
+    in_i, in_o = i < iqn_hidden, o < outputs
     w_2 = tl.load(
         out_w_ptr + o[:, None] * stride_out_w + i[None, :],
         mask=in_o[:, None] & in_i[None, :],
         other=0.0,
     ).to(tl.float32)  # [O, I]
-    grad_hidden = _layer(_dot(grad_z, _layer(w_2, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, I]
-    grad_hidden = tl.where(hidden_out <= 0.0, 0.0, grad_hidden)
-    tl.atomic_add(grad_hidden_b_ptr + i, tl.sum(grad_hidden, axis=0), mask=in_i)
+    grad_out_w = tl.zeros((BLOCK_O, BLOCK_I), dtype=tl.float32)
+    grad_out_b = tl.zeros((BLOCK_O,), dtype=tl.float32)
+    grad_hidden_b = tl.zeros((BLOCK_I,), dtype=tl.float32)
+    for step in range(0, steps):
+        block = tl.program_id(0) + step * tl.num_programs(0)  # past the last block: no row in range, adds nothing
+        row, in_rows, sample, _, hidden_out = _program_rows(
+            tau_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, stride_h, stride_embed_w,
+            stride_hidden_w, rows, taus, embed, hidden, iqn_hidden, block, BLOCK_M, BLOCK_E, BLOCK_H, BLOCK_I,
+            DOT_BF16, PRECISION, ROUND,
+        )  # fmt: skip
 
-    # per chunk of trunk units: ∂W_1 = ∂hiddenᵀ (ψ ⊙ φ); ∂(ψ ⊙ φ) = ∂hidden W_1; ∂ψ and ∂φ through the product,
-    # ∂ψ summed over the sample's taus; ∂W_e = ∂φᵀ cos and ∂b_e = Σ ∂φ through φ's relu
-    for start in range(0, hidden, BLOCK_H):
-        unit = start + u  # [BH]
-        in_unit = unit < hidden
+        # ∂/∂Z [BM, K·A]: each branch's gradient at its taken action's column, zero elsewhere
+        grad_z = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
+        for k in tl.static_range(BRANCHES):
+            column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
+            g = tl.load(grad_ptr + row * BRANCHES + k, mask=in_rows, other=0.0)  # [BM]
+            grad_z += tl.where(o[None, :] == column[:, None], g[:, None], 0.0)
+        grad_z = _layer(grad_z, ROUND)
+
+        # the output layer: ∂W_2 = ∂Zᵀ hidden, ∂b_2 = Σ ∂Z; ∂hidden = ∂Z W_2 through the relu, ∂b_1 = Σ ∂hidden
+        grad_out_w += _dot(tl.trans(grad_z), hidden_out, DOT_BF16, PRECISION)
+        grad_out_b += tl.sum(grad_z, axis=0)
+        grad_hidden = _layer(_dot(grad_z, _layer(w_2, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, I]
+        grad_hidden = tl.where(hidden_out <= 0.0, 0.0, grad_hidden)
+        grad_hidden_b += tl.sum(grad_hidden, axis=0)
+        tl.store(
+            grad_hidden_ptr + row[:, None] * iqn_hidden + i[None, :], grad_hidden, mask=in_rows[:, None] & in_i[None, :]
+        )
+
+    size = out_rows * iqn_hidden + out_rows + iqn_hidden
+    partial_ptr += (run * tl.num_programs(0) + tl.program_id(0)) * size
+    in_rows_o = o < out_rows  # the padding rows' zeros too (`trainer.algo.model.ALIGN` pads to fewer than BLOCK_O)
+    tl.store(partial_ptr + o[:, None] * iqn_hidden + i[None, :], grad_out_w, mask=in_rows_o[:, None] & in_i[None, :])
+    tl.store(partial_ptr + out_rows * iqn_hidden + o, grad_out_b, mask=in_rows_o)
+    tl.store(partial_ptr + out_rows * iqn_hidden + out_rows + i, grad_hidden_b, mask=in_i)
+
+
+@triton.heuristics(_tiles(lambda: BACKWARD_ROWS_PER_PROGRAM, outputs=False))
+@triton.jit
+def _backward_units_kernel(
+    tau_ptr,
+    h_ptr,
+    embed_w_ptr,
+    embed_b_ptr,
+    hidden_w_ptr,
+    hidden_b_ptr,
+    action_ptr,
+    grad_hidden_ptr,
+    grad_h_ptr,
+    partial_ptr,
+    stride_h,
+    stride_embed_w,
+    stride_hidden_w,
+    run_h,
+    run_embed_w,
+    run_embed_b,
+    run_hidden_w,
+    run_hidden_b,
+    rows,
+    taus,
+    embed,
+    hidden,
+    iqn_hidden,
+    steps,
+    BRANCHES: tl.constexpr,
+    BF16: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    ROUND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    WHOLE_SAMPLES: tl.constexpr,
+):
+    """The backward's second half, per chunk program_id(0) of BLOCK_H trunk units: program g of G (program_id(1))
+    takes blocks g, g + G, ... (`steps`), recomputes only its chunk's φ and ψ ⊙ φ, reads the first half's ∂hidden,
+    and sums its chunk of ∂W_1 = ∂hiddenᵀ (ψ ⊙ φ), ∂W_e = ∂φᵀ cos and ∂b_e = Σ ∂φ (through φ's relu) in registers,
+    stored once in row g of run program_id(2)'s partial sums [G, H·E + H + I·H]. ∂ψ = Σ_τ ∂(ψ ⊙ φ) ⊙ φ: stored
+    where a block's rows are whole samples (WHOLE_SAMPLES, their taus), else each row's share added."""
+    run = tl.program_id(2)
+    tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr = _run_inputs(
+        run, tau_ptr, action_ptr, h_ptr, embed_w_ptr, embed_b_ptr, hidden_w_ptr, hidden_b_ptr, run_h, run_embed_w,
+        run_embed_b, run_hidden_w, run_hidden_b, rows, taus, BRANCHES,
+    )  # fmt: skip
+    grad_hidden_ptr += run * rows * iqn_hidden
+    grad_h_ptr += run * (rows // taus) * hidden
+    e = tl.arange(0, BLOCK_E)
+    i = tl.arange(0, BLOCK_I)
+    unit = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BH]
+    in_unit, in_i, in_e = unit < hidden, i < iqn_hidden, e < embed
+    w_1 = tl.load(
+        hidden_w_ptr + i[:, None] * stride_hidden_w + unit[None, :],
+        mask=in_i[:, None] & in_unit[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [I, BH]
+    grad_hidden_w = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
+    grad_embed_w = tl.zeros((BLOCK_H, BLOCK_E), dtype=tl.float32)
+    grad_embed_b = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for step in range(0, steps):
+        block = tl.program_id(1) + step * tl.num_programs(1)  # past the last block: no row in range, adds nothing
+        row = block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+        in_rows = row < rows
+        sample = row // taus
+        features = _features(tau_ptr, row, in_rows, e, embed, ROUND)  # [BM, E]
         phi, psi, mixed = _mixed_chunk(
             features, embed_w_ptr, embed_b_ptr, h_ptr, sample, in_rows, unit, in_unit, e, embed, stride_embed_w,
             stride_h, DOT_BF16, PRECISION, ROUND,
         )  # fmt: skip
-        tl.atomic_add(
-            grad_hidden_w_ptr + i[:, None] * hidden + unit[None, :],
-            _dot(tl.trans(grad_hidden), mixed, DOT_BF16, PRECISION),
-            mask=in_i[:, None] & in_unit[None, :],
-        )
-        w_1 = tl.load(
-            hidden_w_ptr + i[:, None] * stride_hidden_w + unit[None, :],
-            mask=in_i[:, None] & in_unit[None, :],
-            other=0.0,
-        ).to(tl.float32)  # [I, BH]
+        grad_hidden = tl.load(
+            grad_hidden_ptr + row[:, None] * iqn_hidden + i[None, :], mask=in_rows[:, None] & in_i[None, :], other=0.0
+        ).to(tl.float32)  # [BM, I]
+        grad_hidden_w += _dot(tl.trans(grad_hidden), mixed, DOT_BF16, PRECISION)
         grad_mixed = _layer(_dot(grad_hidden, _layer(w_1, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, BH]
         grad_psi = _layer(grad_mixed * phi, ROUND)  # [BM, BH]: each row's share of its sample's ∂ψ
-        if WHOLE_SAMPLES > 0:  # the program holds its samples' every tau: their sums, stored
-            samples = tl.program_id(0) * (BLOCK_M // WHOLE_SAMPLES) + tl.arange(0, BLOCK_M // WHOLE_SAMPLES)
+        if WHOLE_SAMPLES > 0:  # the block holds its samples' every tau: their sums, stored
+            samples = block * (BLOCK_M // WHOLE_SAMPLES) + tl.arange(0, BLOCK_M // WHOLE_SAMPLES)
             grad_psi = tl.sum(tl.reshape(grad_psi, (BLOCK_M // WHOLE_SAMPLES, WHOLE_SAMPLES, BLOCK_H)), axis=1)
             in_samples = (samples < rows // taus)[:, None] & in_unit[None, :]
-            tl.store(grad_h_ptr + samples[:, None] * hidden + unit[None, :], grad_psi, mask=in_samples)
-        else:  # a sample's taus may span programs: each row adds its share
+            tl.store(grad_h_ptr + samples[:, None] * hidden + unit[None, :], _layer(grad_psi, ROUND), mask=in_samples)
+        else:  # a sample's taus may span blocks: each row adds its share
             in_block = in_rows[:, None] & in_unit[None, :]
             tl.atomic_add(grad_h_ptr + sample[:, None] * hidden + unit[None, :], grad_psi, mask=in_block)
         grad_phi = tl.where(phi <= 0.0, 0.0, _layer(grad_mixed * psi, ROUND))  # [BM, BH]
-        tl.atomic_add(
-            grad_embed_w_ptr + unit[:, None] * embed + e[None, :],
-            _dot(tl.trans(grad_phi), features, DOT_BF16, PRECISION),
-            mask=in_unit[:, None] & (e[None, :] < embed),
-        )
-        tl.atomic_add(grad_embed_b_ptr + unit, tl.sum(grad_phi, axis=0), mask=in_unit)
+        grad_embed_w += _dot(tl.trans(grad_phi), features, DOT_BF16, PRECISION)
+        grad_embed_b += tl.sum(grad_phi, axis=0)
+
+    size = hidden * embed + hidden + iqn_hidden * hidden
+    partial_ptr += (run * tl.num_programs(1) + tl.program_id(1)) * size
+    tl.store(partial_ptr + unit[:, None] * embed + e[None, :], grad_embed_w, mask=in_unit[:, None] & in_e[None, :])
+    tl.store(partial_ptr + hidden * embed + unit, grad_embed_b, mask=in_unit)
+    partial_ptr += hidden * embed + hidden
+    tl.store(partial_ptr + i[:, None] * hidden + unit[None, :], grad_hidden_w, mask=in_i[:, None] & in_unit[None, :])
 
 
 # ---- launching: every tensor with a leading run dimension R (1 for one network; a pack's runs under vmap) ----
@@ -667,31 +733,60 @@ def iqn_quantiles_at_backward(
     grad: Tensor, tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int
 ) -> list[Tensor]:
     """∂/∂h [R, B, H] and ∂/∂ each of `layers` of Σ grad ⊙ Z_τ(s, a) (grad [R, B, T, K]), each in its input's dtype:
-    the float32 sums over all rows rounded once, as a bf16 product's float32 accumulation is."""
+    the float32 sums over all rows rounded once, as a bf16 product's float32 accumulation is. Two kernels, each
+    program summing its share of the weight gradients in registers; the programs' partial sums are then added in a
+    fixed order (`torch.sum`), so the gradients are the same from call to call."""
     (runs, batch, taus), branches = tau.shape, action.shape[2]
     rows = batch * taus
     arguments = _head_arguments("iqn_quantiles_at_backward", h, layers, rows, taus, branches * actions)
-    grads = [torch.zeros(t.shape, device=t.device, dtype=torch.float32) for t in (h, *layers)]
-    embed_w, embed_b, hidden_w, hidden_b, out_w, _ = layers
-    _quantiles_backward_kernel[(triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM), runs)](
-        tau.float().contiguous(),
-        h,
-        embed_w,
-        embed_b,
-        hidden_w,
-        hidden_b,
+    embed_w, _, hidden_w, _, out_w, _ = layers
+    hidden, embed = embed_w.shape[1:]
+    iqn_hidden, out_rows = hidden_w.shape[1], out_w.shape[1]
+    device, options = tau.device, _launch_options(h, branches)
+    inputs = (tau.float().contiguous(), h, *layers[:4])  # τ, ψ and the first two layers, as both kernels take them
+    blocks = triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM)
+    chunks = triton.cdiv(hidden, min(64, _tile(hidden)))  # the kernels' BLOCK_H (`_tiles`)
+    row_groups = min(blocks, BACKWARD_PROGRAMS)
+    unit_groups = min(blocks, max(1, BACKWARD_PROGRAMS // chunks))
+
+    grad_hidden = torch.empty(runs, rows, iqn_hidden, device=device, dtype=h.dtype)  # bf16 values where h is bf16
+    first = torch.empty(runs, row_groups, out_rows * iqn_hidden + out_rows + iqn_hidden, device=device)
+    _backward_rows_kernel[(row_groups, runs)](
+        *inputs,
         out_w,
         action.contiguous(),
         grad.float().contiguous(),
-        *grads,
+        grad_hidden,
+        first,
         *arguments.row_strides,
         *arguments.run_strides[:6],  # not the output bias's: the backward never reads b_2
-        out_w.shape[1],
+        out_rows,
         *arguments.sizes,
         actions,
-        **_launch_options(h, branches),
+        triton.cdiv(blocks, row_groups),
+        **options,
     )
-    return [g.to(t.dtype) for g, t in zip(grads, (h, *layers), strict=True)]
+    whole = taus if BACKWARD_ROWS_PER_PROGRAM % taus == 0 else 0  # a block's rows are whole samples
+    grad_h = torch.empty(h.shape, device=device, dtype=h.dtype) if whole else torch.zeros(h.shape, device=device)
+    second = torch.empty(runs, unit_groups, hidden * embed + hidden + iqn_hidden * hidden, device=device)
+    _backward_units_kernel[(chunks, unit_groups, runs)](
+        *inputs,
+        action.contiguous(),
+        grad_hidden,
+        grad_h,
+        second,
+        *arguments.row_strides[:3],
+        *arguments.run_strides[:5],
+        *arguments.sizes,
+        triton.cdiv(blocks, unit_groups),
+        WHOLE_SAMPLES=whole,
+        **options,
+    )
+    grad_out_w, grad_out_b, grad_hidden_b = first.sum(1).split([out_rows * iqn_hidden, out_rows, iqn_hidden], 1)
+    grad_embed_w, grad_embed_b, grad_hidden_w = second.sum(1).split([hidden * embed, hidden, iqn_hidden * hidden], 1)
+    sums = (grad_embed_w, grad_embed_b, grad_hidden_w, grad_hidden_b, grad_out_w, grad_out_b)
+    # copies: an op's outputs may not alias one another (in bf16 the casts are the copies)
+    return [grad_h.to(h.dtype)] + [g.view(t.shape).to(t.dtype, copy=True) for g, t in zip(sums, layers, strict=True)]
 
 
 @iqn_quantiles_at_backward.register_fake
@@ -705,7 +800,7 @@ def _(info: VmapInfo, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
 
 
 class _QuantilesAt(torch.autograd.Function):
-    """The forward kernel with the backward kernel as its derivative, the layers as separate inputs (each gets its
+    """The forward kernel with the backward kernels as its derivative, the layers as separate inputs (each gets its
     gradient); `setup_context`, so torch.func's grad and Dynamo take it (as `window_attention`'s), and a vmap rule
     made of the ops' (a pack's runs)."""
 
