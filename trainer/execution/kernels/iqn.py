@@ -55,9 +55,10 @@ written form 48.4 µs in 7 kernels; `docs/benchmarks/README.md`, issue 32 round 
 WARPS_PER_PROGRAM is, so `scripts/bench_small_ops.py --ops iqn` can time others."""
 WARPS_PER_PROGRAM = 8
 STAGES_PER_PROGRAM = 2
-"""Software-pipelining stages of the kernels' loops. Three (Triton's default) ask for 240 KB of shared memory for the
-float32 forward and 256 KB for the backward at `core`'s tiles (Triton 3.7 compiling for sm_90), past an H100's
-227 KB; two ask for 160 and 192 KB. bf16 needs 32 and 56 KB either way (`test_iqn.py` compiles them for Hopper)."""
+"""Software-pipelining stages of the kernels' loops. Three (Triton's default) asked for 240 KB of shared memory for
+the float32 forward and 256 KB for round 21's backward at `core`'s tiles (Triton 3.7 compiling for sm_90), past an
+H100's 227 KB. With two the float32 forward asks for 160 KB and the backward kernels for 136 and 176; in bf16 32, 28
+and 52 KB (`test_iqn.py` compiles them for Hopper)."""
 BACKWARD_ROWS_PER_PROGRAM = 64
 """The backward kernels' rows a block: the first holds the block's hidden layer and its gradient, [64, 128] each at
 `core`, beside a chunk's."""
