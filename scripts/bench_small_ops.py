@@ -18,7 +18,12 @@ x 32 target taus): the written form compiled by Inductor against the one-kernel 
 (`trainer.execution.kernels.iqn`) at several rows and warps per program, each checked against the written form;
 `--ops iqnonline` the same for the online pass, forward and backward (the gradient the step takes).
 
-    python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn]
+`--ops packgrads` (issue 31) times the weight gradients a pack of 16 market runs takes over long rows (attention's
+2,048 and IQN's 1,024 rows a run): `bmm(dyᵀ, x)` per run as autograd batches it under vmap, against the same with
+the rows split into S chunks as S times as many batched products and a sum over them (split-K by hand: cuBLAS
+splits the rows of one run's product itself, not of a batched one), in float32 with TF32 as the market trains.
+
+    python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn,iqnonline,packgrads]
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ def main() -> None:
         rows += iqn_rows(args.calls, generator)
     if "iqnonline" in ops:
         rows += iqn_online_rows(args.calls, generator)
+    if "packgrads" in ops:
+        rows += pack_gradient_rows(args.calls, generator)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
     for name, ms, count, names in rows:
@@ -258,6 +265,42 @@ def iqn_online_rows(calls: int, generator: torch.Generator) -> list[Row]:
             rows.append((name, *kernel_ms(functools.partial(grads["kernels"], layers, h), calls)))
     finally:
         iqn.BACKWARD_ROWS_PER_PROGRAM, iqn.BACKWARD_PROGRAMS, iqn.WARPS_PER_PROGRAM = default
+    return rows
+
+
+PACK_GRADIENTS = [(16, 2048, 32, 64), (16, 2048, 64, 32), (16, 2048, 96, 32), (16, 1024, 64, 128)]
+"""(runs, rows, outputs, inputs) of the long-row weight gradients in the market pack's update at K = 16 (attention's
+projections and IQN's hidden layer; `docs/benchmarks/README.md`, packs round 11)."""
+
+
+def split_k_bmm(dy: Tensor, x: Tensor, chunks: int) -> Tensor:
+    """Σ_rows dyᵀ x per run, [R, O, I] from dy [R, rows, O] and x [R, rows, I]: the rows cut into `chunks` runs of
+    rows / chunks (views, no copy), one batched product of R · chunks, then the sum over the chunks."""
+    runs, rows, outputs = dy.shape
+    if rows % chunks:
+        raise ValueError(f"{rows} rows do not split into {chunks} chunks")
+    per_chunk = rows // chunks
+    partial = torch.bmm(
+        dy.reshape(runs * chunks, per_chunk, outputs).transpose(1, 2), x.reshape(runs * chunks, per_chunk, -1)
+    )
+    return partial.view(runs, chunks, outputs, -1).sum(1)
+
+
+def pack_gradient_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    rows = []
+    for runs, length, outputs, inputs in PACK_GRADIENTS:
+        dy = torch.randn(runs, length, outputs, device="cuda", generator=generator)
+        x = torch.randn(runs, length, inputs, device="cuda", generator=generator)
+        want = torch.bmm(dy.transpose(1, 2), x)
+        forms: dict[str, Callable[[], Tensor]] = {"bmm": lambda dy=dy, x=x: torch.bmm(dy.transpose(1, 2), x)}
+        for chunks in (4, 8, 16):
+            forms[f"split-K {chunks}"] = functools.partial(split_k_bmm, dy, x, chunks)
+        forms["one run's mm"] = lambda dy=dy, x=x: dy[0].T @ x[0]  # the solo run's product, for scale
+        for name, form in forms.items():
+            if name != "one run's mm":
+                torch.testing.assert_close(form(), want, rtol=1e-2, atol=1e-1)  # TF32
+            label = f"pack grad [{runs}x{length}]ᵀ{outputs}x{inputs} {name}"
+            rows.append((label, *kernel_ms(form, calls)))
     return rows
 
 
