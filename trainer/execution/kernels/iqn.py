@@ -35,7 +35,7 @@ say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -733,10 +733,13 @@ def _(info: VmapInfo, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
 def iqn_quantiles_at_backward(
     grad: Tensor, tau: Tensor, h: Tensor, layers: list[Tensor], action: Tensor, actions: int
 ) -> list[Tensor]:
-    """∂/∂h [R, B, H] and ∂/∂ each of `layers` of Σ grad ⊙ Z_τ(s, a) (grad [R, B, T, K]), each in its input's dtype:
+    """∂/∂h [R, B, H] and ∂/∂ every one of `layers` of Σ grad ⊙ Z_τ(s, a) (grad [R, B, T, K]), in h's and the
+    layers' dtype (one for all of them), the latter flat [R, total] (`_layer_gradients` views it as each layer's):
     the float32 sums over all rows rounded once, as a bf16 product's float32 accumulation is. Two kernels, each
     program summing its share of the weight gradients in registers; the programs' partial sums are then added in a
     fixed order (`torch.sum`), so the gradients are the same from call to call."""
+    if len({t.dtype for t in layers}) != 1:
+        raise ValueError(f"iqn_quantiles_at_backward: the layers need one dtype, got {[t.dtype for t in layers]}")
     (runs, batch, taus), branches = tau.shape, action.shape[2]
     rows = batch * taus
     arguments = _head_arguments("iqn_quantiles_at_backward", h, layers, rows, taus, branches * actions)
@@ -783,16 +786,27 @@ def iqn_quantiles_at_backward(
         WHOLE_SAMPLES=whole,
         **options,
     )
-    grad_out_w, grad_out_b, grad_hidden_b = first.sum(1).split([out_rows * iqn_hidden, out_rows, iqn_hidden], 1)
-    grad_embed_w, grad_embed_b, grad_hidden_w = second.sum(1).split([hidden * embed, hidden, iqn_hidden * hidden], 1)
-    sums = (grad_embed_w, grad_embed_b, grad_hidden_w, grad_hidden_b, grad_out_w, grad_out_b)
-    # copies: an op's outputs may not alias one another (in bf16 the casts are the copies)
-    return [grad_h.to(h.dtype)] + [g.view(t.shape).to(t.dtype, copy=True) for g, t in zip(sums, layers, strict=True)]
+    # one float32 tensor of every layer's sums (`_layer_gradients` has its order), rounded once: three launches
+    sums = torch.empty(runs, first.shape[2] + second.shape[2], device=device)
+    torch.sum(first, 1, out=sums[:, : first.shape[2]])
+    torch.sum(second, 1, out=sums[:, first.shape[2] :])
+    return [grad_h.to(h.dtype), sums.to(layers[0].dtype)]
+
+
+def _layer_gradients(flat: Tensor, layers: Sequence[Tensor]) -> list[Tensor]:
+    """Each layer's gradient [R, ...], a view of `iqn_quantiles_at_backward`'s flat sums [R, total]: the first
+    kernel's (∂W_2, ∂b_2, ∂b_1), then the second's (∂W_e, ∂b_e, ∂W_1)."""
+    embed_w, embed_b, hidden_w, hidden_b, out_w, out_b = layers
+    sizes = [t[0].numel() for t in (out_w, out_b, hidden_b, embed_w, embed_b, hidden_w)]
+    grad_out_w, grad_out_b, grad_hidden_b, grad_embed_w, grad_embed_b, grad_hidden_w = flat.split(sizes, -1)
+    grads = (grad_embed_w, grad_embed_b, grad_hidden_w, grad_hidden_b, grad_out_w, grad_out_b)  # as `layers`
+    return [g.view(*flat.shape[:-1], *t.shape[1:]) for g, t in zip(grads, layers, strict=True)]
 
 
 @iqn_quantiles_at_backward.register_fake
 def _(grad: Tensor, tau: Tensor, h: Tensor, layers: list[Tensor], *rest: object) -> list[Tensor]:
-    return [torch.empty_like(t) for t in (h, *layers)]
+    total = sum(t[0].numel() for t in layers)
+    return [torch.empty_like(h), h.new_empty(h.shape[0], total, dtype=layers[0].dtype)]
 
 
 @iqn_quantiles_at_backward.register_vmap
@@ -823,8 +837,8 @@ class _QuantilesAt(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         tau, h, *layers, action = ctx.saved_tensors
         with torch.no_grad():  # no second derivative: torch.func.grad would otherwise trace through the op
-            grad_h, *grad_layers = iqn_quantiles_at_backward(grad, tau, h, layers, action, ctx.actions)
-        return (None, grad_h, *grad_layers, None, None)
+            grad_h, flat = iqn_quantiles_at_backward(grad, tau, h, layers, action, ctx.actions)
+        return (None, grad_h, *_layer_gradients(flat, layers), None, None)
 
 
 def quantiles_at_fused(p: dict[str, Tensor], h_s2: Tensor, tau: Tensor, action: Tensor, d: Any) -> Tensor:
