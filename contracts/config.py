@@ -316,6 +316,15 @@ class RunConfig(_Section):
             "the CPU."
         ),
     )
+    pack_split_k: bool = Field(
+        False,
+        description=(
+            "A compiled pack of runs computes each batched product over 1,024 rows a run or more with a small result "
+            "(the market's attention and IQN weight gradients) as products of the rows' chunks and a sum over them "
+            "(split-K by hand: trainer.execution.split_k), where cuBLAS would loop every run's tiles over all its "
+            "rows. Not yet measured on a GPU: off until it is. No effect on solo runs."
+        ),
+    )
     log_every: int = Field(500, ge=1, le=INT32_MAX, description="Steps between breakdown lines.")
     checkpoint_every: int = Field(1000, ge=1, le=INT32_MAX, description="Steps between checkpoints.")
     eval_episodes: int = Field(10, ge=0, le=100_000, description="Greedy evaluation episodes at the end.")

@@ -142,11 +142,14 @@
 #     +iqno step had a 0.34 ms reduction the default step has not) (DEADLINE 570 s)
 #          -> $OUT/gpu_tests_round22.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round22_core.txt,
 #             $OUT/profile_round22_iqno.txt, $OUT/iqno_kernels.tar.gz
-#   pack12 = packgrads,packeval (issue 31): the market pack's long-row weight gradients as batched products against
-#     split-K by hand (scripts/bench_small_ops.py --ops packgrads: are they round 11's slow FFMA/TF32 products, and
-#     does splitting their rows speed them); then the market recipe's pack of 16 beside its solo run with no periodic
-#     evaluation (run.eval_every=0): how much of a pack step's loop time the evaluations are (DEADLINE 240 s)
-#          -> $OUT/small_ops_packgrads.txt, $OUT/packcombo.txt, $OUT/packcombo_market_noeval.json
+#   pack12 = packgrads,packsplit,packeval (issue 31): the market pack's long-row weight gradients as batched products
+#     against split-K by hand (scripts/bench_small_ops.py --ops packgrads: are they round 11's slow FFMA/TF32
+#     products, and does splitting their rows speed them); the market recipe's pack of 16 beside its solo run with
+#     the pack's products split (run.pack_split_k, trainer.execution.split_k), and that pack's kernels at K = 16;
+#     then the recipe's pack and solo run with no periodic evaluation (run.eval_every=0): how much of a pack step's
+#     loop time the evaluations are (DEADLINE 540 s)
+#          -> $OUT/small_ops_packgrads.txt, $OUT/packcombo.txt, $OUT/packcombo_market_{splitk,noeval}.json,
+#             $OUT/pack12_profile_splitk.txt
 #   pack11 = packmarket,packcfg,packprof (issue 31): the market recipe's pack of 16 beside its solo run, with Inductor's
 #     defaults, then with run.combo_kernels (the pack compiles with PACK_COMBO_OPTIONS, the solo run with the fused
 #     plans' benchmarked combinations); then the compiled market pack's kernels at K = 16 without and with them
@@ -216,7 +219,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
 [ "$stage" = round21 ] && { stage=tests21o,small21,prof21,tests21; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round22 ] && { stage=tests22,small22,prof22,iqnodump; DEADLINE="${DEADLINE:-570}"; }
-[ "$stage" = pack12 ] && { stage=packgrads,packeval; DEADLINE="${DEADLINE:-240}"; }
+[ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
 [ "$stage" = pack ] && DEADLINE="${DEADLINE:-560}"
@@ -372,6 +375,12 @@ has prof22 && TOP=30 profile_core profile_round22_core.txt 150 zerocopy-bf16+com
   zerocopy-bf16+combo zerocopy-bf16+combo+iqno
 has packgrads && timeout -k 15 "$(left 60)" python3 scripts/bench_small_ops.py --ops packgrads 2>&1 \
   | tee "$OUT/small_ops_packgrads.txt" | tail -22
+if has packsplit; then
+  market_row splitk 170 -o run.pack_split_k=true
+  timeout -k 15 "$(left 90)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 16 \
+    --no-divergence --top 30 -o run.pack_split_k=true 2>&1 | grep -v "Warn\|check(" > "$OUT/pack12_profile_splitk.txt"
+  grep "kernels," "$OUT/pack12_profile_splitk.txt" | sed "s/^/split-K: /" | tee -a "$OUT/packcombo.txt"
+fi
 has packeval && market_row noeval 170 -o run.eval_every=0
 if has iqnodump; then
   rm -rf /tmp/iqno-cache

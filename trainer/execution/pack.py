@@ -49,6 +49,7 @@ from trainer.algo.replay.sampler import PrioritizedSampler, sum_paths
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.plans._capture import capture, flag_patterns, matmul_precision, require_cuda, uses_tf32
+from trainer.execution.split_k import SplitLongRows
 
 SAMPLER_FIELDS = ("alpha", "beta_start", "beta_end")
 """`PrioritizedSampler` attributes that `PACKABLE`'s replay fields set (same names as the config's)."""
@@ -316,7 +317,8 @@ class PackPlan:
     trace vmap over the step's torch.func transforms and attention's autograd.Function, so the update is first
     traced to one graph of aten ops (`make_fx`: vmap and the gradients become plain batched ops) and that graph
     is compiled, one per `StepFlags` (`compiled_update`), with Inductor's defaults, or under `run.combo_kernels` with
-    its combined kernels as `PACK_COMBO_OPTIONS` set them. Its C51 target is the fused plans' kernel where the runs
+    its combined kernels as `PACK_COMBO_OPTIONS` set them, and under `run.pack_split_k` with its batched products
+    over long rows split (`trainer.execution.split_k`). Its C51 target is the fused plans' kernel where the runs
     share γ (`c51_kernel_fits`), and its IQN head's the fused plans' kernels where they would take them
     (`iqn_kernels`)."""
 
@@ -326,6 +328,7 @@ class PackPlan:
         self.graph, self.compiled = graph, compiled
         self.name = f"pack-{('fused' if graph else 'compile') if compiled else ('graph' if graph else 'eager')}"
         self.compiled_updates: dict[StepFlags, Callable[..., PackOutput]] = {}
+        self.split_k = SplitLongRows()  # run.pack_split_k: the products it rewrote, in `split_k.rewritten`
         self.tf32 = uses_tf32(self.config.run.precision, compiled)  # compiled: TF32, as the fused plan
         self.hp = dataclasses.replace(Hyper.from_config(self.config), attend=packed_self_attention)
         if compiled and self.c51_kernel_fits(self.config, pack.hyper, self.device):
@@ -463,9 +466,16 @@ class PackPlan:
             copies = [arg if i == 1 else torch.utils._pytree.tree_map(copy, arg) for i, arg in enumerate(inputs)]
             traced = make_fx(functools.partial(self.vmapped, flags))(*copies)
             raise_dynamo_cache_limits()
-            options = PACK_COMBO_OPTIONS if self.config.run.combo_kernels else None
-            self.compiled_updates[flags] = torch.compile(traced, dynamic=False, options=options)  # type: ignore[assignment]
+            self.compiled_updates[flags] = torch.compile(traced, dynamic=False, options=self.inductor_options())  # type: ignore[assignment]
         return self.compiled_updates[flags]
+
+    def inductor_options(self) -> dict[str, Any]:
+        """Inductor's options for the compiled update: combined kernels (`PACK_COMBO_OPTIONS`) under
+        `run.combo_kernels`; the long rows' products split (`SplitLongRows`) under `run.pack_split_k`."""
+        options: dict[str, Any] = dict(PACK_COMBO_OPTIONS) if self.config.run.combo_kernels else {}
+        if self.config.run.pack_split_k:
+            options["post_grad_custom_post_pass"] = self.split_k
+        return options
 
     def update(self, flags: StepFlags, step: Tensor) -> PackOutput:
         """One update of every run (`step`: the global step, a 0-d int64 device tensor)."""

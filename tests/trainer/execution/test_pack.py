@@ -24,6 +24,7 @@ from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.pack import Pack, PackPlan, PackRun
+from trainer.execution.split_k import SplitLongRows
 from trainer.tools.bench import bench_spec, fill_with_random_transitions, random_run
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -230,13 +231,15 @@ def test_a_compiled_pack_with_the_iqn_kernels_is_the_eager_pack() -> None:
     assert_runs_alike(eager, compiled, updates=2)
 
 
+@pytest.mark.parametrize("split_k", [False, True])
 @pytest.mark.parametrize("combo", [False, True])
-def test_a_compiled_pack_takes_combined_kernels_only_when_asked_and_never_their_benchmark(
-    monkeypatch: pytest.MonkeyPatch, combo: bool
+def test_a_compiled_pack_takes_combined_kernels_and_split_products_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, combo: bool, split_k: bool
 ) -> None:
-    """The pack's traced update goes to Inductor with its defaults, or under `run.combo_kernels` with combined
+    """The pack's traced update goes to Inductor with its defaults; under `run.combo_kernels` with combined
     kernels but not their compile-time benchmark, under which the market's packed update indexed out of its replay
-    (`PACK_COMBO_OPTIONS`). Inductor is not run: the options it is given are read."""
+    (`PACK_COMBO_OPTIONS`); under `run.pack_split_k` with the plan's split-K pass. Inductor is not run: the options
+    it is given are read."""
     given: list[dict[str, Any]] = []
 
     def spy(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
@@ -245,10 +248,27 @@ def test_a_compiled_pack_takes_combined_kernels_only_when_asked_and_never_their_
 
     monkeypatch.setattr(torch, "compile", spy)
     configs = [run_config(i, full=False) for i in range(2)]
-    configs = [c.model_copy(update={"run": c.run.model_copy(update={"combo_kernels": combo})}) for c in configs]
-    PackPlan(Pack(configs, solo_run), compiled=True).run(0)
-    combined = {"combo_kernels": True, "benchmark_combo_kernel": False}
-    assert given == [{"dynamic": False, "options": combined if combo else None}]
+    asked = {"combo_kernels": combo, "pack_split_k": split_k}
+    configs = [c.model_copy(update={"run": c.run.model_copy(update=asked)}) for c in configs]
+    plan = PackPlan(Pack(configs, solo_run), compiled=True)
+    plan.run(0)
+    expected: dict[str, Any] = {"combo_kernels": True, "benchmark_combo_kernel": False} if combo else {}
+    if split_k:
+        expected["post_grad_custom_post_pass"] = plan.split_k
+    assert given == [{"dynamic": False, "options": expected}]
+
+
+@pytest.mark.slow
+def test_a_compiled_pack_with_its_long_products_split_is_the_eager_pack() -> None:
+    """`run.pack_split_k` through Inductor (thresholds lowered to the small runs' rows): the batched weight
+    gradients over many rows a run are rewritten (`trainer.execution.split_k`), and the eager pack's losses and
+    state after 2 updates hold."""
+    configs = [run_config(i, full=False) for i in range(2)]
+    configs = [c.model_copy(update={"run": c.run.model_copy(update={"pack_split_k": True})}) for c in configs]
+    eager, compiled = PackPlan(Pack(configs, solo_run)), PackPlan(Pack(configs, solo_run), compiled=True)
+    compiled.split_k = SplitLongRows(min_rows=64, chunk_rows=16, max_outputs=128 * 128)
+    assert_runs_alike(eager, compiled, updates=2)
+    assert compiled.split_k.rewritten and all(rows >= 64 for _, _, rows, _ in compiled.split_k.rewritten)
 
 
 @contextlib.contextmanager
