@@ -34,7 +34,8 @@ class SplitLongRows(CustomGraphPass):
     """`bmm(a, b)` with a [R, M, K] and b [R, K, N], K ≥ `min_rows` a multiple of `chunk_rows` and M·N ≤
     `max_outputs`, as `bmm(a', b').view(R, C, M, N).sum(1)` with a' [R·C, M, K/C] and b' [R·C, K/C, N] views of the
     C = K / chunk_rows chunks of rows (no copy: a product whose operands cannot be viewed so is left as it is).
-    `rewritten` lists each rewritten product's (R, M, K, N)."""
+    `rewritten` lists each rewritten product's (R, M, K, N), of the compilations that ran the pass (one answered by
+    Inductor's cache, which keys it by `uuid`, runs none)."""
 
     def __init__(self, min_rows: int = MIN_ROWS, chunk_rows: int = CHUNK_ROWS, max_outputs: int = MAX_OUTPUTS) -> None:
         self.min_rows, self.chunk_rows, self.max_outputs = min_rows, chunk_rows, max_outputs

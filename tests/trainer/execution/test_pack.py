@@ -259,10 +259,12 @@ def test_a_compiled_pack_takes_combined_kernels_and_split_products_only_when_ask
 
 
 @pytest.mark.slow
-def test_a_compiled_pack_with_its_long_products_split_is_the_eager_pack() -> None:
+def test_a_compiled_pack_with_its_long_products_split_is_the_eager_pack(monkeypatch: pytest.MonkeyPatch) -> None:
     """`run.pack_split_k` through Inductor (thresholds lowered to the small runs' rows): the batched weight
     gradients over many rows a run are rewritten (`trainer.execution.split_k`), and the eager pack's losses and
-    state after 2 updates hold."""
+    state after 2 updates hold. Inductor's caches are off: a compilation they answer runs no pass."""
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     configs = [run_config(i, full=False) for i in range(2)]
     configs = [c.model_copy(update={"run": c.run.model_copy(update={"pack_split_k": True})}) for c in configs]
     eager, compiled = PackPlan(Pack(configs, solo_run)), PackPlan(Pack(configs, solo_run), compiled=True)
