@@ -291,6 +291,11 @@ if has packtrain; then
   done
 fi
 
+market_profile() {  # FILE LABEL OVERRIDE: the compiled market pack's kernels at K = 16 -> $OUT/FILE, its count line
+  timeout -k 15 "$(left 90)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 16 \
+    --no-divergence --top 30 -o "$3" 2>&1 | grep -v "Warn\|check(" > "$OUT/$1"
+  grep "kernels," "$OUT/$1" | sed "s/^/$2: /" | tee -a "$OUT/packcombo.txt"
+}
 market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside its solo run -> $OUT/packcombo_market_NAME.json
   local name=$1 seconds=$2 report="$OUT/packcombo.txt"; shift 2
   timeout -k 15 "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 \
@@ -377,9 +382,7 @@ has packgrads && timeout -k 15 "$(left 60)" python3 scripts/bench_small_ops.py -
   | tee "$OUT/small_ops_packgrads.txt" | tail -22
 if has packsplit; then
   market_row splitk 170 -o run.pack_split_k=true
-  timeout -k 15 "$(left 90)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 16 \
-    --no-divergence --top 30 -o run.pack_split_k=true 2>&1 | grep -v "Warn\|check(" > "$OUT/pack12_profile_splitk.txt"
-  grep "kernels," "$OUT/pack12_profile_splitk.txt" | sed "s/^/split-K: /" | tee -a "$OUT/packcombo.txt"
+  market_profile pack12_profile_splitk.txt "split-K" run.pack_split_k=true
 fi
 has packeval && market_row noeval 170 -o run.eval_every=0
 if has iqnodump; then
@@ -394,9 +397,7 @@ has packmarket && market_row default 170
 has packcfg && market_row config 200 -o run.combo_kernels=true
 if has packprof; then
   for combo in false true; do
-    timeout -k 15 "$(left 90)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 16 \
-      --no-divergence --top 30 -o "run.combo_kernels=$combo" 2>&1 | grep -v "Warn\|check(" > "$OUT/pack11_profile_$combo.txt"
-    grep "kernels," "$OUT/pack11_profile_$combo.txt" | sed "s/^/combo kernels $combo: /" | tee -a "$OUT/packcombo.txt"
+    market_profile "pack11_profile_$combo.txt" "combo kernels $combo" "run.combo_kernels=$combo"
   done
 fi
 

@@ -113,12 +113,17 @@ def _tile(width: int) -> int:
     return max(16, triton.next_power_of_2(width))
 
 
+def _block_h(hidden: int) -> int:
+    """Trunk units a chunk: the width the kernels take ψ, φ and W_1 in, a chunk at a time."""
+    return min(64, _tile(hidden))
+
+
 def _tiles(rows_per_program: Callable[[], int], outputs: bool = True) -> dict[str, Callable[[dict[str, Any]], Any]]:
     """A kernel's tile widths and precision flags, from its arguments (the output layer's only where it has one);
     its rows a program from the module's constant, read at each launch."""
     tiles = {
         "BLOCK_E": lambda args: _tile(args["embed"]),
-        "BLOCK_H": lambda args: min(64, _tile(args["hidden"])),
+        "BLOCK_H": lambda args: _block_h(args["hidden"]),
         "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
         "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
         "ROUND": lambda args: (2 if interpreted() else 1) if args["BF16"] else 0,
@@ -749,7 +754,7 @@ def iqn_quantiles_at_backward(
     device, options = tau.device, _launch_options(h, branches)
     inputs = (tau.float().contiguous(), h, *layers[:4])  # τ, ψ and the first two layers, as both kernels take them
     blocks = triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM)
-    chunks = triton.cdiv(hidden, min(64, _tile(hidden)))  # the kernels' BLOCK_H (`_tiles`)
+    chunks = triton.cdiv(hidden, _block_h(hidden))
     row_groups = min(blocks, BACKWARD_PROGRAMS)
     unit_groups = min(blocks, max(1, BACKWARD_PROGRAMS // chunks))
 
