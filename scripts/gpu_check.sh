@@ -387,7 +387,7 @@ fi
 has packeval && market_row noeval 170 -o run.eval_every=0
 if has iqnodump; then
   rm -rf /tmp/iqno-cache
-  TORCHINDUCTOR_CACHE_DIR=/tmp/iqno-cache TOP=12 profile_core profile_round22_iqno.txt 90 zerocopy-bf16+combo+iqno
+  TORCHINDUCTOR_CACHE_DIR=/tmp/iqno-cache TOP=12 profile_core profile_round22_iqno.txt 240 zerocopy-bf16+combo+iqno
   # the generated modules defining the costliest Inductor kernel the profile names (a kernel's name is per graph)
   kernel=$(grep -o -m1 "triton_[a-z]*_fused_[A-Za-z0-9_]*" "$OUT/profile_round22_iqno.txt")
   [ -n "$kernel" ] && grep -rl --include=*.py "def $kernel(" /tmp/iqno-cache \

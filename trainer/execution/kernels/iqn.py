@@ -57,16 +57,21 @@ WARPS_PER_PROGRAM = 8
 STAGES_PER_PROGRAM = 2
 """Software-pipelining stages of the kernels' loops. Three (Triton's default) asked for 240 KB of shared memory for
 the float32 forward and 256 KB for round 21's backward at `core`'s tiles (Triton 3.7 compiling for sm_90), past an
-H100's 227 KB. With two the float32 forward asks for 160 KB and the backward kernels for 136 and 176; in bf16 32, 28
-and 52 KB (`test_iqn.py` compiles them for Hopper)."""
-BACKWARD_ROWS_PER_PROGRAM = 64
-"""The backward kernels' rows a block: the first holds the block's hidden layer and its gradient, [64, 128] each at
-`core`, beside a chunk's."""
+H100's 227 KB. With two the float32 forward asks for 160 KB and the backward kernels (64 rows) for 136 and 176; in bf16
+(128 rows) 32, 44 and 85 KB (`test_iqn.py` compiles them for Hopper)."""
+BACKWARD_ROWS_PER_PROGRAM = 128
+"""The backward kernels' rows a block in bf16 (float32 takes half, `_backward_rows`): the first holds the block's
+hidden layer and its gradient, [128, 128] each at `core`, beside a chunk's. On an H100 (round 22) forward and
+backward took 136 µs at 128 rows, 181 at 64 and 187 at 256; in float32 128 rows ask 295 KB of shared memory."""
 BACKWARD_PROGRAMS = 128
 """Programs of each backward kernel (a run), about an H100's 132 SMs: each loops over its share of the blocks and
 sums its share of the weight gradients in registers. Round 21's backward (one program a block of 64 rows, 512 at
 `core`, each adding its share of the 50 K weight gradients atomically) took forward and backward to 332 µs on an
 H100 (489 at 32 rows, 202 at 128), against Inductor's 148 µs in 25 kernels (issue 32 round 21)."""
+
+
+def _backward_rows(bf16: bool) -> int:
+    return BACKWARD_ROWS_PER_PROGRAM if bf16 else BACKWARD_ROWS_PER_PROGRAM // 2
 
 
 def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
@@ -118,16 +123,16 @@ def _block_h(hidden: int) -> int:
     return min(64, _tile(hidden))
 
 
-def _tiles(rows_per_program: Callable[[], int], outputs: bool = True) -> dict[str, Callable[[dict[str, Any]], Any]]:
+def _tiles(rows_per_program: Callable[[bool], int], outputs: bool = True) -> dict[str, Callable[[dict[str, Any]], Any]]:
     """A kernel's tile widths and precision flags, from its arguments (the output layer's only where it has one);
-    its rows a program from the module's constant, read at each launch."""
+    its rows a program from the module's constants (by precision), read at each launch."""
     tiles = {
         "BLOCK_E": lambda args: _tile(args["embed"]),
         "BLOCK_H": lambda args: _block_h(args["hidden"]),
         "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
         "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
         "ROUND": lambda args: (2 if interpreted() else 1) if args["BF16"] else 0,
-        "BLOCK_M": lambda args: rows_per_program(),
+        "BLOCK_M": lambda args: rows_per_program(args["BF16"]),
     }
     if outputs:
         tiles["BLOCK_O"] = lambda args: _tile(args["BRANCHES"] * args["actions"])
@@ -295,7 +300,7 @@ def _program_rows(
     return row, in_rows, sample, features, _relu(hidden_pre)
 
 
-@triton.heuristics(_tiles(lambda: ROWS_PER_PROGRAM))
+@triton.heuristics(_tiles(lambda bf16: ROWS_PER_PROGRAM))
 @triton.jit
 def _quantiles_kernel(
     tau_ptr,
@@ -379,7 +384,7 @@ def _quantiles_kernel(
         tl.store(out_ptr + row * BRANCHES + k, z, mask=in_rows)
 
 
-@triton.heuristics(_tiles(lambda: BACKWARD_ROWS_PER_PROGRAM))
+@triton.heuristics(_tiles(lambda bf16: _backward_rows(bf16)))
 @triton.jit
 def _backward_rows_kernel(
     tau_ptr,
@@ -479,7 +484,7 @@ def _backward_rows_kernel(
     tl.store(partial_ptr + out_rows * iqn_hidden + out_rows + i, grad_hidden_b, mask=in_i)
 
 
-@triton.heuristics(_tiles(lambda: BACKWARD_ROWS_PER_PROGRAM, outputs=False))
+@triton.heuristics(_tiles(lambda bf16: _backward_rows(bf16), outputs=False))
 @triton.jit
 def _backward_units_kernel(
     tau_ptr,
@@ -753,7 +758,8 @@ def iqn_quantiles_at_backward(
     iqn_hidden, out_rows = hidden_w.shape[1], out_w.shape[1]
     device, options = tau.device, _launch_options(h, branches)
     inputs = (tau.float().contiguous(), h, *layers[:4])  # τ, ψ and the first two layers, as both kernels take them
-    blocks = triton.cdiv(rows, BACKWARD_ROWS_PER_PROGRAM)
+    rows_a_block = _backward_rows(h.dtype == torch.bfloat16)
+    blocks = triton.cdiv(rows, rows_a_block)
     chunks = triton.cdiv(hidden, _block_h(hidden))
     row_groups = min(blocks, BACKWARD_PROGRAMS)
     unit_groups = min(blocks, max(1, BACKWARD_PROGRAMS // chunks))
@@ -775,7 +781,7 @@ def iqn_quantiles_at_backward(
         triton.cdiv(blocks, row_groups),
         **options,
     )
-    whole = taus if BACKWARD_ROWS_PER_PROGRAM % taus == 0 else 0  # a block's rows are whole samples
+    whole = taus if rows_a_block % taus == 0 else 0  # a block's rows are whole samples
     grad_h = torch.empty(h.shape, device=device, dtype=h.dtype) if whole else torch.zeros(h.shape, device=device)
     second = torch.empty(runs, unit_groups, hidden * embed + hidden + iqn_hidden * hidden, device=device)
     _backward_units_kernel[(chunks, unit_groups, runs)](

@@ -246,7 +246,7 @@ def test_the_online_gradients_add_up_across_programs(
     from trainer.execution.kernels import iqn
 
     monkeypatch.setattr(iqn, "ROWS_PER_PROGRAM", 16)
-    monkeypatch.setattr(iqn, "BACKWARD_ROWS_PER_PROGRAM", 16)
+    monkeypatch.setattr(iqn, "_backward_rows", lambda bf16: 16)
     monkeypatch.setattr(iqn, "BACKWARD_PROGRAMS", programs)
     p, d, (h, tau, action, _, _) = _inputs(CORE, seed=40, actions=5)
     tau = torch.rand(6, taus, generator=torch.Generator().manual_seed(41)).to(DEVICE)
@@ -283,7 +283,7 @@ def shared_memory_on_hopper(precision: str) -> dict[str, int]:
     float32 = {"tau_ptr", "reward_ptr", "done_ptr", "out_ptr", "grad_ptr", "partial_ptr", "gamma"}
     options = {"num_warps": iqn.WARPS_PER_PROGRAM, "num_stages": iqn.STAGES_PER_PROGRAM}
     hopper = GPUTarget("cuda", 90, 32)
-    shared, rows, backward_rows = {}, iqn.ROWS_PER_PROGRAM, iqn.BACKWARD_ROWS_PER_PROGRAM
+    shared, rows, backward_rows = {}, iqn.ROWS_PER_PROGRAM, iqn._backward_rows(bf16)
     for name, kernel, constants in [
         ("target", iqn._quantiles_kernel, {"TARGET": True, "BLOCK_M": rows}),
         ("online", iqn._quantiles_kernel, {"TARGET": False, "BLOCK_M": rows}),
