@@ -142,6 +142,13 @@
 #     +iqno step had a 0.34 ms reduction the default step has not) (DEADLINE 570 s)
 #          -> $OUT/gpu_tests_round22.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round22_core.txt,
 #             $OUT/profile_round22_iqno.txt, $OUT/iqno_kernels.tar.gz
+#   round23 = prof23 (issue 32): zerocopy-bf16+combo and +iqno (the online kernels, 128 rows a block since
+#     round 22), each also with +subblocks (each part of a combined kernel with its own block sizes: round 22's +iqno
+#     step had a combined kernel whose one XBLOCK cost 0.309 ms on a filled cache, 0.060 afresh), every variant tuned
+#     in its own process with Inductor's caches off (--fresh-cache), about 110 s each (DEADLINE 560 s)
+#          -> $OUT/profile_round23_core.txt (the step lines), $OUT/profile_round23_VARIANT.txt (`+` written `_`)
+#   round23b = tests23: the bf16 combo case of the online kernels' equivalence test, which round 22's stage cut
+#     (DEADLINE 330 s)                                                            -> $OUT/gpu_tests_round23.log
 #   pack12 = packgrads,packsplit,packeval (issue 31): the market pack's long-row weight gradients as batched products
 #     against split-K by hand (scripts/bench_small_ops.py --ops packgrads: are they round 11's slow FFMA/TF32
 #     products, and does splitting their rows speed them); the market recipe's pack of 16 beside its solo run with
@@ -219,6 +226,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round20 ] && { stage=tests20,small20,packmarket; DEADLINE="${DEADLINE:-330}"; }
 [ "$stage" = round21 ] && { stage=tests21o,small21,prof21,tests21; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round22 ] && { stage=tests22,small22,prof22,iqnodump; DEADLINE="${DEADLINE:-570}"; }
+[ "$stage" = round23 ] && { stage=prof23; DEADLINE="${DEADLINE:-560}"; }
+[ "$stage" = round23b ] && { stage=tests23; DEADLINE="${DEADLINE:-330}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
@@ -349,6 +358,7 @@ profile_core() {  # FILE SECONDS VARIANT... : kernels per step on PRESET (core),
   local file=$1 seconds=$2 variants=(); shift 2
   for v in "$@"; do variants+=(--variant "$v"); done
   [ -n "${TRACE:-}" ] && variants+=(--trace "$TRACE")
+  [ -n "${FRESH:-}" ] && variants+=(--fresh-cache)
   timeout -k 15 "$(left "$seconds")" python3 scripts/profile_step.py --config "${PRESET:-core}" "${variants[@]}" --top "${TOP:-30}" 2>&1 \
     | grep -v "Warn\|check(" | tee "$OUT/$file" | tail -40
   [ -n "${TRACE:-}" ] && gzip -f "$TRACE"/*.json  # a few MB each as text
@@ -374,6 +384,14 @@ has prof21 && TOP=30 profile_core profile_round21_core.txt 280 zerocopy-bf16+com
 has tests21 && gpu_tests gpu_tests_round21.log 150 "$bf16_test[fused-core]" "$bf16_test[fused-combo-core]"
 has tests22 && MARK="gpu or not gpu" gpu_tests gpu_tests_round22.log 240 tests/trainer/execution/kernels/test_iqn.py \
   tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_online_kernels_match_eager_after_50_steps
+if has prof23; then  # one process a variant: nothing tuned by one is served to the next
+  for v in zerocopy-bf16+combo zerocopy-bf16+combo+subblocks zerocopy-bf16+combo+iqno zerocopy-bf16+combo+iqno+subblocks; do
+    FRESH=1 TOP=12 profile_core "profile_round23_${v//+/_}.txt" 130 "$v" > /dev/null  # `+` does not come back
+    grep -h "ms/step" "$OUT/profile_round23_${v//+/_}.txt" | tee -a "$OUT/profile_round23_core.txt"
+  done
+fi
+has tests23 && MARK="gpu or not gpu" gpu_tests gpu_tests_round23.log 300 \
+  "tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_online_kernels_match_eager_after_50_steps[fused-bf16-combo]"
 has small22 && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --ops iqnonline 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_iqnonline.txt" | tail -8
 has prof22 && TOP=30 profile_core profile_round22_core.txt 150 zerocopy-bf16+combo zerocopy-bf16+combo+iqno \

@@ -65,6 +65,13 @@ def test_pdl_launches_inductors_triton_kernels_with_dependent_launch_only_inside
     assert inductor_config.triton.enable_pdl is False
 
 
+def test_subblocks_gives_each_part_of_a_combined_kernel_its_own_blocks_only_inside_the_variant() -> None:
+    assert inductor_config.combo_kernel_per_subkernel_blocks is False
+    with flags_scope(["subblocks"]):
+        assert inductor_config.combo_kernel_per_subkernel_blocks is True
+    assert inductor_config.combo_kernel_per_subkernel_blocks is False
+
+
 def test_iqnk_builds_the_step_with_the_iqn_target_kernel() -> None:
     assert split_variant("zerocopy-bf16+combo+iqnk") == ("zerocopy-bf16+combo", ["iqnk"])
     config = preset_config("core", BenchOptions(overrides=[OVERRIDE_FLAGS["iqnk"]]))
