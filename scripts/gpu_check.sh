@@ -305,11 +305,12 @@ market_profile() {  # FILE LABEL OVERRIDE: the compiled market pack's kernels at
     --no-divergence --top 30 -o "$3" 2>&1 | grep -v "Warn\|check(" > "$OUT/$1"
   grep "kernels," "$OUT/$1" | sed "s/^/$2: /" | tee -a "$OUT/packcombo.txt"
 }
-market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside its solo run -> $OUT/packcombo_market_NAME.json
+market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside solo seeds 1 and 2 -> $OUT/packcombo_market_NAME.json
   local name=$1 seconds=$2 report="$OUT/packcombo.txt"; shift 2
   timeout -k 15 "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 \
-    --cpu-steps 0 --plan fused --out "/tmp/packcombo-market-$name" "$@" > "/tmp/packcombo-market-$name.log" 2>&1
-  { echo "== market $name ($*)"; grep -A4 '^| row' "/tmp/packcombo-market-$name.log"; } | tee -a "$report"
+    --cpu-steps 0 --plan fused --solo-seeds 1,2 --out "/tmp/packcombo-market-$name" "$@" \
+    > "/tmp/packcombo-market-$name.log" 2>&1
+  { echo "== market $name ($*)"; grep -A5 '^| row' "/tmp/packcombo-market-$name.log"; } | tee -a "$report"
   cp "/tmp/packcombo-market-$name/pack_recipes.json" "$OUT/packcombo_market_$name.json" 2>/dev/null
 }
 
@@ -399,10 +400,10 @@ has prof22 && TOP=30 profile_core profile_round22_core.txt 150 zerocopy-bf16+com
 has packgrads && timeout -k 15 "$(left 60)" python3 scripts/bench_small_ops.py --ops packgrads 2>&1 \
   | tee "$OUT/small_ops_packgrads.txt" | tail -22
 if has packsplit; then
-  market_row splitk 170 -o run.pack_split_k=true
+  market_row splitk 200 -o run.pack_split_k=true
   market_profile pack12_profile_splitk.txt "split-K" run.pack_split_k=true
 fi
-has packeval && market_row noeval 170 -o run.eval_every=0
+has packeval && market_row noeval 200 -o run.eval_every=0
 if has iqnodump; then
   rm -rf /tmp/iqno-cache
   TORCHINDUCTOR_CACHE_DIR=/tmp/iqno-cache TOP=12 profile_core profile_round22_iqno.txt 240 zerocopy-bf16+combo+iqno
@@ -411,8 +412,8 @@ if has iqnodump; then
   [ -n "$kernel" ] && grep -rl --include=*.py "def $kernel(" /tmp/iqno-cache \
     | tar -czf "$OUT/iqno_kernels.tar.gz" -T - 2>/dev/null && echo "kept the modules defining $kernel"
 fi
-has packmarket && market_row default 170
-has packcfg && market_row config 200 -o run.combo_kernels=true
+has packmarket && market_row default 200
+has packcfg && market_row config 230 -o run.combo_kernels=true
 if has packprof; then
   for combo in false true; do
     market_profile "pack11_profile_$combo.txt" "combo kernels $combo" "run.combo_kernels=$combo"
