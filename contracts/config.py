@@ -293,8 +293,19 @@ class RunConfig(_Section):
             "Triton kernels that recompute the rows' activations on chip, a forward and two backward ('triton', "
             f"the widths as for iqn_target_kernel, at most {IQN_KERNEL_MAX_WIDTH}). The kernels' first form took "
             "core's bf16 step from 0.79 to 1.27 ms on an H100 (its backward added the weight gradients atomically); "
-            "this second form, without atomics, is not yet measured, so 'inductor' is the default. Compiled packs "
-            "follow it too; no effect on the other plans, nor on the CPU."
+            "this second form, without atomics, took it to 0.792 ms against 0.776 for 'inductor' (H100, 2026-12-07, "
+            "each compiled afresh), so 'inductor' stays the default. Compiled packs follow it too; no effect on the "
+            "other plans, nor on the CPU."
+        ),
+    )
+    rng: Literal["torch", "keyed"] = Field(
+        "torch",
+        description=(
+            "Where the draws a run makes while it trains come from (the replay's sampling, HER's, the step's taus, "
+            "epsilon-greedy's, the torch market's noise): torch's generators ('torch'), or counter-based ones "
+            "('keyed', `trainer.algo.rng`: each draw a hash of the run's seed, a counter and the element), with "
+            "which a pack of K runs draws all of theirs in one launch instead of K. Either way a pack's run i draws "
+            "what its solo run does; 'keyed' draws other numbers than 'torch', so a recipe's figures are torch's."
         ),
     )
     precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(

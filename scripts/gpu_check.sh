@@ -149,6 +149,13 @@
 #          -> $OUT/profile_round23_core.txt (the step lines), $OUT/profile_round23_VARIANT.txt (`+` written `_`)
 #   round23b = tests23: the bf16 combo case of the online kernels' equivalence test, which round 22's stage cut
 #     (DEADLINE 330 s)                                                            -> $OUT/gpu_tests_round23.log
+#   pack13 = tests13k,packkeyed,packdefault,packkeyprof (issue 31): keyed random draws (run.rng=keyed,
+#     trainer.algo.rng: a pack's runs draw in one launch a draw, not one a run): the kernel's GPU tests and a pack
+#     step's kernels with torch's and keyed draws; the market recipe's pack of 16 beside solo seeds 1 and 2, keyed,
+#     then with torch's draws (the control of the same call); then the keyed market pack's kernels at K = 16
+#     (round 11 without: 338 kernels, 1.476 ms) (DEADLINE 580 s)
+#          -> $OUT/gpu_tests_pack13.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.json,
+#             $OUT/pack13_profile_keyed.txt
 #   pack12 = packgrads,packsplit,packeval (issue 31): the market pack's long-row weight gradients as batched products
 #     against split-K by hand (scripts/bench_small_ops.py --ops packgrads: are they round 11's slow FFMA/TF32
 #     products, and does splitting their rows speed them); the market recipe's pack of 16 beside its solo run with
@@ -228,6 +235,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round22 ] && { stage=tests22,small22,prof22,iqnodump; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round23 ] && { stage=prof23; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round23b ] && { stage=tests23; DEADLINE="${DEADLINE:-330}"; }
+[ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
@@ -403,6 +411,11 @@ if has packsplit; then
   market_row splitk 200 -o run.pack_split_k=true
   market_profile pack12_profile_splitk.txt "split-K" run.pack_split_k=true
 fi
+has tests13k && MARK="gpu or not gpu" gpu_tests gpu_tests_pack13.log 120 tests/trainer/execution/kernels/test_keyed.py \
+  tests/trainer/execution/test_pack.py::test_a_pack_step_launches_one_runs_kernels_and_its_draws
+has packkeyed && market_row keyed 200 -o run.rng=keyed
+has packdefault && market_row default 200
+has packkeyprof && market_profile pack13_profile_keyed.txt "keyed" run.rng=keyed
 has packeval && market_row noeval 200 -o run.eval_every=0
 if has iqnodump; then
   rm -rf /tmp/iqno-cache

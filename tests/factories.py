@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -172,3 +176,19 @@ def on_cuda_exploring(configs: list[TrainConfig]) -> list[TrainConfig]:
         )
         for config in configs
     ]
+
+
+def compiled_without_the_interpreter(module: str, function: str, *args: Any) -> Any:
+    """`module.function(*args)`'s JSON result in a Python of its own without TRITON_INTERPRET (which
+    `tests/conftest.py` sets without a GPU), so Triton's own compiler and ptxas build kernels for a GPU this
+    machine lacks: what the interpreter lets by fails there, not on the device."""
+    code = f"import json, {module} as m; print(json.dumps(m.{function}(*{list(args)!r})))"
+    compiled = subprocess.run(
+        [sys.executable, "-c", code],
+        env={name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    return json.loads(compiled.stdout.splitlines()[-1])

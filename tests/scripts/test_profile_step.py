@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -51,25 +52,22 @@ def test_the_combined_kernel_cap_replaces_torch_2_11s_grouping_inside_the_block_
     assert ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels is default
 
 
-def test_nosplitred_turns_inductors_split_reductions_off_only_inside_the_variant() -> None:
-    assert inductor_config.split_reductions is True
-    with flags_scope(["nosplitred"]):
-        assert inductor_config.split_reductions is False
-    assert inductor_config.split_reductions is True
+@pytest.mark.parametrize(
+    ("flag", "setting", "inside"),
+    [
+        ("nosplitred", "split_reductions", False),  # no reduction split into a partial and a final kernel
+        ("pdl", "triton.enable_pdl", True),  # Inductor's Triton kernels under programmatic dependent launch
+        ("subblocks", "combo_kernel_per_subkernel_blocks", True),  # a combined kernel's parts with their own blocks
+    ],
+)
+def test_a_flag_holds_its_inductor_setting_only_inside_the_variant(flag: str, setting: str, inside: bool) -> None:
+    def value() -> object:
+        return functools.reduce(getattr, setting.split("."), inductor_config)
 
-
-def test_pdl_launches_inductors_triton_kernels_with_dependent_launch_only_inside_the_variant() -> None:
-    assert inductor_config.triton.enable_pdl is False
-    with flags_scope(["pdl"]):
-        assert inductor_config.triton.enable_pdl is True
-    assert inductor_config.triton.enable_pdl is False
-
-
-def test_subblocks_gives_each_part_of_a_combined_kernel_its_own_blocks_only_inside_the_variant() -> None:
-    assert inductor_config.combo_kernel_per_subkernel_blocks is False
-    with flags_scope(["subblocks"]):
-        assert inductor_config.combo_kernel_per_subkernel_blocks is True
-    assert inductor_config.combo_kernel_per_subkernel_blocks is False
+    assert value() is (not inside)
+    with flags_scope([flag]):
+        assert value() is inside
+    assert value() is (not inside)
 
 
 def test_iqnk_builds_the_step_with_the_iqn_target_kernel() -> None:

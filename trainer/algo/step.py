@@ -41,6 +41,7 @@ from trainer.algo.model import (
     self_attention,
     trunk,
 )
+from trainer.algo.rng import uniform_
 from trainer.algo.state import TrainState
 
 
@@ -193,7 +194,7 @@ class Draws:
 
     def fill_(self, generator: torch.Generator) -> Draws:
         """Redraw in place (capture-safe: no reallocation, no host sync)."""
-        self.uniform.uniform_(generator=generator)
+        uniform_(self.uniform, generator)
         if self.permute:
             keys = self.uniform[-self.perm.shape[0] :]  # [B]
             self.perm.copy_(keys.argsort())

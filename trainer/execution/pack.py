@@ -46,6 +46,7 @@ from trainer.algo.batch import Batch
 from trainer.algo.budgets import AdamMoments
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.replay.sampler import PrioritizedSampler, sum_paths
+from trainer.algo.rng import UNIFORM, rows_draw_
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.plans._capture import capture, flag_patterns, matmul_precision, require_cuda, uses_tf32
@@ -436,11 +437,8 @@ class PackPlan:
     def draw(self) -> tuple[Tensor, Tensor | None]:
         """Every run's random numbers from its own generators, in its solo run's order: PER's points [K, B]
         and HER's [K, 2, B] (the replay's), then the step's uniforms (`Draws.fill_`'s)."""
-        draws = [replay.draw(self.batch_size) for replay in self.pack.replays]
-        points = torch.stack([d[0] for d in draws])
-        her = None if draws[0][1] is None else torch.stack([d[1] for d in draws if d[1] is not None])
-        for row, generator in zip(self.uniform, self.pack.generators, strict=True):
-            row.uniform_(generator=generator)
+        points, her = ReplayBuffer.draw_rows(self.pack.replays, self.batch_size)
+        rows_draw_(self.uniform, self.pack.generators, UNIFORM)
         if self.permute:
             self.perm.copy_(self.uniform[:, -self.batch_size :].argsort(dim=1))
         return points, her

@@ -51,6 +51,7 @@ from trainer.algo.model import greedy_action
 from trainer.algo.replay.sampler import sum_paths
 from trainer.algo.replay.storage import TensorStorage
 from trainer.algo.replay.writer import HostAdd, RingWriter, advance_many, backfill_host
+from trainer.algo.rng import RANDINT, UNIFORM, rows_draw_
 from trainer.execution.collect import CaptureFn, Phase, Replayable, graph_capture
 from trainer.execution.data.gym_source import GymSource, linear_epsilon
 from trainer.execution.data.market_torch import TorchMarketSource
@@ -254,9 +255,8 @@ class PackCollector:
         n, k = greedy.shape[1:]
         draw = torch.empty((len(live), n, 1), device=self.device)  # [L, N, 1]
         random = torch.empty((len(live), n, k), dtype=torch.int64, device=self.device)  # [L, N, K]
-        for row, i in enumerate(live):
-            torch.rand(n, 1, generator=self.explore[i], out=draw[row])
-            torch.randint(0, self.actions, (n, k), generator=self.explore[i], out=random[row])
+        rows_draw_(draw, self.explore, UNIFORM, live)
+        rows_draw_(random, self.explore, RANDINT, live, high=self.actions)
         return torch.where(draw < threshold, random, greedy)
 
     # ---- the torch market's blocks: every host value known up front, so a block can be one graph ----------------

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from contracts.packs import PackError
+from trainer.algo.rng import NORMAL, UNIFORM, rows_draw_
 from trainer.execution.data.market_torch import (
     MarketNoise,
     MarketState,
@@ -72,9 +73,8 @@ class StackedMarkets:
         """Every env stepped with `action` [K N, 3] (`ended`: every episode ends at this step, see
         `MarketDynamics.step`); each market's noise drawn from its own generator first, as `TorchMarket.step` does.
         The step's `obs` is the state's, overwritten by the step (callers keep their own copy)."""
-        for i, generator in enumerate(self.generators):
-            self.noise.normal[self.rows(i)].normal_(generator=generator)
-            self.noise.uniform[self.rows(i)].uniform_(generator=generator)
+        rows_draw_(self.noise.normal.view(self.runs, -1), self.generators, NORMAL)  # [K, N C]: run i's rows
+        rows_draw_(self.noise.uniform.view(self.runs, -1), self.generators, UNIFORM)
         after, out = self.dynamics.step(self.state, action, self.noise, ended)
         self.state.copy_(after)
         return out

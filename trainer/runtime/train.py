@@ -41,6 +41,7 @@ from contracts.config import STEPS_PER_EPOCH, TrainConfig, dump_config
 from contracts.jsonfile import write_json_atomic
 from trainer.algo.model import ModelDims, greedy_action
 from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.rng import make_generator
 from trainer.algo.state import TrainState
 from trainer.execution.collect import MarketCollector, collect_graph_applies, graph_capture
 from trainer.execution.data import OnlineSource, Source, make_source
@@ -231,14 +232,14 @@ def build_run(config: TrainConfig, run_dir: Path, checkpoint_url: str | None = N
     spec = source.spec
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
     state = TrainState.create(config, dims, device)
-    generator = torch.Generator(device=device).manual_seed(config.run.seed)
+    generator = make_generator(config.run.seed, "step", device, config.run.rng)  # the replay's and the step's
     collect_steps = config.run.steps_per_replay * config.data.env_steps_per_update
     in_graph = config.run.collect_graph and collect_graph_applies(source, device, collect_steps)
     replay = ReplayBuffer(config, spec, device, generator, device_writer=in_graph)
     timer = StepTimer(device)
     plan_name = resolve_plan(config.run.plan, device)
     checkpoint_url = checkpoint_location(run_dir, checkpoint_url)
-    explore_generator = torch.Generator(device=device).manual_seed(config.run.seed + 1)
+    explore_generator = make_generator(config.run.seed, "explore", device, config.run.rng)
     metrics = TrainerMetrics(
         CollectorRegistry(), plan=plan_name, info=build_info(plan=plan_name, model=MODEL_NAME, device=str(device))
     )

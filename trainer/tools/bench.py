@@ -49,6 +49,7 @@ from contracts.packs import MAX_PACK
 from contracts.plans import PLANS
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.rng import make_generator
 from trainer.algo.state import TrainState
 from trainer.algo.step import StepOutput
 from trainer.execution.data.spec import EnvSpec, Transitions, goal_columns
@@ -372,7 +373,7 @@ def time_method(
     for key, tensor in replay.sampler.state_dict().items():
         tensor.copy_(priorities[key])
     replay.generator.manual_seed(options.seed + 1)
-    generator = torch.Generator(device).manual_seed(options.seed + 2)
+    generator = make_generator(options.seed + 2, "step", device, config.run.rng)
     dims = ModelDims.build(config.model, replay.spec.obs_dim, replay.spec.branches, replay.spec.actions)
     timer = StepTimer(device, enabled=timer_enabled)
     if device.type == "cuda":
@@ -415,9 +416,10 @@ def random_run(i: int, config: TrainConfig, transitions: int) -> PackRun:
     device = torch.device(config.run.device)
     spec = bench_spec(config)
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-    replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(10 + i))
+    replay = ReplayBuffer(config, spec, device, make_generator(10 + i, "step", device, config.run.rng))
     fill_with_random_transitions(replay, transitions, seed=i)
-    return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(20 + i))
+    draws = make_generator(20 + i, "step", device, config.run.rng)
+    return PackRun(TrainState.create(config, dims, device), replay, draws)
 
 
 def solo_runs_beside_pack(
@@ -472,13 +474,14 @@ def time_pack(
         ]
 
         def make(i: int, run_config: TrainConfig) -> PackRun:
+            seed = options.seed + 1000 * i
             run_replay = ReplayBuffer(
-                run_config, replay.spec, device, torch.Generator(device).manual_seed(options.seed + 1 + 1000 * i)
+                run_config, replay.spec, device, make_generator(seed + 1, "step", device, run_config.run.rng)
             )
             run_replay.load_state_dict(replay.state_dict())
             for key, tensor in run_replay.sampler.state_dict().items():
                 tensor.copy_(priorities[key])
-            generator = torch.Generator(device).manual_seed(options.seed + 2 + 1000 * i)
+            generator = make_generator(seed + 2, "step", device, run_config.run.rng)
             return PackRun(TrainState.create(run_config, dims, device), run_replay, generator)
 
         pack = Pack(configs, make)
@@ -638,7 +641,7 @@ def run_bench(options: BenchOptions, device: torch.device, log: Callable[[str], 
     for preset in options.configs:
         config = preset_config(preset, options)
         spec = bench_spec(config)
-        replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(options.seed + 1))
+        replay = ReplayBuffer(config, spec, device, make_generator(options.seed + 1, "step", device, config.run.rng))
         began = time.perf_counter()
         fill_with_random_transitions(replay, options.capacity, options.seed)
         log(f"[{preset}] replay of {len(replay)} random transitions filled in {time.perf_counter() - began:.1f}s")

@@ -21,6 +21,7 @@ from contracts.config import TrainConfig
 from tests.factories import tiny_config
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.rng import KeyedRows, make_generator
 from trainer.algo.state import TrainState
 from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.pack import Pack, PackPlan, PackRun
@@ -46,7 +47,7 @@ priorities (measured at most 6.1e-8 and 9.4e-9 on an H100)."""
 LRS, GAMMAS, ALPHAS = (1e-3, 3e-4, 1e-4), (0.99, 0.95, 0.9), (0.6, 0.5, 0.7)
 
 
-def run_config(i: int, full: bool, device: str = "cpu") -> TrainConfig:
+def run_config(i: int, full: bool, device: str = "cpu", rng: str = "torch") -> TrainConfig:
     """Run i of the test's pack: its own seed, learning rate, γ and PER α."""
     parts = (
         ["loss.vaccine_every=2", "loss.causal_every=3"]
@@ -57,6 +58,7 @@ def run_config(i: int, full: bool, device: str = "cpu") -> TrainConfig:
         [
             f"run.seed={i}",
             f"run.device={device}",
+            f"run.rng={rng}",
             f"optim.lr={LRS[i]}",
             f"loss.gamma={GAMMAS[i]}",
             f"replay.alpha={ALPHAS[i]}",
@@ -68,13 +70,14 @@ def run_config(i: int, full: bool, device: str = "cpu") -> TrainConfig:
 
 
 def solo_run(i: int, config: TrainConfig) -> PackRun:
-    """Run i as a solo run builds it: state, a replay of random transitions, the draws' generator."""
+    """Run i as a solo run builds it: state, a replay of random transitions, the draws' generator (`run.rng`'s)."""
     device = torch.device(config.run.device)
     spec = bench_spec(config)
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
-    replay = ReplayBuffer(config, spec, device, torch.Generator(device).manual_seed(config.run.seed))
+    replay = ReplayBuffer(config, spec, device, make_generator(config.run.seed, "step", device, config.run.rng))
     fill_with_random_transitions(replay, 400, seed=7 + i, chunk=200)
-    return PackRun(TrainState.create(config, dims, device), replay, torch.Generator(device).manual_seed(100 + i))
+    draws = make_generator(100 + i, "step", device, config.run.rng)
+    return PackRun(TrainState.create(config, dims, device), replay, draws)
 
 
 class Solo:
@@ -110,11 +113,13 @@ def relative_errors(pack: Pack, solos: list[Solo]) -> Iterator[tuple[int, str, f
                 yield i, name, float(diff)
 
 
-@pytest.mark.parametrize("full", [False, True], ids=["core", "full"])
-def test_each_run_of_a_pack_is_its_solo_run(full: bool) -> None:
+@pytest.mark.parametrize(
+    ("full", "rng"), [(False, "torch"), (True, "torch"), (True, "keyed")], ids=["core", "full", "full-keyed"]
+)
+def test_each_run_of_a_pack_is_its_solo_run(full: bool, rng: str) -> None:
     """Two runs differing in seed, lr, γ and α (with vaccine, causal, ensemble, HER and the sum-tree's descent in
-    `full`), 3 updates."""
-    configs = [run_config(i, full) for i in range(2)]
+    `full`), 3 updates. Under `run.rng: keyed` the runs' replays and draws are keyed rows of one pack."""
+    configs = [run_config(i, full, rng=rng) for i in range(2)]
     solos = [Solo(i, config) for i, config in enumerate(configs)]
     pack = Pack(configs, solo_run)
     assert pack.differing == ["loss.gamma", "optim.lr", "replay.alpha", "run.seed"]
@@ -133,6 +138,10 @@ def test_each_run_of_a_pack_is_its_solo_run(full: bool) -> None:
     # each run's objects are views of its row of the stacked tensors: what collection writes, the pack step reads
     assert pack.states[1].online.data_ptr() == pack.state["online"][1].data_ptr()
     assert pack.replays[1].storage.obs.data_ptr() == pack.storage["obs"][1].data_ptr()
+    if rng == "keyed":  # the replays' generators and the draws' each drew as one: rows of two [K] counters
+        replays = KeyedRows.of([r.generator for r in pack.replays])
+        assert replays is not None and replays.counters.tolist() == [6, 6]  # PER's and HER's, 3 updates
+        assert KeyedRows.of(pack.generators) is not replays and pack.generators[1].counter.item() == 3
 
 
 COMPILED_RTOL = 1e-4
@@ -411,14 +420,15 @@ def cuda_kernels(call: Callable[[], object]) -> int:
 
 @needs_gpu
 @pytest.mark.gpu
-def test_a_pack_step_launches_one_runs_kernels_and_its_draws() -> None:
+@pytest.mark.parametrize("rng", ["torch", "keyed"])
+def test_a_pack_step_launches_one_runs_kernels_and_its_draws(rng: str) -> None:
     """vmap batches every product over the runs' stacked weights: K runs launch one run's kernels, plus the two
-    draws each run makes from its own generators (PER's points and the step's uniforms). No op takes vmap's
-    fallback (attention's backward did, looping over the runs, before `pack_attention`): measured on an H100
-    before it, 916 kernels at K = 1 and 944 at 8."""
+    draws each run makes from its own generators (PER's points and the step's uniforms), or under `run.rng: keyed`
+    one launch of each draw for all runs. No op takes vmap's fallback (attention's backward did, looping over the
+    runs, before `pack_attention`): measured on an H100 before it, 916 kernels at K = 1 and 944 at 8."""
     from trainer.tools.bench import BenchOptions, preset_config
 
-    options = BenchOptions(batch_size=256, capacity=20_000)
+    options = BenchOptions(batch_size=256, capacity=20_000, overrides=[f"run.rng={rng}"])
     base = preset_config("core", options)
     counts = {}
     for size in (1, 8):
@@ -430,8 +440,8 @@ def test_a_pack_step_launches_one_runs_kernels_and_its_draws() -> None:
         plan = PackPlan(Pack(configs, functools.partial(random_run, transitions=2_000)))
         with no_vmap_fallback():
             counts[size] = cuda_kernels(functools.partial(plan.run, 0))
-    print(f"\nkernels per eager pack step: K=1 {counts[1]}, K=8 {counts[8]}")
-    assert counts[8] <= counts[1] + 2 * 7 + 8, counts
+    print(f"\nkernels per eager pack step ({rng}): K=1 {counts[1]}, K=8 {counts[8]}")
+    assert counts[8] <= counts[1] + (2 * 7 if rng == "torch" else 0) + 8, counts
 
 
 @needs_gpu

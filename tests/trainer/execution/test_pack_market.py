@@ -12,6 +12,7 @@ import torch
 from contracts.config import TrainConfig, load_config
 from contracts.packs import PackError
 from tests.factories import SMALL_MARKET, WarmedCapture, on_cuda_exploring
+from trainer.algo.rng import KeyedGenerator, KeyedRows
 from trainer.execution.data.market_torch import TorchMarket, TorchMarketSource
 from trainer.execution.pack import Pack, PackRun
 from trainer.execution.pack_collect import PackCollector
@@ -129,6 +130,19 @@ def test_a_captured_block_collects_as_the_uncaptured_one(tmp_path: Path) -> None
     capture = WarmedCapture()
     collect_alike(run_configs(), tmp_path, 5, capture)
     assert capture.captured == 5
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_keyed_runs_collect_their_solo_rows_drawing_as_one(tmp_path: Path, captured: bool) -> None:
+    """`run.rng: keyed`: the markets' noise and ε-greedy's draws of every run in one call each (`KeyedRows`), and
+    each run still collects its solo rows, captured too (the warm-up's draws put back through the counters)."""
+    runs = collect_alike(run_configs("run.rng=keyed"), tmp_path, 5, WarmedCapture() if captured else None)
+    explore = [run.explore_generator for run in runs]
+    markets = [run.online_source.market.generator for run in runs if isinstance(run.online_source, TorchMarketSource)]
+    assert all(isinstance(g, KeyedGenerator) for g in [*explore, *markets]) and len(markets) == 3
+    for generators in (explore, markets):  # the collection drew them as rows of one pack (solo states: compared above)
+        rows = generators[0].rows
+        assert isinstance(rows, KeyedRows) and rows.generators == generators and rows.counters.min() > 0
 
 
 def test_a_market_run_left_out_stores_nothing(tmp_path: Path) -> None:

@@ -140,14 +140,15 @@ def test_a_packed_run_trains_as_its_solo_run(tmp_path: Path) -> None:
             assert torch.equal({**mine.state, **mine.replay}[name], tensor), name
 
 
-def test_a_packed_market_run_collects_and_evaluates_as_its_solo_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rng", ["torch", "keyed"])
+def test_a_packed_market_run_collects_and_evaluates_as_its_solo_run(tmp_path: Path, rng: str) -> None:
     """The torch market (HER and attention on), two seeds as one pack whose markets step as one batch, 20 updates:
     each run's stored rows, evaluations and margin over the heuristic are its solo run's, bit for bit on the CPU;
     its parameters within 1e-4 (relative norm), since with attention on the pack's step is not bit for bit
     (tests/trainer/execution/test_pack.py: `RTOL`) and the priorities it writes back follow its losses."""
     more = ["run.steps=20", "run.log_every=10", "run.eval_every=10", "run.checkpoint_every=10", "run.plan=eager"]
     more += ["run.eval_select_episodes=2", "run.eval_episodes=2"]
-    packed = [load_config(MARKET, [*SMALL_MARKET, *more, f"run.seed={seed}"]) for seed in (1, 2)]
+    packed = [load_config(MARKET, [*SMALL_MARKET, *more, f"run.seed={seed}", f"run.rng={rng}"]) for seed in (1, 2)]
     same = ("eval_returns", "best_eval_step", "baseline_means", "margin_over_heuristic", "replay_size")
     for mine, theirs in packed_beside_solo(packed, tmp_path, same):
         for name, tensor in theirs.replay.items():

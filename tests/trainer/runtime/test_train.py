@@ -68,8 +68,10 @@ def test_an_unreachable_pushgateway_warns_and_the_run_still_succeeds(
     assert "warning: metrics not pushed to http://pushgateway.invalid:9091" in capsys.readouterr().err
 
 
-def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
-    config = tiny_config()
+@pytest.mark.parametrize("rng", ["torch", "keyed"])
+def test_checkpoint_round_trip_continues_identically(tmp_path: Path, rng: str) -> None:
+    """The restored run's generators draw on as the original's (`run.rng: keyed`: its counters)."""
+    config = tiny_config([f"run.rng={rng}"])
     original = build_run(config, tmp_path / "a")
     fill_replay(original)
     start_plan(original)

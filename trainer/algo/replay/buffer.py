@@ -8,6 +8,7 @@ losses back by slot. Only `add`/`extend` run host code (the host produces the ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -19,6 +20,7 @@ from trainer.algo.replay.her import HindsightRelabeler
 from trainer.algo.replay.sampler import PrioritizedSampler
 from trainer.algo.replay.storage import TensorStorage
 from trainer.algo.replay.writer import DeviceRingWriter, RingWriter
+from trainer.algo.rng import UNIFORM, rows_draw_
 from trainer.execution.data.spec import EnvSpec, Transitions
 
 
@@ -98,6 +100,17 @@ class ReplayBuffer:
         points = self.sampler.draw(batch_size, self.generator)
         her = None if self.her is None else self.her.draw(batch_size, self.device, self.generator)
         return points, her
+
+    @staticmethod
+    def draw_rows(replays: Sequence[ReplayBuffer], batch_size: int) -> tuple[Tensor, Tensor | None]:
+        """`draw` of K replays, row i from replays[i]'s generator: the same numbers ([K, B] float64, as
+        `PrioritizedSampler.draw`'s, and [K, 2, B], as `HindsightRelabeler.draw`'s), one launch each where the
+        generators are keyed (`trainer.algo.rng`)."""
+        generators, runs, device = [r.generator for r in replays], len(replays), replays[0].device
+        points = rows_draw_(torch.empty(runs, batch_size, dtype=torch.float64, device=device), generators, UNIFORM)
+        if replays[0].her is None:
+            return points, None
+        return points, rows_draw_(torch.empty(runs, 2, batch_size, device=device), generators, UNIFORM)
 
     def gather_into(self, batch: Batch, points: Tensor, her_draw: Tensor | None, step: int | Tensor) -> None:
         """Sampling without its random numbers (`draw`'s): the slots of PER's `points` [B], their weights,

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from trainer.algo.replay.storage import TensorStorage
+from trainer.algo.rng import uniform_
 from trainer.execution.data.spec import GoalSpec
 
 
@@ -33,7 +34,7 @@ class HindsightRelabeler:
     @staticmethod
     def draw(batch_size: int, device: torch.device, generator: torch.Generator) -> Tensor:
         """The random numbers of one relabelling [2, B]: which rows, and how far ahead."""
-        return torch.rand(2, batch_size, device=device, generator=generator)
+        return uniform_(torch.empty(2, batch_size, device=device), generator)
 
     def relabel(
         self,

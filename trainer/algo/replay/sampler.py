@@ -25,6 +25,8 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
+from trainer.algo.rng import uniform_
+
 
 class Sampler(Protocol):
     """Picks slots to train on and learns their priorities."""
@@ -159,7 +161,7 @@ class PrioritizedSampler:
         Apart from `locate` (no random numbers), so a compiled plan can compile `locate` and draw here:
         Dynamo does not trace an explicit generator.
         """
-        return torch.rand(batch_size, device=self.device, dtype=torch.float64, generator=generator)
+        return uniform_(torch.empty(batch_size, device=self.device, dtype=torch.float64), generator)
 
     def locate(self, draw: Tensor, step: int | Tensor) -> tuple[Tensor, Tensor]:
         """The slots and importance weights of the points `draw` [B] ([B] int64, [B] float32).

@@ -62,7 +62,12 @@ def make_source(config: TrainConfig, device: torch.device | str = "cpu") -> Sour
             from trainer.execution.data.market_torch import TorchMarketSource
 
             return TorchMarketSource(
-                data.num_envs, config.run.seed, device, features=data.market_features, horizon=data.market_horizon
+                data.num_envs,
+                config.run.seed,
+                device,
+                features=data.market_features,
+                horizon=data.market_horizon,
+                rng=config.run.rng,
             )
         kwargs = {"features": data.market_features, "horizon": data.market_horizon}
         return GymSource(ENV_ID, data.num_envs, config.run.seed, device, kwargs, vector=data.vector_env)

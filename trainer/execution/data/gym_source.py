@@ -35,6 +35,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from torch import Tensor
 
 from contracts.config import ConfigError, check_env_id
+from trainer.algo.rng import randint_, uniform_
 from trainer.execution.data.process_env import Episodes, EpisodesInWorker, ProcessVectorEnv
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions, goal_columns
 from trainer.execution.data.transfer import host_to_device
@@ -59,8 +60,8 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
 def epsilon_greedy(greedy: Tensor, epsilon: float | Tensor, actions: int, generator: torch.Generator) -> Tensor:
     """Per env, with probability epsilon a uniform random action vector, else the greedy one ([N, K])."""
     n, k = greedy.shape
-    explore = torch.rand(n, 1, device=greedy.device, generator=generator) < epsilon  # [N, 1]
-    random = torch.randint(0, actions, (n, k), device=greedy.device, generator=generator)  # [N, K]
+    explore = uniform_(torch.empty(n, 1, device=greedy.device), generator) < epsilon  # [N, 1]
+    random = randint_(torch.empty(n, k, dtype=torch.int64, device=greedy.device), actions, generator)  # [N, K]
     return torch.where(explore, random, greedy)
 
 

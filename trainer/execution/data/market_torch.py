@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.algo.rng import make_generator, normal_, uniform_
 from trainer.execution.data.gym_source import GreedyFn, epsilon_greedy
 from trainer.execution.data.market import ASSETS, GOAL, LEVELS, MIN_FEATURES, POSITIONS, MarketEnv, goal_reward
 from trainer.execution.data.spec import EnvSpec, GoalSpec, Transitions, goal_columns
@@ -112,8 +113,8 @@ class MarketNoise:
         self.uniform = torch.zeros(num_envs, 2 + ASSETS, device=device, dtype=dtype)
 
     def draw_(self, generator: torch.Generator) -> None:
-        self.normal.normal_(generator=generator)
-        self.uniform.uniform_(generator=generator)
+        normal_(self.normal, generator)
+        uniform_(self.uniform, generator)
 
     @property
     def ret(self) -> Tensor:
@@ -295,12 +296,13 @@ class TorchMarket:
         device: torch.device | str,
         params: MarketParams | None = None,
         dtype: torch.dtype = torch.float64,
+        rng: str = "torch",
     ) -> None:
         self.num_envs = num_envs
         self.params = params or MarketParams.of()
         self.device = torch.device(device)
         self.dynamics = MarketDynamics(self.params, self.device, dtype)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = make_generator(seed, "market", self.device, rng)  # `run.rng`
         self.noise = MarketNoise(num_envs, self.params.obs_noise, self.device, dtype)
         self.state = self.dynamics.empty_state(num_envs)
         self.reset()
@@ -392,12 +394,13 @@ class TorchMarketSource:
         features: int = 64,
         horizon: int = 200,
         dtype: torch.dtype = torch.float64,
+        rng: str = "torch",
         **market_kwargs: Any,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.params = MarketParams.of(features, horizon, **market_kwargs)
-        self.market = TorchMarket(num_envs, seed, self.device, self.params, dtype)
+        self.market = TorchMarket(num_envs, seed, self.device, self.params, dtype, rng)
         self.spec = market_spec(self.params)
         self.num_envs = num_envs
         self._t = 0  # host mirror of every env's episode step
@@ -477,7 +480,7 @@ class TorchMarketSource:
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
         """Undiscounted returns of `episodes` greedy episodes run side by side, drawn from a generator seeded `seed`."""
-        market = TorchMarket(episodes, seed, self.device, self.params, self.dtype)
+        market = TorchMarket(episodes, seed, self.device, self.params, self.dtype)  # torch's draws, either run.rng
         total = torch.zeros(episodes, device=self.device)
         with torch.no_grad():
             for t in range(self.params.horizon):

@@ -6,10 +6,6 @@ Inductor inside the fused plan's step too (`tests/trainer/execution/plans/test_e
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -17,7 +13,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from contracts.config import IQN_KERNEL_MAX_WIDTH, ConfigError, build_config
-from tests.factories import tiny_config, tiny_state
+from tests.factories import compiled_without_the_interpreter, tiny_config, tiny_state
 from trainer.algo.model import ModelDims, iqn_quantiles
 from trainer.algo.step import Hyper, network_views, next_quantile_targets, quantiles_at
 from trainer.execution.kernels.iqn import (
@@ -315,16 +311,7 @@ def shared_memory_on_hopper(precision: str) -> dict[str, int]:
 def test_the_kernels_compile_for_hopper_within_its_shared_memory(precision: str) -> None:
     """What the interpreter lets by (a construct the code generator refuses, tiles past the shared memory: three
     pipelining stages asked 240 KB of the float32 forward) fails here, not on the device."""
-    code = f"import json; print(json.dumps(shared_memory_on_hopper({precision!r})))"
-    compiled = subprocess.run(
-        [sys.executable, "-c", f"from {__name__} import shared_memory_on_hopper; {code}"],
-        env={name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
-    shared = json.loads(compiled.stdout.splitlines()[-1])
+    shared = compiled_without_the_interpreter(__name__, "shared_memory_on_hopper", precision)
     assert shared.keys() == {"target", "online", "backward-rows", "backward-units", "backward-split"}
     assert all(0 < size <= HOPPER_SHARED_MEMORY for size in shared.values()), shared
 

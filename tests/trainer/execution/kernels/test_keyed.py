@@ -1,0 +1,88 @@
+"""`trainer.execution.kernels.keyed`: the torch form's numbers (`trainer.algo.rng.keyed_values`) in one launch,
+through Triton's interpreter on the CPU, and compiled for Hopper by Triton's own compiler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.factories import compiled_without_the_interpreter
+from trainer.algo.rng import NORMAL, RANDINT, UNIFORM, keyed_values, words_per_element
+from trainer.execution.kernels.keyed import keyed_draw_kernel_
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+KINDS = [
+    (UNIFORM, torch.float32),
+    (UNIFORM, torch.float64),
+    (NORMAL, torch.float32),
+    (NORMAL, torch.float64),
+    (RANDINT, torch.int64),
+]
+
+
+@pytest.mark.parametrize(("kind", "dtype"), KINDS, ids=[f"{k}-{str(d)[6:]}" for k, d in KINDS])
+def test_the_kernel_draws_the_torch_forms_numbers(kind: str, dtype: torch.dtype) -> None:
+    """Through Triton's interpreter (the CPU tests): uniforms and integers bit for bit, normals within an ulp or
+    two (each backend's log and cos); rows of other runs (2 of 3, out of order), more elements than a block; each
+    drawn run's counter advanced by one, the other's not."""
+    keys = torch.tensor([12345, 999, 2**32 - 1], dtype=torch.int64)
+    counters = torch.tensor([0, 7, 3], dtype=torch.int64)
+    rows = torch.tensor([2, 0])
+    out = torch.empty(2, 1500, dtype=dtype)
+    advanced = counters.clone()
+    keyed_draw_kernel_(out, keys, advanced, rows, kind, high=5)
+    want = keyed_values(keys[rows], counters[rows], 1500, kind, dtype, high=5)
+    if kind == NORMAL:
+        torch.testing.assert_close(out, want, rtol=1e-6 if dtype == torch.float32 else 1e-14, atol=1e-6)
+    else:
+        assert torch.equal(out, want)
+    assert advanced.tolist() == [1, 7, 4]
+
+
+def compile_for_hopper() -> list[list[object]]:
+    """Every kind and width of `_keyed_kernel` built for sm_90 by Triton's compiler and ptxas, without a GPU:
+    (kind, wide, whether its cubin was built). In a process where Triton compiles (not the interpreter)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from trainer.execution.kernels import keyed
+
+    built = []
+    for kind, dtype in KINDS:
+        wide = dtype == torch.float64
+        out = {torch.float32: "*fp32", torch.float64: "*fp64", torch.int64: "*i64"}[dtype]
+        signature = {"out_ptr": out, "key_ptr": "*i64", "counter_ptr": "*i64", "rows_ptr": "*i64"}
+        signature |= {"count": "i32", "high": "i32"}
+        width = words_per_element(kind, dtype)
+        constants = {"KIND": keyed.KINDS[kind], "WIDE": wide, "WIDTH": width, "BLOCK": keyed.BLOCK}
+        signature |= dict.fromkeys(constants, "constexpr")
+        source = ASTSource(keyed._keyed_kernel, signature, constants)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        built.append([kind, wide, len(compiled.asm["cubin"]) > 0])
+    return built
+
+
+def test_the_kernel_compiles_for_hopper() -> None:
+    """What the interpreter lets by (int64 words, float64 normals, a construct the code generator refuses) fails
+    here, not on the device."""
+    built = compiled_without_the_interpreter(__name__, "compile_for_hopper")
+    assert built == [[k, d == torch.float64, True] for k, d in KINDS]
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(("kind", "dtype"), KINDS, ids=[f"{k}-{str(d)[6:]}" for k, d in KINDS])
+def test_on_a_gpu_the_kernel_draws_the_cpu_forms_numbers(kind: str, dtype: torch.dtype) -> None:
+    """Compiled for the GPU: the CPU's torch form's uniforms and integers bit for bit, normals within a few ulps."""
+    keys, counters, rows = torch.tensor([7, 2**31 + 5]), torch.tensor([3, 0]), torch.tensor([1, 0])
+    out = torch.empty(2, 3000, dtype=dtype, device="cuda")
+    advanced = counters.cuda()
+    keyed_draw_kernel_(out, keys.cuda(), advanced, rows.cuda(), kind, high=6)
+    want = keyed_values(keys[rows], counters[rows], 3000, kind, dtype, high=6)
+    if kind == NORMAL:
+        torch.testing.assert_close(out.cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-13, atol=1e-5)
+    else:
+        assert torch.equal(out.cpu(), want)
+    assert advanced.tolist() == [4, 1]
