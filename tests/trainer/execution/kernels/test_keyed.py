@@ -8,7 +8,7 @@ import torch
 
 from tests.factories import compiled_without_the_interpreter
 from trainer.algo.rng import NORMAL, RANDINT, UNIFORM, keyed_values, words_per_element
-from trainer.execution.kernels.keyed import keyed_draw_kernel_
+from trainer.execution.kernels.keyed import SPAN, keyed_draw_kernel_
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -21,18 +21,20 @@ KINDS = [
 ]
 
 
+@pytest.mark.parametrize("count", [1500, 2 * SPAN + 77], ids=["one-span", "spans"])
 @pytest.mark.parametrize(("kind", "dtype"), KINDS, ids=[f"{k}-{str(d)[6:]}" for k, d in KINDS])
-def test_the_kernel_draws_the_torch_forms_numbers(kind: str, dtype: torch.dtype) -> None:
+def test_the_kernel_draws_the_torch_forms_numbers(kind: str, dtype: torch.dtype, count: int) -> None:
     """Through Triton's interpreter (the CPU tests): uniforms and integers bit for bit, normals within an ulp or
-    two (each backend's log and cos); rows of other runs (2 of 3, out of order), more elements than a block; each
-    drawn run's counter advanced by one, the other's not."""
+    two (each backend's log and cos); rows of other runs (2 of 3, out of order), more elements than a block, or
+    than a program's span (three programs a row, the counters advanced by a second launch); each drawn run's
+    counter advanced by one, the other's not."""
     keys = torch.tensor([12345, 999, 2**32 - 1], dtype=torch.int64)
     counters = torch.tensor([0, 7, 3], dtype=torch.int64)
     rows = torch.tensor([2, 0])
-    out = torch.empty(2, 1500, dtype=dtype)
+    out = torch.empty(2, count, dtype=dtype)
     advanced = counters.clone()
     keyed_draw_kernel_(out, keys, advanced, rows, kind, high=5)
-    want = keyed_values(keys[rows], counters[rows], 1500, kind, dtype, high=5)
+    want = keyed_values(keys[rows], counters[rows], count, kind, dtype, high=5)
     if kind == NORMAL:
         torch.testing.assert_close(out, want, rtol=1e-6 if dtype == torch.float32 else 1e-14, atol=1e-6)
     else:
@@ -57,10 +59,15 @@ def compile_for_hopper() -> list[list[object]]:
         signature |= {"count": "i32", "high": "i32"}
         width = words_per_element(kind, dtype)
         constants = {"KIND": keyed.KINDS[kind], "WIDE": wide, "WIDTH": width, "BLOCK": keyed.BLOCK}
+        constants |= {"SPAN": keyed.SPAN, "ADVANCE": True}
         signature |= dict.fromkeys(constants, "constexpr")
         source = ASTSource(keyed._keyed_kernel, signature, constants)
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
         built.append([kind, wide, len(compiled.asm["cubin"]) > 0])
+    signature = {"counter_ptr": "*i64", "rows_ptr": "*i64", "runs": "i32", "BLOCK": "constexpr"}
+    advance = ASTSource(keyed._advance_kernel, signature, {"BLOCK": 16})
+    compiled = triton.compile(advance, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    built.append(["advance", False, len(compiled.asm["cubin"]) > 0])
     return built
 
 
@@ -68,19 +75,20 @@ def test_the_kernel_compiles_for_hopper() -> None:
     """What the interpreter lets by (int64 words, float64 normals, a construct the code generator refuses) fails
     here, not on the device."""
     built = compiled_without_the_interpreter(__name__, "compile_for_hopper")
-    assert built == [[k, d == torch.float64, True] for k, d in KINDS]
+    assert built == [*([k, d == torch.float64, True] for k, d in KINDS), ["advance", False, True]]
 
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("count", [3000, 66_560], ids=["one-span", "spans"])  # the latter `core`'s step uniforms
 @pytest.mark.parametrize(("kind", "dtype"), KINDS, ids=[f"{k}-{str(d)[6:]}" for k, d in KINDS])
-def test_on_a_gpu_the_kernel_draws_the_cpu_forms_numbers(kind: str, dtype: torch.dtype) -> None:
+def test_on_a_gpu_the_kernel_draws_the_cpu_forms_numbers(kind: str, dtype: torch.dtype, count: int) -> None:
     """Compiled for the GPU: the CPU's torch form's uniforms and integers bit for bit, normals within a few ulps."""
     keys, counters, rows = torch.tensor([7, 2**31 + 5]), torch.tensor([3, 0]), torch.tensor([1, 0])
-    out = torch.empty(2, 3000, dtype=dtype, device="cuda")
+    out = torch.empty(2, count, dtype=dtype, device="cuda")
     advanced = counters.cuda()
     keyed_draw_kernel_(out, keys.cuda(), advanced, rows.cuda(), kind, high=6)
-    want = keyed_values(keys[rows], counters[rows], 3000, kind, dtype, high=6)
+    want = keyed_values(keys[rows], counters[rows], count, kind, dtype, high=6)
     if kind == NORMAL:
         torch.testing.assert_close(out.cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-13, atol=1e-5)
     else:
