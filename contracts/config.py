@@ -302,7 +302,8 @@ class RunConfig(_Section):
         "torch",
         description=(
             "Where the draws a run makes while it trains come from (the replay's sampling, HER's, the step's taus, "
-            "epsilon-greedy's, the torch market's noise): torch's generators ('torch'), or counter-based ones "
+            "epsilon-greedy's, the torch market's noise, in training and evaluation episodes alike): torch's "
+            "generators ('torch'), or counter-based ones "
             "('keyed', `trainer.algo.rng`: each draw a hash of the run's seed, a counter and the element), with "
             "which a pack of K runs draws all of theirs in one launch instead of K. Either way a pack's run i draws "
             "what its solo run does; 'keyed' draws other numbers than 'torch', so a recipe's figures are torch's."

@@ -13,9 +13,10 @@ Element e takes words e·W … e·W + W - 1. From them: a float32 uniform is its
 of two words / 2^53 (both in [0, 1)); a normal is Box–Muller on two uniforms, sqrt(-2 ln(1 - u1)) cos(2π u2); an
 integer in [0, high) is (word · high) >> 32.
 
-A `KeyedGenerator` is a `torch.Generator` too (seeded alike), so what draws from it through torch (initialisation,
-evaluation) works unchanged; the step-time draws go through `uniform_`, `normal_` and `randint_` here, which take
-either kind. Under `run.rng: torch` (the default) those are torch's own calls, the same numbers as before.
+A `KeyedGenerator` is a `torch.Generator` too (seeded alike), so what draws from it through torch (initialisation)
+works unchanged; the draws of training and of the torch market's evaluation episodes go through `uniform_`,
+`normal_` and `randint_` here, which take either kind. Under `run.rng: torch` (the default) those are torch's own
+calls, the same numbers as before.
 """
 
 from __future__ import annotations

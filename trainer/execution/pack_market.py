@@ -165,8 +165,8 @@ class MarketPackEnvs:
     ) -> list[list[float]]:
         """`TorchMarketSource.evaluate` of every run at once: run r's episodes are a fresh market of `episodes` envs
         seeded seeds[r], all of them one `StackedMarkets`, one greedy forward of every run a step."""
-        params = self.sources[0].params
-        markets = StackedMarkets([TorchMarket(episodes, seed, self.device, params, self.dtype) for seed in seeds])
+        params, rng = self.sources[0].params, self.sources[0].rng  # keyed: each draw one launch for every run
+        markets = StackedMarkets([TorchMarket(episodes, seed, self.device, params, self.dtype, rng) for seed in seeds])
         total = torch.zeros(len(runs) * episodes, device=self.device)  # [R E]
         with torch.no_grad():
             for t in range(self.horizon):

@@ -163,8 +163,9 @@ def test_a_market_run_left_out_stores_nothing(tmp_path: Path) -> None:
         assert_collected_alike(solos[i], runs[i])
 
 
-def test_the_market_runs_evaluations_played_at_once_score_as_each_runs_own(tmp_path: Path) -> None:
-    configs = run_configs()
+@pytest.mark.parametrize("rng", ["torch", "keyed"])
+def test_the_market_runs_evaluations_played_at_once_score_as_each_runs_own(tmp_path: Path, rng: str) -> None:
+    configs = run_configs(f"run.rng={rng}")
     runs = built(configs, tmp_path, "pack")
     collector = packed(configs, runs)
     played = collector.evaluate([0, 2], 3, [100, 300])

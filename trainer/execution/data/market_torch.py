@@ -398,7 +398,7 @@ class TorchMarketSource:
         **market_kwargs: Any,
     ) -> None:
         self.device = torch.device(device)
-        self.dtype = dtype
+        self.dtype, self.rng = dtype, rng
         self.params = MarketParams.of(features, horizon, **market_kwargs)
         self.market = TorchMarket(num_envs, seed, self.device, self.params, dtype, rng)
         self.spec = market_spec(self.params)
@@ -480,7 +480,7 @@ class TorchMarketSource:
 
     def evaluate(self, greedy_fn: GreedyFn, episodes: int, seed: int) -> list[float]:
         """Undiscounted returns of `episodes` greedy episodes run side by side, drawn from a generator seeded `seed`."""
-        market = TorchMarket(episodes, seed, self.device, self.params, self.dtype)  # torch's draws, either run.rng
+        market = TorchMarket(episodes, seed, self.device, self.params, self.dtype, self.rng)
         total = torch.zeros(episodes, device=self.device)
         with torch.no_grad():
             for t in range(self.params.horizon):
