@@ -93,7 +93,6 @@ class KeyedGenerator(torch.Generator):
     key: Tensor
     counter: Tensor
     rows: KeyedRows | None
-    row: int
 
     def __new__(cls, seed: int, stream: str, device: torch.device | str = "cpu") -> KeyedGenerator:
         return super().__new__(cls, device)  # type: ignore[call-arg]  # torch.Generator(device)
@@ -102,7 +101,7 @@ class KeyedGenerator(torch.Generator):
         self.stream = stream
         self.key = torch.zeros(1, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
-        self.rows, self.row = None, 0
+        self.rows = None  # the pack's rows it draws as, once it is one run of many
         self._first = torch.zeros(1, dtype=torch.int64, device=device)  # the run's row in its own key/counter
         self.manual_seed(seed)
 
@@ -137,18 +136,21 @@ class KeyedRows:
         self.counters = torch.cat([g.counter for g in generators])
         for i, generator in enumerate(generators):
             generator.key, generator.counter = self.keys[i : i + 1], self.counters[i : i + 1]
-            generator.rows, generator.row = self, i
+            generator.rows = self
         self.index: dict[tuple[int, ...], Tensor] = {}  # runs -> their rows, made eagerly (a capture's warm-up)
 
     @staticmethod
     def of(generators: Sequence[torch.Generator]) -> KeyedRows | None:
-        """The rows of `generators` if every one is keyed (made, or the ones they already are); None otherwise."""
-        if not generators or not all(isinstance(g, KeyedGenerator) for g in generators):
-            return None
+        """The rows of `generators` if every one is keyed (made the first time, the same after); None otherwise.
+        A generator is a row of one pack only: its tensors are the ones a captured graph holds."""
         keyed = [g for g in generators if isinstance(g, KeyedGenerator)]
+        if not keyed or len(keyed) < len(generators):
+            return None
         rows = keyed[0].rows
         if rows is not None and rows.generators == keyed:
             return rows
+        if any(g.rows is not None for g in keyed):
+            raise ValueError("a keyed generator draws as a row of one pack only, in that pack's order")
         return KeyedRows(keyed)
 
     def draw_(self, out: Tensor, kind: str, runs: Sequence[int] | None = None, high: int = 0) -> Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from trainer.algo.rng import (
@@ -113,3 +114,15 @@ def test_run_rng_chooses_the_generators() -> None:
         torch.rand(4, generator=torch.Generator().manual_seed(8)),
     )
     assert isinstance(make_generator(7, "explore", "cpu", "keyed"), KeyedGenerator)
+
+
+def test_a_keyed_generator_is_a_row_of_one_pack_only() -> None:
+    """Its key and counter become views of the pack's rows (what a captured graph holds): another pack of it, or
+    the same in another order, is refused rather than moving them."""
+    first, second = KeyedGenerator(1, "step"), KeyedGenerator(2, "step")
+    rows = KeyedRows.of([first, second])
+    with pytest.raises(ValueError, match="one pack only"):
+        KeyedRows.of([second, first])
+    with pytest.raises(ValueError, match="one pack only"):
+        KeyedRows.of([first])
+    assert KeyedRows.of([first, second]) is rows
