@@ -121,6 +121,8 @@ class KeyedGenerator(torch.Generator):
         return torch.cat([super().get_state(), counter])
 
     def set_state(self, new_state: Tensor) -> KeyedGenerator:
+        if new_state.numel() != super().get_state().numel() + 8:  # e.g. a checkpoint of a run under `run.rng: torch`
+            raise ValueError(f"not a keyed generator's state ({new_state.numel()} bytes): was the run's run.rng other?")
         super().set_state(new_state[:-8].contiguous())
         self.counter.copy_(new_state[-8:].clone().view(torch.int64))  # in place: a captured graph holds it
         return self

@@ -66,6 +66,8 @@ def test_a_keyed_generator_advances_restores_and_survives_a_checkpoint() -> None
     assert torch.equal(uniform_(torch.empty(4, 8), generator.manual_seed(3)), first)  # afresh, in place
     assert generator.counter is counter
     again = KeyedGenerator(3, "step")
+    with pytest.raises(ValueError, match="not a keyed generator's state"):  # a checkpoint under run.rng: torch
+        decode_generator(again, encode_generator(torch.Generator().manual_seed(3)))
     decode_generator(again, encode_generator(generator))
     assert torch.equal(normal_(torch.empty(5), again), normal_(torch.empty(5), generator))
     # streams of one seed differ; torch's own draws from it are its seed's
