@@ -40,15 +40,10 @@ def pcg(v: Tensor) -> Tensor:
     return (word >> 22) ^ word
 
 
-def pcg_int(v: int) -> int:
-    """`pcg` of one Python int: a generator's key, made on the host."""
-    state = (v * 747796405 + 2891336453) & MASK
-    word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & MASK
-    return (word >> 22) ^ word
-
-
 def key_of(seed: int, stream: str) -> int:
-    return pcg_int(pcg_int(seed & MASK) ^ pcg_int(((seed >> 32) & MASK) + STREAMS[stream]))
+    """The key of `stream` of `seed` (any int64): its two 32-bit halves, the stream's number added to the high one."""
+    low, high = torch.tensor(seed & MASK), torch.tensor(((seed >> 32) & MASK) + STREAMS[stream])
+    return int(pcg(pcg(low) ^ pcg(high)))
 
 
 def words_per_element(kind: str, dtype: torch.dtype) -> int:
