@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script sent to the H200: GPU tests, then the benchmark; logs, JSON and PNG under $OUT.
-# Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; STAGES: comma list of
+# Usage: scripts/gpu_check.sh [STAGES] [extra bench options...]; or scripts/gpu_check.sh exec CMD... (CMD after the
+# setup below: the wheels installed, the repo on PYTHONPATH, device.txt written); STAGES: comma list of
 #   train,tests,curves,bench,profile or all (train: real CartPole training with every plan, tests/trainer/runtime/test_train.py)
 #   round2 = bench-core,profile-bf16,bf16,bench-full (issue 14 in one call, ~550 s on one H200), in this order:
 #     bench-core: every method on `core` (eager, compile, compile-bf16, graph, dual, fused, zerocopy,
@@ -258,6 +259,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' \
   | tee -a "$OUT/device.txt"
 git rev-parse HEAD 2>/dev/null | tee -a "$OUT/device.txt"
+if [ "$stage" = exec ]; then  # `gpu_check.sh exec CMD...`: any command with the wheels and the repo importable
+  "${extra[@]}"; exit $?        # (two hand-written calls of 2026-12-07 failed at import without this setup)
+fi
 quick="--repeats 3 --no-timer-overhead"
 
 if has train; then
