@@ -22,8 +22,13 @@ x 32 target taus): the written form compiled by Inductor against the one-kernel 
 2,048 and IQN's 1,024 rows a run): `bmm(dyᵀ, x)` per run as autograd batches it under vmap, against the same with
 the rows split into S chunks as S times as many batched products and a sum over them (split-K by hand: cuBLAS
 splits the rows of one run's product itself, not of a batched one), in float32 with TF32 as the market trains.
+`--ops packattn` (issue 31) times the market pack's attention at K = 16, forward and backward: as the pack runs it
+(`PackedAttention` on [K, B, h, W, d]: SDPA's math backend, its fused kernels taking 4-D inputs only, and the
+gradient written out as products), against SDPA forward and backward over the runs folded into its batch
+([K·B, h, W, d], the kernels a solo run's attention takes), and one run's SDPA for scale.
 
     python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn,iqnonline,packgrads]
+    (`--ops packattn` likewise)
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from trainer.algo.state import TrainState
 from trainer.algo.step import next_quantile_targets, quantiles_at
 from trainer.execution.kernels import iqn, spectral
 from trainer.execution.kernels.window_attention import window_attention_fused
+from trainer.execution.pack import PackedAttention
 from trainer.tools.bench import BenchOptions, bench_spec, preset_config
 
 
@@ -92,6 +98,8 @@ def main() -> None:
         rows += iqn_online_rows(args.calls, generator)
     if "packgrads" in ops:
         rows += pack_gradient_rows(args.calls, generator)
+    if "packattn" in ops:
+        rows += pack_attention_rows(args.calls, generator)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
     for name, ms, count, names in rows:
@@ -302,6 +310,39 @@ def pack_gradient_rows(calls: int, generator: torch.Generator) -> list[Row]:
             label = f"pack grad [{runs}x{length}]ᵀ{outputs}x{inputs} {name}"
             rows.append((label, *kernel_ms(form, calls)))
     return rows
+
+
+PACK_ATTENTION = (16, 128, 4, 16, 8)
+"""(runs, batch, heads, window, head size) of the market pack's attention at K = 16 (packs round 13)."""
+AS_THE_PACK, FOLDED = "as the pack: 5-D math, written-out gradient", "runs folded: SDPA's kernels both ways"
+
+
+def attention_forms(q: Tensor, k: Tensor, v: Tensor, grad: Tensor) -> dict[str, Callable[[], list[Tensor]]]:
+    """Attention's output and gradients (against `grad`) of q, k, v [K, B, h, W, d], each way `--ops packattn` times:
+    name -> a call returning [out, dq, dk, dv], each flattened."""
+
+    def through(
+        attend: Callable[..., Tensor], inputs: tuple[Tensor, ...], upstream: Tensor, fold: bool = False
+    ) -> list[Tensor]:
+        leaves = [(t.reshape(-1, *t.shape[-3:]) if fold else t).detach().requires_grad_() for t in inputs]
+        out = attend(*leaves)
+        dq, dk, dv = torch.autograd.grad(out, leaves, upstream.reshape(out.shape))
+        return [t.reshape(-1) for t in (out, dq, dk, dv)]
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return {
+        AS_THE_PACK: functools.partial(through, PackedAttention.apply, (q, k, v), grad),
+        FOLDED: functools.partial(through, sdpa, (q, k, v), grad, fold=True),
+        "one run's SDPA": functools.partial(through, sdpa, (q[0], k[0], v[0]), grad[0]),
+    }
+
+
+def pack_attention_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    q, k, v, grad = (torch.randn(*PACK_ATTENTION, device="cuda", generator=generator) for _ in range(4))
+    forms = attention_forms(q, k, v, grad)
+    torch.testing.assert_close(torch.cat(forms[FOLDED]()), torch.cat(forms[AS_THE_PACK]()), rtol=1e-3, atol=1e-3)
+    label = f"pack attention fwd+bwd K={PACK_ATTENTION[0]}"
+    return [(f"{label}: {name}", *kernel_ms(form, calls)) for name, form in forms.items()]
 
 
 if __name__ == "__main__":

@@ -148,8 +148,10 @@
 #     step had a combined kernel whose one XBLOCK cost 0.309 ms on a filled cache, 0.060 afresh), every variant tuned
 #     in its own process with Inductor's caches off (--fresh-cache), about 110 s each (DEADLINE 560 s)
 #          -> $OUT/profile_round23_core.txt (the step lines), $OUT/profile_round23_VARIANT.txt (`+` written `_`)
-#   round23b = tests23: the bf16 combo case of the online kernels' equivalence test, which round 22's stage cut
-#     (DEADLINE 330 s)                                                            -> $OUT/gpu_tests_round23.log
+#   round23b = tests23,packattn: the bf16 combo case of the online kernels' equivalence test, which round 22's stage
+#     cut; then the market pack's attention at K = 16 as the pack runs it (SDPA's math backend on 5-D inputs, the
+#     gradient written out) against the runs folded into SDPA's batch (its fused kernels both ways)
+#     (bench_small_ops.py --ops packattn) (DEADLINE 420 s)     -> $OUT/gpu_tests_round23.log, $OUT/small_ops_packattn.txt
 #   pack13 = tests13k,packkeyed,packdefault,packkeyprof (issue 31): keyed random draws (run.rng=keyed,
 #     trainer.algo.rng: a pack's runs draw in one launch a draw, not one a run): the kernel's GPU tests and a pack
 #     step's kernels with torch's and keyed draws; the market recipe's pack of 16 beside solo seeds 1 and 2, keyed,
@@ -235,7 +237,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round21 ] && { stage=tests21o,small21,prof21,tests21; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round22 ] && { stage=tests22,small22,prof22,iqnodump; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = round23 ] && { stage=prof23; DEADLINE="${DEADLINE:-560}"; }
-[ "$stage" = round23b ] && { stage=tests23; DEADLINE="${DEADLINE:-330}"; }
+[ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
@@ -417,6 +419,8 @@ if has packsplit; then
 fi
 has tests13k && MARK="gpu or not gpu" gpu_tests gpu_tests_pack13.log 120 tests/trainer/execution/kernels/test_keyed.py \
   tests/trainer/execution/test_pack.py::test_a_pack_step_launches_one_runs_kernels_and_its_draws
+has packattn && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
+  | tee "$OUT/small_ops_packattn.txt" | tail -5
 has packkeyed && market_row keyed 200 -o run.rng=keyed
 has packdefault && market_row default 200
 has packkeyprof && market_profile pack13_profile_keyed.txt "keyed" run.rng=keyed

@@ -1,11 +1,12 @@
-"""scripts/bench_small_ops.py's split-K by hand: the pack's weight gradients it times are the batched product's."""
+"""scripts/bench_small_ops.py's pack forms: split-K by hand gives the batched product's weight gradients, and the
+attention forms (as the pack runs it, the runs folded into SDPA's batch) the same output and gradients."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts.bench_small_ops import split_k_bmm
+from scripts.bench_small_ops import AS_THE_PACK, FOLDED, attention_forms, split_k_bmm
 
 
 @pytest.mark.parametrize("chunks", [1, 4, 8])
@@ -22,3 +23,15 @@ def test_split_k_is_each_runs_weight_gradient(chunks: int) -> None:
 def test_split_k_refuses_rows_that_do_not_split() -> None:
     with pytest.raises(ValueError, match="48 rows do not split into 5 chunks"):
         split_k_bmm(torch.zeros(1, 48, 2), torch.zeros(1, 48, 3), 5)
+
+
+def test_the_pack_attention_forms_agree() -> None:
+    """On the CPU, float64: the pack's 5-D attention (math, written-out gradient), the runs folded into SDPA's
+    batch, and run 0 alone (the first run's rows of the others)."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v, grad = (torch.randn(3, 2, 4, 16, 8, generator=generator, dtype=torch.float64) for _ in range(4))
+    forms = {name: form() for name, form in attention_forms(q, k, v, grad).items()}
+    for want, got in zip(forms[AS_THE_PACK], forms[FOLDED], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for want, got in zip(forms[AS_THE_PACK], forms["one run's SDPA"], strict=True):
+        torch.testing.assert_close(got, want[: got.numel()], rtol=1e-10, atol=1e-10)  # run 0 is the first rows
