@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 
 from contracts.config import TrainConfig, build_config
@@ -18,6 +19,9 @@ from trainer.algo.batch import Batch
 from trainer.algo.model import ModelDims, ParamLayout, ParamSpec
 from trainer.algo.state import TrainState
 from trainer.execution.plans._capture import WARMUP_STEPS
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+"""For the tests that run on a GPU machine only (`pytest -m gpu`, with their `gpu` mark)."""
 
 TINY_MODEL = {
     "hidden": 32,

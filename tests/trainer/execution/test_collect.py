@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from contracts.config import TrainConfig
-from tests.factories import tiny_config
+from tests.factories import needs_gpu, tiny_config
 from tests.trainer.runtime.test_train import KStepPlan
 from tests.trainer.runtime.test_train_equivalence import advance, differing
 from trainer.algo.replay.writer import DeviceRingWriter, RingWriter
@@ -258,7 +258,6 @@ def test_phase_ends_mark_the_last_step_of_each_episode() -> None:
 
 
 MARKET_GPU = Path(__file__).resolve().parents[3] / "examples" / "market-gpu.yaml"
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from contracts.config import TrainConfig
-from tests.factories import tiny_config
+from tests.factories import needs_gpu, tiny_config
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
 from trainer.algo.rng import KeyedRows, make_generator
@@ -27,8 +27,6 @@ from trainer.algo.step import Draws, Hyper, StepFlags, train_step
 from trainer.execution.pack import Pack, PackPlan, PackRun
 from trainer.execution.split_k import SplitLongRows
 from trainer.tools.bench import bench_spec, fill_with_random_transitions, random_run
-
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 RTOL = {
     "state.attn": 2e-5,  # the attention model: batched products over [K, B, W, ·]

@@ -18,7 +18,7 @@ import yaml
 
 from contracts.config import ConfigError, TrainConfig
 from contracts.plans import PLANS
-from tests.factories import tiny_config
+from tests.factories import needs_gpu, tiny_config
 from trainer.algo.step import StepOutput
 from trainer.execution.plans import PlanFallbackWarning
 from trainer.execution.plans.eager import EagerPlan
@@ -684,7 +684,6 @@ def test_the_collection_graph_is_on_by_default_and_off_with_its_flag(
 
 
 CARTPOLE = Path(__file__).resolve().parents[3] / "examples" / "cartpole.yaml"
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def cartpole_on_gpu(plan: str, steps: int, *extra: str) -> TrainConfig:

@@ -19,11 +19,10 @@ import pytest
 import torch
 
 from contracts.config import TrainConfig, load_config
-from tests.factories import tiny_config
+from tests.factories import needs_gpu, tiny_config
 from trainer.runtime.train import Run, build_run, collect, fill_replay, start_plan
 
 CARTPOLE = Path(__file__).resolve().parents[3] / "examples" / "cartpole.yaml"
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def stateful_tensors(run: Run) -> dict[str, torch.Tensor]:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.factories import compiled_without_the_interpreter
+from tests.factories import compiled_without_the_interpreter, needs_gpu
 from trainer.algo.rng import NORMAL, RANDINT, UNIFORM, keyed_values, words_per_element
 from trainer.execution.kernels.keyed import SPAN, keyed_draw_kernel_
-
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 KINDS = [
     (UNIFORM, torch.float32),
