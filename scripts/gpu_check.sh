@@ -159,6 +159,9 @@
 #     (round 11 without: 338 kernels, 1.476 ms) (DEADLINE 580 s)
 #          -> $OUT/gpu_tests_pack13.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.json,
 #             $OUT/pack13_profile_keyed.txt
+#   pack13b = packkeyed,packdefault: pack13's market rows alone (its keyed row printed no table: the first row's
+#     three processes compile into an empty cache, and 200 s was likely too short; now 300) (DEADLINE 540 s)
+#          -> $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.{json,log}
 #   pack12 = packgrads,packsplit,packeval (issue 31): the market pack's long-row weight gradients as batched products
 #     against split-K by hand (scripts/bench_small_ops.py --ops packgrads: are they round 11's slow FFMA/TF32
 #     products, and does splitting their rows speed them); the market recipe's pack of 16 beside its solo run with
@@ -239,6 +242,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round23 ] && { stage=prof23; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = pack13b ] && { stage=packkeyed,packdefault; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
@@ -324,8 +328,10 @@ market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 besi
   timeout -k 15 "$(left "$seconds")" python3 scripts/pack_recipes.py --config examples/market.yaml --margin 1.0 \
     --cpu-steps 0 --plan fused --solo-seeds 1,2 --out "/tmp/packcombo-market-$name" "$@" \
     > "/tmp/packcombo-market-$name.log" 2>&1
-  { echo "== market $name ($*)"; grep -A5 '^| row' "/tmp/packcombo-market-$name.log"; } | tee -a "$report"
+  { echo "== market $name ($*)"; grep -A5 '^| row' "/tmp/packcombo-market-$name.log" \
+      || { echo "no table: the log's last lines"; tail -25 "/tmp/packcombo-market-$name.log"; }; } | tee -a "$report"
   cp "/tmp/packcombo-market-$name/pack_recipes.json" "$OUT/packcombo_market_$name.json" 2>/dev/null
+  grep -v "Extern Choice" "/tmp/packcombo-market-$name.log" > "$OUT/packcombo_market_$name.log"
 }
 
 # ---- issue 31: the compiled pack under Inductor's combo kernels (stage packcombo) ----
@@ -421,7 +427,7 @@ has tests13k && MARK="gpu or not gpu" gpu_tests gpu_tests_pack13.log 120 tests/t
   tests/trainer/execution/test_pack.py::test_a_pack_step_launches_one_runs_kernels_and_its_draws
 has packattn && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
   | tee "$OUT/small_ops_packattn.txt" | tail -5
-has packkeyed && market_row keyed 200 -o run.rng=keyed
+has packkeyed && market_row keyed 300 -o run.rng=keyed  # the first row compiles into an empty cache
 has packdefault && market_row default 200
 has packkeyprof && market_profile pack13_profile_keyed.txt "keyed" run.rng=keyed
 has packeval && market_row noeval 200 -o run.eval_every=0

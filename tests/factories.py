@@ -23,6 +23,12 @@ from trainer.execution.plans._capture import WARMUP_STEPS
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 """For the tests that run on a GPU machine only (`pytest -m gpu`, with their `gpu` mark)."""
 
+on_the_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="a kernel on CPU tensors through Triton's interpreter; on a GPU its gpu tests"
+)
+"""For the tests that run a Triton kernel on CPU tensors: tests/conftest.py turns the interpreter on only
+where there is no GPU."""
+
 TINY_MODEL = {
     "hidden": 32,
     "head_hidden": 16,

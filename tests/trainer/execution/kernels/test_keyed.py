@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.factories import compiled_without_the_interpreter, needs_gpu
+from tests.factories import compiled_without_the_interpreter, needs_gpu, on_the_interpreter
 from trainer.algo.rng import NORMAL, RANDINT, UNIFORM, keyed_values, words_per_element
 from trainer.execution.kernels.keyed import SPAN, keyed_draw_kernel_
 
@@ -19,6 +19,7 @@ KINDS = [
 ]
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("count", [1500, 2 * SPAN + 77], ids=["one-span", "spans"])
 @pytest.mark.parametrize(("kind", "dtype"), KINDS, ids=[f"{k}-{str(d)[6:]}" for k, d in KINDS])
 def test_the_kernel_draws_the_torch_forms_numbers(kind: str, dtype: torch.dtype, count: int) -> None:

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.factories import steps_with_kernels, tiny_config, tiny_state
+from tests.factories import on_the_interpreter, steps_with_kernels, tiny_config, tiny_state
 from trainer.execution.kernels.c51 import c51_target
 from trainer.execution.kernels.iqn import next_quantile_targets_fused, quantiles_at_fused
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU state through the interpreter; on a GPU the plans' tests")
+@on_the_interpreter
 @pytest.mark.parametrize(
     "kernels",
     [{"c51_target": c51_target}, {"iqn_target": next_quantile_targets_fused}, {"iqn_online": quantiles_at_fused}],
