@@ -25,7 +25,9 @@ splits the rows of one run's product itself, not of a batched one), in float32 w
 `--ops packattn` (issue 31) times the market pack's attention at K = 16, forward and backward: as the pack runs it
 (`PackedAttention` on [K, B, h, W, d]: SDPA's math backend, its fused kernels taking 4-D inputs only, and the
 gradient written out as products), against SDPA forward and backward over the runs folded into its batch
-([K·B, h, W, d], the kernels a solo run's attention takes), and one run's SDPA for scale.
+([K·B, h, W, d], the kernels a solo run's attention takes), one run's SDPA for scale, and attention written out as
+batched products or as broadcast sums under torch.compile (Inductor writing both directions, as in the compiled pack:
+can it fuse the tiny [16 × 16] × [16 × 8] products that cuBLAS runs as FFMA tiles mostly padded?).
 
     python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn,iqnonline,packgrads]
     (`--ops packattn` likewise)
@@ -315,11 +317,15 @@ def pack_gradient_rows(calls: int, generator: torch.Generator) -> list[Row]:
 PACK_ATTENTION = (16, 128, 4, 16, 8)
 """(runs, batch, heads, window, head size) of the market pack's attention at K = 16 (packs round 13)."""
 AS_THE_PACK, FOLDED = "as the pack: 5-D math, written-out gradient", "runs folded: SDPA's kernels both ways"
+PRODUCTS, SUMS = "written out as products, compiled", "written out as broadcast sums, compiled"
 
 
-def attention_forms(q: Tensor, k: Tensor, v: Tensor, grad: Tensor) -> dict[str, Callable[[], list[Tensor]]]:
+def attention_forms(
+    q: Tensor, k: Tensor, v: Tensor, grad: Tensor, compiled: bool = True
+) -> dict[str, Callable[[], list[Tensor]]]:
     """Attention's output and gradients (against `grad`) of q, k, v [K, B, h, W, d], each way `--ops packattn` times:
-    name -> a call returning [out, dq, dk, dv], each flattened."""
+    name -> a call returning [out, dq, dk, dv], each flattened. `compiled` adds the written-out forms under
+    torch.compile."""
 
     def through(
         attend: Callable[..., Tensor], inputs: tuple[Tensor, ...], upstream: Tensor, fold: bool = False
@@ -330,17 +336,37 @@ def attention_forms(q: Tensor, k: Tensor, v: Tensor, grad: Tensor) -> dict[str, 
         return [t.reshape(-1) for t in (out, dq, dk, dv)]
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    return {
+    forms: dict[str, Callable[[], list[Tensor]]] = {
         AS_THE_PACK: functools.partial(through, PackedAttention.apply, (q, k, v), grad),
         FOLDED: functools.partial(through, sdpa, (q, k, v), grad, fold=True),
         "one run's SDPA": functools.partial(through, sdpa, (q[0], k[0], v[0]), grad[0]),
     }
+    if compiled:  # Inductor writes the gradient of each (AOTAutograd), as in the compiled pack
+        for name, attend in [(PRODUCTS, attention_by_products), (SUMS, attention_by_sums)]:
+            forms[name] = functools.partial(through, torch.compile(attend, dynamic=False), (q, k, v), grad)
+    return forms
+
+
+def attention_by_products(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q kᵀ / √d) v as batched products: [..., W, d] each."""
+    p = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)  # [..., W, W]
+    return p @ v
+
+
+def attention_by_sums(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The same as broadcast products summed: reductions over d and W that Inductor can fuse with the softmax
+    (a window of 16 and heads of 8 make a product's tile mostly padding)."""
+    s = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * q.shape[-1] ** -0.5  # [..., W, W]
+    p = torch.softmax(s, dim=-1)
+    return (p.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)  # [..., W, d]
 
 
 def pack_attention_rows(calls: int, generator: torch.Generator) -> list[Row]:
     q, k, v, grad = (torch.randn(*PACK_ATTENTION, device="cuda", generator=generator) for _ in range(4))
     forms = attention_forms(q, k, v, grad)
-    torch.testing.assert_close(torch.cat(forms[FOLDED]()), torch.cat(forms[AS_THE_PACK]()), rtol=1e-3, atol=1e-3)
+    want = torch.cat(forms[AS_THE_PACK]())
+    for name in (FOLDED, PRODUCTS, SUMS):
+        torch.testing.assert_close(torch.cat(forms[name]()), want, rtol=1e-3, atol=1e-3)
     label = f"pack attention fwd+bwd K={PACK_ATTENTION[0]}"
     return [(f"{label}: {name}", *kernel_ms(form, calls)) for name, form in forms.items()]
 

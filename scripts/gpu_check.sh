@@ -159,9 +159,11 @@
 #     (round 11 without: 338 kernels, 1.476 ms) (DEADLINE 580 s)
 #          -> $OUT/gpu_tests_pack13.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.json,
 #             $OUT/pack13_profile_keyed.txt
-#   pack13b = packkeyed,packdefault: pack13's market rows alone (its keyed row printed no table: the first row's
-#     three processes compile into an empty cache, and 200 s was likely too short; now 300) (DEADLINE 540 s)
-#          -> $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.{json,log}
+#   pack13b = packkeyed,packattn,packdefault: pack13's keyed market row (it printed no table: the first row's three
+#     processes compile into an empty cache, and 200 s was likely too short; now 300); the pack's attention forms
+#     again, now with attention written out as products and as broadcast sums under torch.compile; then the default
+#     market row, the call's control, if time is left (DEADLINE 540 s)
+#          -> $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.{json,log}, $OUT/small_ops_packattn.txt
 #   pack12 = packgrads,packsplit,packeval (issue 31): the market pack's long-row weight gradients as batched products
 #     against split-K by hand (scripts/bench_small_ops.py --ops packgrads: are they round 11's slow FFMA/TF32
 #     products, and does splitting their rows speed them); the market recipe's pack of 16 beside its solo run with
@@ -242,7 +244,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round23 ] && { stage=prof23; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
-[ "$stage" = pack13b ] && { stage=packkeyed,packdefault; DEADLINE="${DEADLINE:-540}"; }
+[ "$stage" = pack13b ] && { stage=packkeyed,packattn,packdefault; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
 [ "$stage" = packcombo ] && DEADLINE="${DEADLINE:-570}"
@@ -425,9 +427,9 @@ if has packsplit; then
 fi
 has tests13k && MARK="gpu or not gpu" gpu_tests gpu_tests_pack13.log 120 tests/trainer/execution/kernels/test_keyed.py \
   tests/trainer/execution/test_pack.py::test_a_pack_step_launches_one_runs_kernels_and_its_draws
-has packattn && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
-  | tee "$OUT/small_ops_packattn.txt" | tail -5
 has packkeyed && market_row keyed 300 -o run.rng=keyed  # the first row compiles into an empty cache
+has packattn && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
+  | grep -v "Extern Choice" | tee "$OUT/small_ops_packattn.txt" | tail -7
 has packdefault && market_row default 200
 has packkeyprof && market_profile pack13_profile_keyed.txt "keyed" run.rng=keyed
 has packeval && market_row noeval 200 -o run.eval_every=0

@@ -1,12 +1,22 @@
 """scripts/bench_small_ops.py's pack forms: split-K by hand gives the batched product's weight gradients, and the
-attention forms (as the pack runs it, the runs folded into SDPA's batch) the same output and gradients."""
+attention forms (as the pack runs it, the runs folded into SDPA's batch, written out as products or sums) the same
+output and gradients."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from scripts.bench_small_ops import AS_THE_PACK, FOLDED, attention_forms, split_k_bmm
+from scripts.bench_small_ops import (
+    AS_THE_PACK,
+    FOLDED,
+    attention_by_products,
+    attention_by_sums,
+    attention_forms,
+    split_k_bmm,
+)
 
 
 @pytest.mark.parametrize("chunks", [1, 4, 8])
@@ -30,8 +40,25 @@ def test_the_pack_attention_forms_agree() -> None:
     batch, and run 0 alone (the first run's rows of the others)."""
     generator = torch.Generator().manual_seed(1)
     q, k, v, grad = (torch.randn(3, 2, 4, 16, 8, generator=generator, dtype=torch.float64) for _ in range(4))
-    forms = {name: form() for name, form in attention_forms(q, k, v, grad).items()}
+    forms = {name: form() for name, form in attention_forms(q, k, v, grad, compiled=False).items()}
     for want, got in zip(forms[AS_THE_PACK], forms[FOLDED], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     for want, got in zip(forms[AS_THE_PACK], forms["one run's SDPA"], strict=True):
         torch.testing.assert_close(got, want[: got.numel()], rtol=1e-10, atol=1e-10)  # run 0 is the first rows
+
+
+def test_attention_written_out_as_products_and_as_sums_is_attention() -> None:
+    """Both written-out forms `--ops packattn` compiles, forward and backward (autograd of each), against SDPA's
+    on the CPU in float64; eager here (the GPU run compiles them and checks again)."""
+    generator = torch.Generator().manual_seed(2)
+    q, k, v, grad = (torch.randn(2, 3, 4, 16, 8, generator=generator, dtype=torch.float64) for _ in range(4))
+
+    def output_and_gradients(attend: Callable[..., torch.Tensor]) -> list[torch.Tensor]:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = attend(*leaves)
+        return [out, *torch.autograd.grad(out, leaves, grad)]
+
+    want = output_and_gradients(torch.nn.functional.scaled_dot_product_attention)
+    for attend in (attention_by_products, attention_by_sums):
+        for got, expected in zip(output_and_gradients(attend), want, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
