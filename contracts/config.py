@@ -306,7 +306,9 @@ class RunConfig(_Section):
             "generators ('torch'), or counter-based ones "
             "('keyed', `trainer.algo.rng`: each draw a hash of the run's seed, a counter and the element), with "
             "which a pack of K runs draws all of theirs in one launch instead of K. Either way a pack's run i draws "
-            "what its solo run does; 'keyed' draws other numbers than 'torch', so a recipe's figures are torch's."
+            "what its solo run does; 'keyed' draws other numbers than 'torch', so a recipe's figures are torch's. "
+            "Measured on an H100 (packs round 13): the market's keyed pack of 16 learns on every seed and its "
+            "timed GPU sections are 17% shorter, but its loop was no faster (5,773 against 5,898 updates/s)."
         ),
     )
     precision: Literal["auto", "fp32", "tf32", "bf16"] = Field(

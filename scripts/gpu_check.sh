@@ -159,6 +159,11 @@
 #     (round 11 without: 338 kernels, 1.476 ms) (DEADLINE 580 s)
 #          -> $OUT/gpu_tests_pack13.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.json,
 #             $OUT/pack13_profile_keyed.txt
+#   pack14 = tests14,packkeyed,packdefault (issue 31): a packed graph against its solo graph plans with torch's draws
+#     and keyed ones (pack13b's keyed market row failed at capture: torch's register_generator_state refuses a
+#     KeyedGenerator, now left unregistered), then the market rows keyed and with torch's draws, each a pack of 16
+#     beside solo seeds 1 and 2: is a keyed solo run faster (pack13b: 927 updates/s against 841 and 845)? (DEADLINE 580 s)
+#          -> $OUT/gpu_tests_pack14.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.{json,log}
 #   pack13b = packkeyed,packattn,packdefault: pack13's keyed market row (it printed no table: the first row's three
 #     processes compile into an empty cache, and 200 s was likely too short; now 300); the pack's attention forms
 #     again, now with attention written out as products and as broadcast sums under torch.compile; then the default
@@ -244,6 +249,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round23 ] && { stage=prof23; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = pack14 ] && { stage=tests14,packkeyed,packdefault; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack13b ] && { stage=packkeyed,packattn,packdefault; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
@@ -427,6 +433,8 @@ if has packsplit; then
 fi
 has tests13k && MARK="gpu or not gpu" gpu_tests gpu_tests_pack13.log 120 tests/trainer/execution/kernels/test_keyed.py \
   tests/trainer/execution/test_pack.py::test_a_pack_step_launches_one_runs_kernels_and_its_draws
+has tests14 && gpu_tests gpu_tests_pack14.log 200 \
+  tests/trainer/execution/test_pack.py::test_a_packed_graph_starts_as_its_solo_runs_and_its_drift_over_2000_updates
 has packkeyed && market_row keyed 300 -o run.rng=keyed  # the first row compiles into an empty cache
 has packattn && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
   | grep -v "Extern Choice" | tee "$OUT/small_ops_packattn.txt" | tail -7

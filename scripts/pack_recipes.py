@@ -166,6 +166,7 @@ def row(
         "seeds": [s["seed"] for s in summaries],
         "updates": updates,
         "loop_seconds": wall,
+        "eval_seconds": max(s["eval_seconds"] for s in summaries),  # of the loop's: periodic evaluation
         "total_seconds": setup_s,
         "updates_per_s": updates / wall,
         "plan": summaries[0].get("plan"),
@@ -224,17 +225,18 @@ def train_solo(
 
 
 def table(rows: list[dict[str, Any]], goal: str) -> str:
-    """The rows as Markdown: updates/s, speed-up over the mean rate of the solo runs on the pack's device (the
-    `baseline` rows: one solo run's rate moved by up to a fifth between calls, packs round 12), returns (and the
-    scores, where a seed is scored by something else); `goal` names what a seed must reach."""
+    """The rows as Markdown: the loop's seconds and those of its periodic evaluations, updates/s, speed-up over
+    the mean rate of the solo runs on the pack's device (the `baseline` rows: one solo run's rate moved by up to a
+    fifth between calls, packs round 12), returns (and the scores, where a seed is scored by something else);
+    `goal` names what a seed must reach."""
     baselines = [r["updates_per_s"] for r in rows if r.get("baseline")]
     base = statistics.fmean(baselines) if baselines else None
     by_return = all(r.get("scores", r["eval_return_mean"]) == r["eval_return_mean"] for r in rows)
     scores = "" if by_return else " scores |"
     lines = [
-        f"| row | plan | updates | loop s | updates/s | speed-up | reached {goal} "
+        f"| row | plan | updates | loop s | of it evaluating | updates/s | speed-up | reached {goal} "
         f"| final greedy mean returns |{scores}",
-        "|---|---|---|---|---|---|---|---|" + ("" if by_return else "---|"),
+        "|---|---|---|---|---|---|---|---|---|" + ("" if by_return else "---|"),
     ]
     for r in rows:
         speedup = f"{r['updates_per_s'] / base:.2f}x" if base is not None else "-"
@@ -242,7 +244,8 @@ def table(rows: list[dict[str, Any]], goal: str) -> str:
         returns = " ".join("-" if v is None else f"{v:.1f}" for v in r["eval_return_mean"]) or "(rate only)"
         updates = f"{r['updates']}" + (" (time limit)" if r["time_limit"] else "")
         line = (
-            f"| {r['row']} | {r['plan']} | {updates} | {r['loop_seconds']:.1f} | {r['updates_per_s']:.1f} "
+            f"| {r['row']} | {r['plan']} | {updates} | {r['loop_seconds']:.1f} | {r['eval_seconds']:.1f} "
+            f"| {r['updates_per_s']:.1f} "
             f"| {speedup} | {reached} | {returns} |"
         )
         if not by_return:

@@ -29,6 +29,18 @@ on_the_interpreter = pytest.mark.skipif(
 """For the tests that run a Triton kernel on CPU tensors: tests/conftest.py turns the interpreter on only
 where there is no GPU."""
 
+
+class FakeClock:
+    """`time` for the trainer's loops (monkeypatched in as their module's `time`): `perf_counter` reads `now`,
+    which only the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 TINY_MODEL = {
     "hidden": 32,
     "head_hidden": 16,

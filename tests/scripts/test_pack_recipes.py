@@ -40,6 +40,7 @@ def test_the_pack_and_its_solo_runs_are_trained_tabled_and_written(tmp_path: Pat
     assert cpu["updates"] == 6 and cpu["eval_return_mean"] == [] and cpu["reached"] is None and "baseline" not in cpu
     for r in document["rows"]:
         assert r["updates_per_s"] == r["updates"] / r["loop_seconds"] > 0 and r["time_limit"] is False
+        assert 0 < r["eval_seconds"] < r["loop_seconds"]  # TINY evaluates every few updates
     lines = document["table"].splitlines()
     assert len(lines) == 6 and "| pack K=2 cpu | pack-eager | 24 |" in lines[2]
     # the speed-up is over the solo runs' mean rate, not the first one's

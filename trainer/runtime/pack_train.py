@@ -288,14 +288,19 @@ def _train(
             skips = now
         periodic = config.run.eval_every > 0  # 0: no periodic evaluation (nor a division by it)
         evaluating = periodic and (crossed(step, advanced, config.run.eval_every) or finishing)
+        evaluating_since = time.perf_counter()
         played = selection_returns(collector, runs, frozen) if evaluating else {}
+        for i, run in enumerate(runs):
+            if evaluating and i not in frozen:
+                run.step = step  # the step its best policy is of
+                evaluations[i] = select(run, played[i], say[i]) if i in played else evaluate_for_selection(run, say[i])
+        evaluated = time.perf_counter() - evaluating_since if evaluating else 0.0  # the pack's, every live run's
         for i, run in enumerate(runs):
             if i in frozen and diverged_at[i] < step:
                 continue
             run.step, run.wall_seconds = step, wall
+            run.eval_seconds += 0.0 if i in frozen else evaluated
             run.metrics.steps_done(advanced)
-            if evaluating and i not in frozen:
-                evaluations[i] = select(run, played[i], say[i]) if i in played else evaluate_for_selection(run, say[i])
             if logging:
                 report(run, run_losses(output, i), say[i])
             froze_now = diverged_at.get(i) == step  # its checkpoint says so: a resumed pack keeps it frozen
@@ -303,6 +308,10 @@ def _train(
                 save_checkpoint(run, {DIVERGED_AT: diverged_at.get(i)})
         if logging and on_report is not None:
             on_report(pack_report(runs, trials, evaluations, frozen))
+    wall = time.perf_counter() - started  # the loop's whole time, its last evaluation included, as a solo run's
+    for i in range(len(runs)):
+        if i not in frozen:
+            runs[i].wall_seconds = wall
     if timed_out:
         out(f"time limit: stopped at step {step} of {config.run.steps} (run.max_seconds={limit:g})")
     summaries = finish_runs(runs, collector, diverged_at, say, timed_out)

@@ -178,6 +178,9 @@ class Run:
     metrics: TrainerMetrics
     step: int = 0
     wall_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    """Of `wall_seconds`, the loop's periodic evaluations (best-policy selection): where a run's time goes
+    beside its timed step sections."""
     last_report: dict[str, Any] = field(default_factory=dict)
     best: BestPolicy = field(default_factory=BestPolicy)
     built_plan: Plan | None = None
@@ -284,6 +287,7 @@ def save_checkpoint(run: Run, extra_meta: dict[str, Any] | None = None) -> None:
                 "explore_generator": encode_generator(run.explore_generator),
                 "torch_cpu_rng": encode_generator(torch.default_generator),
                 "wall_seconds": run.wall_seconds,
+                "eval_seconds": run.eval_seconds,
                 "config": run.config.model_dump(mode="json"),
                 "best_eval": run.best.meta(),
                 "param_layout": run.state.layout_record(),
@@ -311,6 +315,7 @@ def restore_checkpoint(run: Run, step: int | None = None) -> dict[str, Any] | No
     decode_generator(torch.default_generator, checkpoint.meta["torch_cpu_rng"])
     run.step = checkpoint.step
     run.wall_seconds = checkpoint.meta.get("wall_seconds", 0.0)
+    run.eval_seconds = checkpoint.meta.get("eval_seconds", 0.0)
     return checkpoint.meta
 
 
@@ -464,6 +469,7 @@ def write_summary(
         "best_eval_step": run.best.step,
         "best_eval_return": run.best.mean_return,
         "wall_seconds": run.wall_seconds,
+        "eval_seconds": run.eval_seconds,
         "device": str(run.device),
         "parameters": run.state.parameter_count(),
         **outcome,
@@ -560,7 +566,9 @@ def _run_training(
         timed_out = limit is not None and time.perf_counter() - started >= limit
         finishing = run.step >= config.run.steps or timed_out
         if config.run.eval_every and (crossed(run.step, advanced, config.run.eval_every) or finishing):
+            evaluating_since = time.perf_counter()
             mean_return = evaluate_for_selection(run, say)
+            run.eval_seconds += time.perf_counter() - evaluating_since
             solved = target is not None and mean_return >= target
         last = finishing or solved
         if crossed(run.step, advanced, config.run.log_every) or last:

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from contracts.config import TrainConfig, load_config
-from tests.factories import SMALL_CARTPOLE, SMALL_MARKET
+from tests.factories import SMALL_CARTPOLE, SMALL_MARKET, FakeClock
+from trainer.runtime import pack_train
 from trainer.runtime.pack_train import run_pack_training
 
 CARTPOLE = Path(__file__).resolve().parents[3] / "examples" / "cartpole.yaml"
@@ -169,6 +170,24 @@ def test_a_pack_stops_at_its_time_limit_and_finishes_every_run(tmp_path: Path) -
     for summary in summaries:
         assert summary["step"] == 1 and summary["stopped_by_time_limit"] is True
         assert len(summary["eval_returns"]) == 1 and summary["diverged_at_step"] is None
+
+
+def test_a_packs_summaries_say_how_much_of_its_loop_was_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clock that moves only while the runs' selection episodes play (2 s each time, at steps 6 and 12): every
+    run's loop time is the pack's evaluation time."""
+    clock = FakeClock()
+    monkeypatch.setattr(pack_train, "time", clock)
+    play = pack_train.selection_returns
+
+    def slowly(*args: Any) -> dict[int, float]:
+        clock.now += 2.0
+        return play(*args)
+
+    monkeypatch.setattr(pack_train, "selection_returns", slowly)
+    for summary in train(configs([], []), tmp_path):
+        assert summary["eval_seconds"] == summary["wall_seconds"] == 4.0
 
 
 # ---- resume: a pack goes on from its runs' checkpoints ---------------------------------------------------

@@ -18,7 +18,7 @@ import yaml
 
 from contracts.config import ConfigError, TrainConfig
 from contracts.plans import PLANS
-from tests.factories import needs_gpu, tiny_config
+from tests.factories import FakeClock, needs_gpu, tiny_config
 from trainer.algo.step import StepOutput
 from trainer.execution.plans import PlanFallbackWarning
 from trainer.execution.plans.eager import EagerPlan
@@ -323,11 +323,15 @@ class Seen:
 
 
 def script_evaluations(
-    monkeypatch: pytest.MonkeyPatch, means: list[float], terminate_at_step: int | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    means: list[float],
+    terminate_at_step: int | None = None,
+    clock: FakeClock | None = None,
 ) -> list[Seen]:
     """Periodic evaluations of the next run score `means` in turn (the final one scores 0); each call is recorded.
 
-    With `terminate_at_step`, the evaluation at that step also sends the process SIGTERM.
+    With `terminate_at_step`, the evaluation at that step also sends the process SIGTERM; with `clock`, each
+    periodic evaluation moves it on by 2 s.
     """
     seen: list[Seen] = []
     scripted = iter(means)
@@ -345,6 +349,8 @@ def script_evaluations(
                 return [0.0] * episodes
             if run.step == terminate_at_step:
                 signal.raise_signal(signal.SIGTERM)
+            if clock is not None:
+                clock.now += 2.0
             return [next(scripted)] * episodes
 
         run.source.evaluate = evaluate
@@ -431,6 +437,26 @@ def test_a_resumed_run_keeps_the_best_policy_from_before_the_interruption(
     assert [call.step for call in after] == [15, 20, 20]
     assert (summary["best_eval_step"], summary["best_eval_return"], summary["step"]) == (10, 9.0, 20)
     assert torch.equal(after[-1].online, before[1].online)
+
+
+def test_the_summary_says_how_much_of_the_loop_was_evaluation_across_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clock that moves only while a periodic evaluation plays (2 s each, at steps 5, 10, 15, 20): the loop's
+    time is all evaluation, and a run stopped at step 10 and resumed keeps the first two's."""
+    clock = FakeClock()
+    monkeypatch.setattr(train, "time", clock)
+    config = tiny_config(run={"eval_every": 5, "eval_select_episodes": 1, "checkpoint_every": 100})
+    script_evaluations(monkeypatch, [1.0, 2.0], terminate_at_step=10, clock=clock)
+    with pytest.raises(SystemExit):
+        run_training(config, tmp_path, show_progress=False, out=lambda line: None)
+    assert last_checkpoint(tmp_path).meta["eval_seconds"] == 4.0
+
+    script_evaluations(monkeypatch, [3.0, 4.0], clock=clock)
+    summary = run_training(config, tmp_path, resume=True, show_progress=False, out=lambda line: None)
+    assert summary["eval_seconds"] == summary["wall_seconds"] == 8.0
+    plain = run_training(tiny_config(), tmp_path / "plain", show_progress=False, out=lambda line: None)
+    assert plain["eval_seconds"] == 0.0  # no periodic evaluation (the final one is not the loop's)
 
 
 def test_best_policy_keeps_a_copy_of_the_best_and_later_ties_win() -> None:

@@ -17,6 +17,7 @@ import torch
 
 from contracts.config import TrainConfig
 from trainer.algo.replay.buffer import ReplayBuffer
+from trainer.algo.rng import KeyedGenerator
 from trainer.algo.state import TrainState
 from trainer.algo.step import StepFlags
 
@@ -123,7 +124,8 @@ def capture(
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     for generator in generators:
-        graph.register_generator_state(generator)
+        if not isinstance(generator, KeyedGenerator):  # a keyed one's counters advance on the device, in the graph
+            graph.register_generator_state(generator)
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         out = body()
     return graph, out
