@@ -164,6 +164,10 @@
 #     KeyedGenerator, now left unregistered), then the market rows keyed and with torch's draws, each a pack of 16
 #     beside solo seeds 1 and 2: is a keyed solo run faster (pack13b: 927 updates/s against 841 and 845)? (DEADLINE 580 s)
 #          -> $OUT/gpu_tests_pack14.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.{json,log}
+#   pack14b = packhost (issue 31): the market pack of 16 alone under cProfile, keyed then with torch's draws: the host
+#     seconds of each direct callee of the training loop (collection, the update, evaluation, reports, bookkeeping),
+#     where the keyed pack's 0.85 ms a pack step outside its timed sections goes (DEADLINE 420 s)
+#          -> $OUT/pack_host_{keyed,default}.txt
 #   pack13b = packkeyed,packattn,packdefault: pack13's keyed market row (it printed no table: the first row's three
 #     processes compile into an empty cache, and 200 s was likely too short; now 300); the pack's attention forms
 #     again, now with attention written out as products and as broadcast sums under torch.compile; then the default
@@ -250,6 +254,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack14 ] && { stage=tests14,packkeyed,packdefault; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = pack14b ] && { stage=packhost; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13b ] && { stage=packkeyed,packattn,packdefault; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
@@ -330,6 +335,18 @@ market_profile() {  # FILE LABEL OVERRIDE: the compiled market pack's kernels at
   timeout -k 15 "$(left 90)" python3 scripts/profile_pack.py --config examples/market.yaml --compiled --sizes 16 \
     --no-divergence --top 30 -o "$3" 2>&1 | grep -v "Warn\|check(" > "$OUT/$1"
   grep "kernels," "$OUT/$1" | sed "s/^/$2: /" | tee -a "$OUT/packcombo.txt"
+}
+market_host() {  # NAME OPTIONS... : the market pack of 16 alone under cProfile -> $OUT/pack_host_NAME.txt: the host
+  # time of the training loop's direct callees (`pack_train._train`): which part of a pack step's loop is not its
+  # timed sections (packs round 13: 0.85 ms a pack step keyed, 0.41 with torch's draws)
+  local name=$1; shift
+  timeout -k 15 "$(left 200)" python3 -m cProfile -o "/tmp/pack-host-$name.prof" scripts/pack_recipes.py \
+    --config examples/market.yaml --margin 1.0 --cpu-steps 0 --plan fused --solo-seeds= --out "/tmp/pack-host-$name" \
+    "$@" > "/tmp/pack-host-$name.log" 2>&1
+  { echo "== $name ($*): $(grep -m1 'updates/s over' "/tmp/pack-host-$name.log")"
+    python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_callees(r"\(_train\)")' \
+      "/tmp/pack-host-$name.prof"; } > "$OUT/pack_host_$name.txt" 2>&1
+  head -1 "$OUT/pack_host_$name.txt"
 }
 market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside solo seeds 1 and 2 -> $OUT/packcombo_market_NAME.json
   local name=$1 seconds=$2 report="$OUT/packcombo.txt"; shift 2
@@ -439,6 +456,10 @@ has packkeyed && market_row keyed 300 -o run.rng=keyed  # the first row compiles
 has packattn && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
   | grep -v "Extern Choice" | tee "$OUT/small_ops_packattn.txt" | tail -7
 has packdefault && market_row default 200
+if has packhost; then
+  market_host keyed -o run.rng=keyed
+  market_host default
+fi
 has packkeyprof && market_profile pack13_profile_keyed.txt "keyed" run.rng=keyed
 has packeval && market_row noeval 200 -o run.eval_every=0
 if has iqnodump; then
