@@ -288,13 +288,17 @@ def _train(
             skips = now
         periodic = config.run.eval_every > 0  # 0: no periodic evaluation (nor a division by it)
         evaluating = periodic and (crossed(step, advanced, config.run.eval_every) or finishing)
-        evaluating_since = time.perf_counter()
-        played = selection_returns(collector, runs, frozen) if evaluating else {}
-        for i, run in enumerate(runs):
-            if evaluating and i not in frozen:
-                run.step = step  # the step its best policy is of
-                evaluations[i] = select(run, played[i], say[i]) if i in played else evaluate_for_selection(run, say[i])
-        evaluated = time.perf_counter() - evaluating_since if evaluating else 0.0  # the pack's, every live run's
+        evaluated = 0.0  # the pack's evaluation time, every live run's
+        if evaluating:
+            evaluating_since = time.perf_counter()
+            played = selection_returns(collector, runs, frozen)
+            for i, run in enumerate(runs):
+                if i not in frozen:
+                    run.step = step  # the step its best policy is of
+                    evaluations[i] = (
+                        select(run, played[i], say[i]) if i in played else evaluate_for_selection(run, say[i])
+                    )
+            evaluated = time.perf_counter() - evaluating_since
         for i, run in enumerate(runs):
             if i in frozen and diverged_at[i] < step:
                 continue

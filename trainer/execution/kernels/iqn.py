@@ -384,7 +384,7 @@ def _quantiles_kernel(
         tl.store(out_ptr + row * BRANCHES + k, z, mask=in_rows)
 
 
-@triton.heuristics(_tiles(lambda bf16: _backward_rows(bf16)))
+@triton.heuristics(_tiles(_backward_rows))
 @triton.jit
 def _backward_rows_kernel(
     tau_ptr,
@@ -484,7 +484,7 @@ def _backward_rows_kernel(
     tl.store(partial_ptr + out_rows * iqn_hidden + out_rows + i, grad_hidden_b, mask=in_i)
 
 
-@triton.heuristics(_tiles(lambda bf16: _backward_rows(bf16), outputs=False))
+@triton.heuristics(_tiles(_backward_rows, outputs=False))
 @triton.jit
 def _backward_units_kernel(
     tau_ptr,
