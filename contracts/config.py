@@ -27,6 +27,12 @@ IQN_KERNEL_MAX_WIDTH = 256
 """The widest iqn_embed, iqn_hidden and branches x actions run.iqn_target_kernel = triton takes: each is one tile
 of a program (`trainer.execution.kernels.iqn`). The config checks the first two; the data source's branches x
 actions, the kernel when the step first runs."""
+TARGET_MLP_KERNEL_MAX_WIDTH = 256
+"""The widest hidden and head_hidden run.target_mlp_kernel = triton takes: each is one tile of a program
+(`trainer.execution.kernels.mlp`); the features and the atoms are taken in chunks, any number of them."""
+TARGET_MLP_KERNEL_MAX_ACTIONS = 16
+"""The most actions a branch run.target_mlp_kernel = triton takes (its advantage tile holds them all, 16 atoms each).
+The config checks the widths; the data source's actions, the kernel when the step first runs."""
 INT32_MAX = 2**31 - 1
 """Bound of every count without a smaller natural one: the store, the trainer and Argo all hold it."""
 
@@ -298,6 +304,17 @@ class RunConfig(_Section):
             "other plans, nor on the CPU."
         ),
     )
+    target_mlp_kernel: Literal["inductor", "triton"] = Field(
+        "inductor",
+        description=(
+            "How the fused and zerocopy plans run the step's first network pass on a GPU (the online and target "
+            "networks' trunk and C51 dueling heads at s and s', no gradient): Inductor's five products and its "
+            "pointwise kernels ('inductor'), or one Triton kernel that keeps each state's activations on chip "
+            f"('triton', model.hidden and model.head_hidden at most {TARGET_MLP_KERNEL_MAX_WIDTH}, the data's "
+            f"actions a branch at most {TARGET_MLP_KERNEL_MAX_ACTIONS}). Not yet timed on a GPU, so 'inductor' stays "
+            "the default. Packs of runs run the written form; no effect on the other plans, nor on the CPU."
+        ),
+    )
     rng: Literal["torch", "keyed"] = Field(
         "torch",
         description=(
@@ -455,6 +472,18 @@ class TrainConfig(_Section):
             named = ", ".join(f"{name} is {width}" for name, width in too_wide.items())
             raise ValueError(
                 f"run.{asked[0]} 'triton' takes widths of at most {IQN_KERNEL_MAX_WIDTH}; {named} (use 'inductor')"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _target_mlp_kernel_fits(self) -> TrainConfig:
+        widths = {"model.hidden": self.model.hidden, "model.head_hidden": self.model.head_hidden}
+        too_wide = {name: width for name, width in widths.items() if width > TARGET_MLP_KERNEL_MAX_WIDTH}
+        if self.run.target_mlp_kernel == "triton" and too_wide:
+            named = ", ".join(f"{name} is {width}" for name, width in too_wide.items())
+            raise ValueError(
+                f"run.target_mlp_kernel 'triton' takes widths of at most {TARGET_MLP_KERNEL_MAX_WIDTH}; {named} "
+                "(use 'inductor')"
             )
         return self
 

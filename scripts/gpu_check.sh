@@ -143,6 +143,10 @@
 #     +iqno step had a 0.34 ms reduction the default step has not) (DEADLINE 570 s)
 #          -> $OUT/gpu_tests_round22.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round22_core.txt,
 #             $OUT/profile_round22_iqno.txt, $OUT/iqno_kernels.tar.gz
+#   round24 = tests24,prof24 (issue 32): the target pass's networks as one Triton kernel (run.target_mlp_kernel,
+#     trainer/execution/kernels/mlp.py): its GPU tests (the compiled op at `core`'s sizes, 50 fused steps against eager
+#     in float32 and bf16+combo), then zerocopy-bf16+combo without and with it (+mlpt), each afresh (DEADLINE 400 s)
+#          -> $OUT/gpu_tests_round24.log, $OUT/profile_round24_core.txt, $OUT/profile_round24_VARIANT.txt
 #   round23 = prof23 (issue 32): zerocopy-bf16+combo and +iqno (the online kernels, 128 rows a block since
 #     round 22), each also with +subblocks (each part of a combined kernel with its own block sizes: round 22's +iqno
 #     step had a combined kernel whose one XBLOCK cost 0.309 ms on a filled cache, 0.060 afresh), every variant tuned
@@ -164,7 +168,7 @@
 #     KeyedGenerator, now left unregistered), then the market rows keyed and with torch's draws, each a pack of 16
 #     beside solo seeds 1 and 2: is a keyed solo run faster (pack13b: 927 updates/s against 841 and 845)? (DEADLINE 580 s)
 #          -> $OUT/gpu_tests_pack14.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.{json,log}
-#   pack14b = packhost (issue 31): the market pack of 16 alone under cProfile, keyed then with torch's draws: the host
+#   pack14b = packhostkeyed,packhostdefault (issue 31): the market pack of 16 alone under cProfile, keyed then with torch's draws: the host
 #     seconds of each direct callee of the training loop (collection, the update, evaluation, reports, bookkeeping),
 #     where the keyed pack's 0.85 ms a pack step outside its timed sections goes (DEADLINE 420 s)
 #          -> $OUT/pack_host_{keyed,default}.txt
@@ -254,7 +258,8 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack14 ] && { stage=tests14,packkeyed,packdefault; DEADLINE="${DEADLINE:-580}"; }
-[ "$stage" = pack14b ] && { stage=packhost; DEADLINE="${DEADLINE:-420}"; }
+[ "$stage" = pack14b ] && { stage=packhostkeyed,packhostdefault; DEADLINE="${DEADLINE:-420}"; }
+[ "$stage" = round24 ] && { stage=tests24,prof24; DEADLINE="${DEADLINE:-400}"; }
 [ "$stage" = pack13b ] && { stage=packkeyed,packattn,packdefault; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
@@ -338,13 +343,13 @@ market_profile() {  # FILE LABEL OVERRIDE: the compiled market pack's kernels at
 }
 market_host() {  # NAME OPTIONS... : the market pack of 16 alone under cProfile -> $OUT/pack_host_NAME.txt: the host
   # time of the training loop's direct callees (`pack_train._train`): which part of a pack step's loop is not its
-  # timed sections (packs round 13: 0.85 ms a pack step keyed, 0.41 with torch's draws)
+  # timed sections (packs round 13: 0.85 ms a pack step keyed, 0.41 with torch's draws); then the 30 functions of most own host time
   local name=$1; shift
   timeout -k 15 "$(left 200)" python3 -m cProfile -o "/tmp/pack-host-$name.prof" scripts/pack_recipes.py \
     --config examples/market.yaml --margin 1.0 --cpu-steps 0 --plan fused --solo-seeds= --out "/tmp/pack-host-$name" \
     "$@" > "/tmp/pack-host-$name.log" 2>&1
   { echo "== $name ($*): $(grep -m1 'updates/s over' "/tmp/pack-host-$name.log")"
-    python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_callees(r"\(_train\)")' \
+    python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_callees(r"\(_train\)"); pstats.Stats(sys.argv[1]).sort_stats("tottime").print_stats(30)' \
       "/tmp/pack-host-$name.prof"; } > "$OUT/pack_host_$name.txt" 2>&1
   head -1 "$OUT/pack_host_$name.txt"
 }
@@ -436,6 +441,13 @@ if has prof23; then  # one process a variant: nothing tuned by one is served to 
     grep -h "ms/step" "$OUT/profile_round23_${v//+/_}.txt" | tee -a "$OUT/profile_round23_core.txt"
   done
 fi
+has tests24 && gpu_tests gpu_tests_round24.log 150 tests/trainer/execution/kernels/test_mlp.py
+if has prof24; then  # one process a variant, Inductor's caches off (round 23)
+  for v in zerocopy-bf16+combo zerocopy-bf16+combo+mlpt; do
+    FRESH=1 TOP=12 profile_core "profile_round24_${v//+/_}.txt" 125 "$v" > /dev/null  # `+` does not come back
+    grep -h "ms/step" "$OUT/profile_round24_${v//+/_}.txt" | tee -a "$OUT/profile_round24_core.txt"
+  done
+fi
 has tests23 && MARK="gpu or not gpu" gpu_tests gpu_tests_round23.log 300 \
   "tests/trainer/execution/plans/test_equivalence.py::test_the_iqn_online_kernels_match_eager_after_50_steps[fused-bf16-combo]"
 has small22 && timeout -k 15 "$(left 90)" python3 scripts/bench_small_ops.py --ops iqnonline 2>&1 | grep -v "Extern Choice" \
@@ -456,10 +468,8 @@ has packkeyed && market_row keyed 300 -o run.rng=keyed  # the first row compiles
 has packattn && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
   | grep -v "Extern Choice" | tee "$OUT/small_ops_packattn.txt" | tail -7
 has packdefault && market_row default 200
-if has packhost; then
-  market_host keyed -o run.rng=keyed
-  market_host default
-fi
+has packhostkeyed && market_host keyed -o run.rng=keyed
+has packhostdefault && market_host default
 has packkeyprof && market_profile pack13_profile_keyed.txt "keyed" run.rng=keyed
 has packeval && market_row noeval 200 -o run.eval_every=0
 if has iqnodump; then

@@ -15,13 +15,15 @@ in-kernel before its first read of that kernel's output, `triton.enable_pdl`; ro
 target quantiles as one Triton kernel, `run.iqn_target_kernel=triton`: under bf16 the default since round 20);
 "+iqni" (as Inductor's products and kernels, `run.iqn_target_kernel=inductor`); "+iqno" (the online IQN pass
 and its gradient as three Triton kernels, `run.iqn_online_kernel=triton`); "+c51i" (the C51 target as Inductor's
-kernels, `run.c51_target_kernel=inductor`); "+subblocks" (each part of a combined kernel with its own block
-sizes, Inductor's `combo_kernel_per_subkernel_blocks`: one `XBLOCK` shared by a 46,080-row reduction and a one-row
-one cost 0.309 ms in round 22). Each variant is compiled afresh (Dynamo's in-memory cache and the plans' compiled
-wrappers are reset first), so one compiled under other Inductor settings is never reused; `--fresh-cache` also
-keeps Inductor's on-disk caches out (`force_disable_caches`), so every kernel's configuration is tuned in this
-process: round 22's `+iqno` step took 1.08 ms on a cache the tests had filled and 0.84 ms compiled afresh.
-Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels, others.
+kernels, `run.c51_target_kernel=inductor`); "+mlpt" (the target pass's networks, the online and target trunks and
+C51 heads at s and s', as one Triton kernel, `run.target_mlp_kernel=triton`); "+subblocks" (each part of a combined
+kernel with its own block sizes, Inductor's `combo_kernel_per_subkernel_blocks`: one `XBLOCK` shared by a
+46,080-row reduction and a one-row one cost 0.309 ms in round 22). Each variant is compiled afresh (Dynamo's
+in-memory cache and the plans' compiled wrappers are reset first), so one compiled under other Inductor settings is
+never reused; `--fresh-cache` also keeps Inductor's on-disk caches out (`force_disable_caches`), so every kernel's
+configuration is tuned in this process: round 22's `+iqno` step took 1.08 ms on a cache the tests had filled and
+0.84 ms compiled afresh. Kernels are also counted by kind: matrix products (cuBLAS/CUTLASS), Inductor's Triton kernels,
+others.
 Each is built like `trainer bench` builds it, warmed up, timed over `--steps` steps with CUDA events,
 then profiled over the same number of steps. `--trace DIR` also writes each variant's kernel timeline
 (`DIR/PRESET-VARIANT.json`, `+` written `_`; Chrome's trace format: chrome://tracing or Perfetto),
@@ -108,6 +110,7 @@ OVERRIDE_FLAGS = {
     "iqnk": "run.iqn_target_kernel=triton",
     "iqni": "run.iqn_target_kernel=inductor",
     "iqno": "run.iqn_online_kernel=triton",
+    "mlpt": "run.target_mlp_kernel=triton",
 }
 """Variant flags that are config overrides."""
 SCOPE_FLAGS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {

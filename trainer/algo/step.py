@@ -121,6 +121,10 @@ class Hyper:
     # at the batch's actions); by run.iqn_online_kernel (triton) the fused plans give a forward and two backward
     # Triton kernels (`trainer.execution.kernels.iqn.quantiles_at_fused`).
     iqn_online: Callable[..., Tensor] | None = None
+    # How the target pass's networks run (the online and target trunks and C51 heads at s and s', no gradient): None,
+    # as written (`trunk`, `c51_logits`); by run.target_mlp_kernel (triton) the fused plans give one Triton kernel for
+    # the whole chain (`trainer.execution.kernels.mlp.target_networks`), returning (h, logits) as the two do.
+    target_networks: Callable[..., tuple[Tensor, Tensor]] | None = None
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Hyper:
@@ -143,6 +147,7 @@ class Hyper:
             "c51_target": target_distribution,
             "iqn_target": None,
             "iqn_online": None,
+            "target_networks": None,
         }
         sections = {**loss.model_dump(), **optim.model_dump()}
         copied = {f.name: sections[f.name] for f in fields(cls) if f.name not in derived}
@@ -264,8 +269,11 @@ def compute_targets(state: TrainState, batch: Batch, draws: Draws, hp: Hyper) ->
     both = network_views(state.main, torch.stack([state.online, state.target]), hp)
     with mixed_precision(hp, atoms.device):  # the networks; their outputs are float32
         states = torch.cat([batch.obs, batch.next_obs]).expand(2, -1, -1)  # [2, 2B, F]: s and s' for each network
-        h = trunk(both, states)  # [2, 2B, H]
-        logits = c51_logits(both, h, d)  # [2, 2B, K, A, N]
+        if hp.target_networks is None:
+            h = trunk(both, states)  # [2, 2B, H]
+            logits = c51_logits(both, h, d)  # [2, 2B, K, A, N]
+        else:  # a plan's one kernel for both (`Hyper.target_networks`)
+            h, logits = hp.target_networks(both, states, d)
         # Double DQN: a* = argmax_a E[Z_online(s', a)], evaluated by the target network.
         a_star = double_dqn_action(logits[0, rows:], atoms)  # [B, K]
         target_logits, next_logits = logits[1, :rows], logits[1, rows:]  # [B, K, A, N] at s (IQL's), at s'

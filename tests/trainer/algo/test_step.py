@@ -49,6 +49,7 @@ def test_hyper_copies_same_named_loss_and_optim_fields_and_derives_the_rest() ->
         "c51_target",
         "iqn_target",
         "iqn_online",
+        "target_networks",
     }
     copied = [f.name for f in fields(Hyper) if f.name not in derived]
     assert all(getattr(hp, name) == {**loss, **optim}[name] for name in copied)
@@ -57,6 +58,7 @@ def test_hyper_copies_same_named_loss_and_optim_fields_and_derives_the_rest() ->
     assert hp.budgets["c51"] == 0.5 * 2.0 and hp.autocast is torch.bfloat16
     assert hp.attend is self_attention  # the maths; only the fused plans swap in their kernels
     assert hp.c51_target is target_distribution and hp.iqn_target is None and hp.iqn_online is None  # as written
+    assert hp.target_networks is None
 
 
 def _draws(state, batch_size: int, seed: int = 0) -> Draws:

@@ -177,6 +177,10 @@ class FusedPlan(DualStreamPlan):
             from trainer.execution.kernels import iqn
 
             hp = dataclasses.replace(hp, iqn_online=iqn.quantiles_at_fused)
+        if self.compiled and config.run.target_mlp_kernel == "triton":  # the data's actions: checked by the kernel
+            from trainer.execution.kernels import mlp
+
+            hp = dataclasses.replace(hp, target_networks=mlp.target_networks)
         return hp
 
     @staticmethod
