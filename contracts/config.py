@@ -311,8 +311,9 @@ class RunConfig(_Section):
             "networks' trunk and C51 dueling heads at s and s', no gradient): Inductor's five products and its "
             "pointwise kernels ('inductor'), or one Triton kernel that keeps each state's activations on chip "
             f"('triton', model.hidden and model.head_hidden at most {TARGET_MLP_KERNEL_MAX_WIDTH}, the data's "
-            f"actions a branch at most {TARGET_MLP_KERNEL_MAX_ACTIONS}). Not yet timed on a GPU, so 'inductor' stays "
-            "the default. Packs of runs run the written form; no effect on the other plans, nor on the CPU."
+            f"actions a branch at most {TARGET_MLP_KERNEL_MAX_ACTIONS}). On an H100 the kernel took `core`'s step "
+            "to 0.914 ms against 0.779 (docs/benchmarks/README.md, issue 32 round 24), so 'inductor' stays the "
+            "default. Packs of runs run the written form; no effect on the other plans, nor on the CPU."
         ),
     )
     rng: Literal["torch", "keyed"] = Field(

@@ -29,8 +29,12 @@ gradient written out as products), against SDPA forward and backward over the ru
 batched products or as broadcast sums under torch.compile (Inductor writing both directions, as in the compiled pack:
 can it fuse the tiny [16 × 16] × [16 × 8] products that cuBLAS runs as FFMA tiles mostly padded?).
 
+`--ops targetmlp` (issue 32) times the target pass's networks at the `core` size in bf16 (`compute_targets`: trunk and
+C51 dueling heads of two networks over 2 x 1024 states): compiled by Inductor against the one kernel
+(`trainer.execution.kernels.mlp`) at several rows, warps, pipeline stages and chunks per program.
+
     python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn,iqnonline,packgrads]
-    (`--ops packattn` likewise)
+    (`--ops packattn`, `--ops targetmlp` likewise)
 """
 
 from __future__ import annotations
@@ -47,10 +51,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from trainer.algo.budgets import spectral_project_batched, spectral_project_fused, spectral_project_per_matrix
 from trainer.algo.losses.c51 import categorical_projection
-from trainer.algo.model import ModelDims, iqn_quantiles, self_attention
+from trainer.algo.model import ModelDims, c51_logits, iqn_quantiles, self_attention, trunk
 from trainer.algo.state import TrainState
 from trainer.algo.step import next_quantile_targets, quantiles_at
-from trainer.execution.kernels import iqn, spectral
+from trainer.execution.kernels import iqn, mlp, spectral
 from trainer.execution.kernels.window_attention import window_attention_fused
 from trainer.execution.pack import PackedAttention
 from trainer.tools.bench import BenchOptions, bench_spec, preset_config
@@ -102,6 +106,8 @@ def main() -> None:
         rows += pack_gradient_rows(args.calls, generator)
     if "packattn" in ops:
         rows += pack_attention_rows(args.calls, generator)
+    if "targetmlp" in ops:
+        rows += target_mlp_rows(args.calls, generator)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
     for name, ms, count, names in rows:
@@ -216,6 +222,58 @@ def iqn_rows(calls: int, generator: torch.Generator) -> list[Row]:
             rows.append((f"iqn target bf16: kernel, {tile[0]} rows, {tile[1]} warps", *kernel_ms(fused, calls)))
     finally:
         iqn.ROWS_PER_PROGRAM, iqn.WARPS_PER_PROGRAM = default
+    return rows
+
+
+TARGET_MLP_TILES = [
+    (32, 4, 2, 32),
+    (16, 4, 2, 32),
+    (64, 4, 2, 32),
+    (64, 8, 2, 32),
+    (32, 8, 2, 32),
+    (32, 4, 3, 32),
+    (32, 4, 1, 32),
+    (32, 4, 2, 64),
+    (16, 2, 2, 32),
+]
+"""(rows, warps, stages, chunk) per program of the target pass's kernel to time; (32, 4, 2, 32) is its default (round
+24 on an H100: 0.227 ms in the step, which it made 0.135 ms slower)."""
+
+
+def target_mlp_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    """The `core` target pass in bf16, as `compute_targets` runs it: the online and target networks stacked [2, P],
+    cast once, over s and s' (2 x 1024 states each): `trunk` then `c51_logits` compiled, against the one kernel
+    (`trainer.execution.kernels.mlp`) at several tiles, each checked against the compiled form."""
+    device = torch.device("cuda")
+    state = core_state()
+    dims = state.dims
+    both = state.main.views(torch.stack([state.online, state.target]).detach().to(torch.bfloat16))
+    states = torch.randn(2 * BenchOptions().batch_size, dims.obs_dim, device=device, generator=generator)
+    states = states.expand(2, -1, -1)  # [2, 2B, F]
+
+    def written(both: dict[str, Tensor], states: Tensor) -> tuple[Tensor, Tensor]:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = trunk(both, states)
+            return h, c51_logits(both, h, dims)
+
+    compiled = torch.compile(written, dynamic=False)
+    want = compiled(both, states)
+    rows = [(f"target pass bf16 [2x{states.shape[1]}]: Inductor", *kernel_ms(lambda: compiled(both, states), calls))]
+    default = mlp.ROWS_PER_PROGRAM, mlp.WARPS_PER_PROGRAM, mlp.STAGES_PER_PROGRAM, mlp.CHUNK
+    try:
+        for tile in TARGET_MLP_TILES:
+            mlp.ROWS_PER_PROGRAM, mlp.WARPS_PER_PROGRAM, mlp.STAGES_PER_PROGRAM, mlp.CHUNK = tile
+            try:
+                got = mlp.target_networks(both, states, dims)
+            except Exception as error:  # a tile past the shared memory: say so, time the others
+                print(f"target pass kernel {tile}: {type(error).__name__}: {str(error)[:120]}")
+                continue
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+            fused = functools.partial(mlp.target_networks, both, states, dims)
+            name = f"target pass bf16: kernel {tile[0]} rows, {tile[1]} warps, {tile[2]} stages, chunk {tile[3]}"
+            rows.append((name, *kernel_ms(fused, calls)))
+    finally:
+        mlp.ROWS_PER_PROGRAM, mlp.WARPS_PER_PROGRAM, mlp.STAGES_PER_PROGRAM, mlp.CHUNK = default
     return rows
 
 

@@ -143,6 +143,9 @@
 #     +iqno step had a 0.34 ms reduction the default step has not) (DEADLINE 570 s)
 #          -> $OUT/gpu_tests_round22.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round22_core.txt,
 #             $OUT/profile_round22_iqno.txt, $OUT/iqno_kernels.tar.gz
+#   round25 = tests25,small25 (issue 32): the target pass kernel's bf16 combo equivalence test (round 24's stage cut it),
+#     then the kernel alone at several rows, warps, stages and chunks a program against Inductor's form of the same
+#     pass (bench_small_ops.py --ops targetmlp) (DEADLINE 360 s)   -> $OUT/gpu_tests_round25.log, $OUT/small_ops_targetmlp.txt
 #   round24 = tests24,prof24 (issue 32): the target pass's networks as one Triton kernel (run.target_mlp_kernel,
 #     trainer/execution/kernels/mlp.py): its GPU tests (the compiled op at `core`'s sizes, 50 fused steps against eager
 #     in float32 and bf16+combo), then zerocopy-bf16+combo without and with it (+mlpt), each afresh (DEADLINE 400 s)
@@ -260,6 +263,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = pack14 ] && { stage=tests14,packkeyed,packdefault; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack14b ] && { stage=packhostkeyed,packhostdefault; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round24 ] && { stage=tests24,prof24; DEADLINE="${DEADLINE:-400}"; }
+[ "$stage" = round25 ] && { stage=tests25,small25; DEADLINE="${DEADLINE:-360}"; }
 [ "$stage" = pack13b ] && { stage=packkeyed,packattn,packdefault; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
@@ -343,14 +347,17 @@ market_profile() {  # FILE LABEL OVERRIDE: the compiled market pack's kernels at
 }
 market_host() {  # NAME OPTIONS... : the market pack of 16 alone under cProfile -> $OUT/pack_host_NAME.txt: the host
   # time of the training loop's direct callees (`pack_train._train`): which part of a pack step's loop is not its
-  # timed sections (packs round 13: 0.85 ms a pack step keyed, 0.41 with torch's draws); then the 30 functions of most own host time
+  # timed sections (packs round 13: 0.85 ms a pack step keyed, 0.41 with torch's draws); then the 30 functions of most own host time;
+  # the profile itself too (-> pack_host_NAME.prof.gz, to read here)
   local name=$1; shift
   timeout -k 15 "$(left 200)" python3 -m cProfile -o "/tmp/pack-host-$name.prof" scripts/pack_recipes.py \
     --config examples/market.yaml --margin 1.0 --cpu-steps 0 --plan fused --solo-seeds= --out "/tmp/pack-host-$name" \
     "$@" > "/tmp/pack-host-$name.log" 2>&1
   { echo "== $name ($*): $(grep -m1 'updates/s over' "/tmp/pack-host-$name.log")"
+    grep -A2 '^| row' "/tmp/pack-host-$name.log"  # the row's table: its loop's seconds, of it evaluating
     python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_callees(r"\(_train\)"); pstats.Stats(sys.argv[1]).sort_stats("tottime").print_stats(30)' \
       "/tmp/pack-host-$name.prof"; } > "$OUT/pack_host_$name.txt" 2>&1
+  gzip -c "/tmp/pack-host-$name.prof" > "$OUT/pack_host_$name.prof.gz"  # round 24's listing lacked the callees
   head -1 "$OUT/pack_host_$name.txt"
 }
 market_row() {  # NAME SECONDS OPTIONS... : the market recipe, a pack of 16 beside solo seeds 1 and 2 -> $OUT/packcombo_market_NAME.json
@@ -442,6 +449,10 @@ if has prof23; then  # one process a variant: nothing tuned by one is served to 
   done
 fi
 has tests24 && gpu_tests gpu_tests_round24.log 150 tests/trainer/execution/kernels/test_mlp.py
+has tests25 && gpu_tests gpu_tests_round25.log 220 \
+  "tests/trainer/execution/kernels/test_mlp.py::test_the_target_mlp_kernel_matches_eager_after_50_steps[fused-bf16-combo]"
+has small25 && timeout -k 15 "$(left 130)" python3 scripts/bench_small_ops.py --ops targetmlp 2>&1 | grep -v "Extern Choice" \
+  | tee "$OUT/small_ops_targetmlp.txt" | tail -12
 if has prof24; then  # one process a variant, Inductor's caches off (round 23)
   for v in zerocopy-bf16+combo zerocopy-bf16+combo+mlpt; do
     FRESH=1 TOP=12 profile_core "profile_round24_${v//+/_}.txt" 125 "$v" > /dev/null  # `+` does not come back

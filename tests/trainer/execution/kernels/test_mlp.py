@@ -128,7 +128,7 @@ def test_what_the_kernel_cannot_run_is_refused_here_and_by_the_config() -> None:
 
 
 def test_the_fused_plans_run_the_kernel_only_when_asked_and_the_other_plans_and_packs_never() -> None:
-    """Opt-in (not yet timed on a GPU). A pack's Hyper is its config's (`PackPlan`: `Hyper.from_config`), without
+    """Opt-in (measured slower, round 24). A pack's Hyper is its config's (`PackPlan`: `Hyper.from_config`), without
     the kernel, which has no vmap rule; the profiler's `+mlpt` variant asks for it."""
     from scripts.profile_step import OVERRIDE_FLAGS, split_variant
     from tests.trainer.execution.test_pack import run_config, solo_run
