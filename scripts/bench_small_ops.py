@@ -90,24 +90,20 @@ def main() -> None:
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     generator = torch.Generator(device).manual_seed(0)
-    rows = []
-
-    if "attention" in ops:
-        rows += attention_rows(args.batch, args.calls, generator)
+    timed_by_calls = {  # the ops timed over --calls calls each; `projection` takes the batch's sizes too
+        "spectral": spectral_rows,
+        "iqn": iqn_rows,
+        "iqnonline": iqn_online_rows,
+        "packgrads": pack_gradient_rows,
+        "packattn": pack_attention_rows,
+        "targetmlp": target_mlp_rows,
+    }
+    rows = attention_rows(args.batch, args.calls, generator) if "attention" in ops else []
     if "projection" in ops:
         rows += projection_rows(args, generator)
-    if "spectral" in ops:
-        rows += spectral_rows(args.calls, generator)
-    if "iqn" in ops:
-        rows += iqn_rows(args.calls, generator)
-    if "iqnonline" in ops:
-        rows += iqn_online_rows(args.calls, generator)
-    if "packgrads" in ops:
-        rows += pack_gradient_rows(args.calls, generator)
-    if "packattn" in ops:
-        rows += pack_attention_rows(args.calls, generator)
-    if "targetmlp" in ops:
-        rows += target_mlp_rows(args.calls, generator)
+    for op, rows_of in timed_by_calls.items():
+        if op in ops:
+            rows += rows_of(args.calls, generator)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.calls} calls")
     for name, ms, count, names in rows:

@@ -448,9 +448,10 @@ if has prof23; then  # one process a variant: nothing tuned by one is served to 
     grep -h "ms/step" "$OUT/profile_round23_${v//+/_}.txt" | tee -a "$OUT/profile_round23_core.txt"
   done
 fi
-has tests24 && gpu_tests gpu_tests_round24.log 150 tests/trainer/execution/kernels/test_mlp.py
+has tests24 && gpu_tests gpu_tests_round24.log 150 tests/trainer/execution/kernels/test_mlp.py \
+  tests/trainer/execution/plans/test_equivalence.py::test_the_target_mlp_kernel_matches_eager_after_50_steps
 has tests25 && gpu_tests gpu_tests_round25.log 220 \
-  "tests/trainer/execution/kernels/test_mlp.py::test_the_target_mlp_kernel_matches_eager_after_50_steps[fused-bf16-combo]"
+  "tests/trainer/execution/plans/test_equivalence.py::test_the_target_mlp_kernel_matches_eager_after_50_steps[fused-bf16-combo]"
 has small25 && timeout -k 15 "$(left 130)" python3 scripts/bench_small_ops.py --ops targetmlp 2>&1 | grep -v "Extern Choice" \
   | tee "$OUT/small_ops_targetmlp.txt" | tail -12
 if has prof24; then  # one process a variant, Inductor's caches off (round 23)

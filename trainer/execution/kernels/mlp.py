@@ -243,6 +243,7 @@ def target_mlp(
             raise ValueError(f"target_mlp: {name} needs unit stride over its last dim, got {tensor.stride()}")
     h = torch.empty(nets, rows, hidden, device=states.device, dtype=layers[0].dtype)
     logits = torch.empty(nets, rows, branches, actions, atoms, device=states.device, dtype=torch.float32)
+    widths = (rows, features, hidden, head_hidden, atoms, actions)  # the kernel's runtime sizes, in its order
     # the layers are views of the flat parameters in their dtype (bf16 where the step cast them once): no copy
     _target_mlp_kernel[(nets, triton.cdiv(rows, ROWS_PER_PROGRAM))](
         states,
@@ -253,12 +254,7 @@ def target_mlp(
         *(t.stride(0) for t in layers),
         states.stride(1),
         *(t.stride(1) for t in weights),
-        rows,
-        features,
-        hidden,
-        head_hidden,
-        atoms,
-        actions,
+        *widths,
         **launch_constants(
             features, hidden, head_hidden, atoms, branches, actions, layers[0].dtype == torch.bfloat16, interpreted()
         ),

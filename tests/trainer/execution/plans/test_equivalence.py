@@ -153,6 +153,15 @@ def test_the_iqn_online_kernels_match_eager_after_50_steps(plan_class: type[Grap
     assert_fed_plan_matches_eager(plan_class, "core", precision, combo_kernels=precision == "bf16", iqn_online="triton")
 
 
+@pytest.mark.parametrize(
+    ("plan_class", "precision"), [(FusedFp32, "auto"), (FusedPlan, "bf16")], ids=["fused-fp32", "fused-bf16-combo"]
+)
+def test_the_target_mlp_kernel_matches_eager_after_50_steps(plan_class: type[GraphPlan], precision: str) -> None:
+    """run.target_mlp_kernel = triton (the target pass's networks as `trainer.execution.kernels.mlp`'s one kernel,
+    inside the compiled step) on `core`."""
+    assert_fed_plan_matches_eager(plan_class, "core", precision, combo_kernels=precision == "bf16", target_mlp="triton")
+
+
 def assert_fed_plan_matches_eager(
     plan_class: type[GraphPlan],
     config_name: str,
@@ -161,6 +170,7 @@ def assert_fed_plan_matches_eager(
     c51: str = "auto",
     iqn: str = "auto",
     iqn_online: str = "inductor",
+    target_mlp: str = "inductor",
 ) -> None:
     """Eager (float32) and the plan update on the same 50 batches and draws; compare every state tensor. The target
     kernels as the config's defaults choose them, unless `c51` or `iqn` says otherwise."""
@@ -170,6 +180,7 @@ def assert_fed_plan_matches_eager(
     config.run.c51_target_kernel = c51  # the fused plans' choice; eager runs the written form
     config.run.iqn_target_kernel = iqn
     config.run.iqn_online_kernel = iqn_online
+    config.run.target_mlp_kernel = target_mlp
     hp = Hyper.from_config(config_for(config_name))
     replay = new_replay(config)
     inputs = fed_inputs(config, replay, STEPS)
@@ -183,7 +194,7 @@ def assert_fed_plan_matches_eager(
         plan.update(batch, draws, step)
     torch.cuda.synchronize()
     errors = relative_errors(state, eager)
-    kernels = f"C51: {c51}, IQN: {iqn}, IQN online: {iqn_online}"
+    kernels = f"C51: {c51}, IQN: {iqn}, IQN online: {iqn_online}, target MLP: {target_mlp}"
     name = f"{plan_class.name} ({plan_class.__name__}, precision: {precision}, combo: {combo_kernels}, {kernels})"
     print(f"{config_name} {name} relative error per tensor: {json.dumps(errors)}")
     assert float(eager.updates) == STEPS  # the comparison covers 50 applied updates, not skipped ones
