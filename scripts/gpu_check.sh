@@ -348,14 +348,15 @@ market_profile() {  # FILE LABEL OVERRIDE: the compiled market pack's kernels at
 market_host() {  # NAME OPTIONS... : the market pack of 16 alone under cProfile -> $OUT/pack_host_NAME.txt: the host
   # time of the training loop's direct callees (`pack_train._train`): which part of a pack step's loop is not its
   # timed sections (packs round 13: 0.85 ms a pack step keyed, 0.41 with torch's draws); then the 30 functions of most own host time;
-  # the profile itself too (-> pack_host_NAME.prof.gz, to read here)
+  # the profile itself too (-> pack_host_NAME.prof.gz, to read here); round 24's listing of the callees came back empty
+  # (Python 3.12 there), so the loop's own functions are listed by file as well
   local name=$1; shift
   timeout -k 15 "$(left 200)" python3 -m cProfile -o "/tmp/pack-host-$name.prof" scripts/pack_recipes.py \
     --config examples/market.yaml --margin 1.0 --cpu-steps 0 --plan fused --solo-seeds= --out "/tmp/pack-host-$name" \
     "$@" > "/tmp/pack-host-$name.log" 2>&1
   { echo "== $name ($*): $(grep -m1 'updates/s over' "/tmp/pack-host-$name.log")"
     grep -A2 '^| row' "/tmp/pack-host-$name.log"  # the row's table: its loop's seconds, of it evaluating
-    python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_callees(r"\(_train\)"); pstats.Stats(sys.argv[1]).sort_stats("tottime").print_stats(30)' \
+    python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_callees(r"\(_train\)"); pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_stats(r"trainer/(runtime|execution)/(pack|timing|collect)", 40); pstats.Stats(sys.argv[1]).sort_stats("tottime").print_stats(30)' \
       "/tmp/pack-host-$name.prof"; } > "$OUT/pack_host_$name.txt" 2>&1
   gzip -c "/tmp/pack-host-$name.prof" > "$OUT/pack_host_$name.prof.gz"  # round 24's listing lacked the callees
   head -1 "$OUT/pack_host_$name.txt"
