@@ -14,8 +14,8 @@ Under mixed precision (the trunk's h_s2 arrives in bf16) every product takes bf1
 accumulation and every layer's output is rounded to bf16 once, as autocast rounds it; in float32 the products
 run as the step's other products do (TF32 unless float32 matmul precision is "highest"). On the GPU a cast to
 bf16 rounds (ties to even); Triton's interpreter, which runs this on the CPU, truncates its casts to bf16 and
-multiplies bf16 tiles wrongly, so there the rounding is written out (`_round_bf16`) and the products run in
-float32 on bf16-exact values, which is the same arithmetic.
+multiplies bf16 tiles wrongly, so there the rounding is written out (`trainer.execution.kernels.layers.round_bf16`)
+and the products run in float32 on bf16-exact values, which is the same arithmetic.
 
 The online backward recomputes the activations from the inputs (the forward saves nothing) in two kernels: the
 first recomputes each row's hidden layer and stores its gradient, the second takes the trunk's units a chunk at a
@@ -47,6 +47,7 @@ from torch._functorch.autograd_function import VmapInfo
 from contracts.config import IQN_KERNEL_MAX_WIDTH
 from trainer.algo.model import PADDED
 from trainer.execution.kernels import interpreted
+from trainer.execution.kernels.layers import dot, relu, rounded, tile
 
 ROWS_PER_PROGRAM = 128
 """(sample, tau) rows a program takes: its [128, 64] chunk of φ and [128, 128] hidden accumulator (`core`) stay in
@@ -79,63 +80,24 @@ def supports(embed: int, iqn_hidden: int, outputs: int) -> bool:
     return max(embed, iqn_hidden, outputs) <= IQN_KERNEL_MAX_WIDTH
 
 
-@triton.jit
-def _round_bf16(x):
-    """x rounded to the nearest bfloat16 (ties to even), kept as float32; NaN stays NaN."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-
-
-@triton.jit
-def _relu(x):
-    """relu as torch's: NaN stays NaN (the GPU's max returns the other operand), so the guard sees a poisoned sample."""
-    return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _layer(x, ROUND: tl.constexpr):
-    """A layer's output as autocast leaves it: rounded to bf16 under mixed precision, by the GPU's own cast (ROUND
-    1, ties to even) or, in the interpreter, whose cast truncates, by `_round_bf16` (ROUND 2); as it is in float32
-    (ROUND 0)."""
-    if ROUND == 1:
-        return x.to(tl.bfloat16).to(tl.float32)
-    if ROUND == 2:
-        return _round_bf16(x)
-    return x
-
-
-@triton.jit
-def _dot(a, b, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
-    """a @ b with float32 accumulation: as bf16 tiles (DOT_BF16: a and b hold bf16-exact values) or float32 ones."""
-    if DOT_BF16:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
-    return tl.dot(a, b, input_precision=PRECISION, out_dtype=tl.float32)
-
-
-def _tile(width: int) -> int:
-    """A tile's width: the next power of two, at least 16 (the smallest a product's dimension takes)."""
-    return max(16, triton.next_power_of_2(width))
-
-
 def _block_h(hidden: int) -> int:
     """Trunk units a chunk: the width the kernels take ψ, φ and W_1 in, a chunk at a time."""
-    return min(64, _tile(hidden))
+    return min(64, tile(hidden))
 
 
 def _tiles(rows_per_program: Callable[[bool], int], outputs: bool = True) -> dict[str, Callable[[dict[str, Any]], Any]]:
     """A kernel's tile widths and precision flags, from its arguments (the output layer's only where it has one);
     its rows a program from the module's constants (by precision), read at each launch."""
     tiles = {
-        "BLOCK_E": lambda args: _tile(args["embed"]),
+        "BLOCK_E": lambda args: tile(args["embed"]),
         "BLOCK_H": lambda args: _block_h(args["hidden"]),
-        "BLOCK_I": lambda args: _tile(args["iqn_hidden"]),
+        "BLOCK_I": lambda args: tile(args["iqn_hidden"]),
         "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
         "ROUND": lambda args: (2 if interpreted() else 1) if args["BF16"] else 0,
         "BLOCK_M": lambda args: rows_per_program(args["BF16"]),
     }
     if outputs:
-        tiles["BLOCK_O"] = lambda args: _tile(args["BRANCHES"] * args["actions"])
+        tiles["BLOCK_O"] = lambda args: tile(args["BRANCHES"] * args["actions"])
     return tiles
 
 
@@ -144,7 +106,7 @@ def _features(tau_ptr, row, in_rows, e, embed, ROUND: tl.constexpr):
     """cos(π i τ), i = 0..E-1, as `cosine_features` computes it: (π i) first, then times τ   [BM, E]."""
     tau = tl.load(tau_ptr + row, mask=in_rows, other=0.0)
     pi_i = 3.141592653589793 * e.to(tl.float32)
-    features = _layer(tl.cos(pi_i[None, :] * tau[:, None]), ROUND)
+    features = rounded(tl.cos(pi_i[None, :] * tau[:, None]), ROUND)
     return tl.where(e[None, :] < embed, features, 0.0)
 
 
@@ -173,12 +135,12 @@ def _mixed_chunk(
         other=0.0,
     ).to(tl.float32)  # [E, BH]: W_eᵀ
     b_e = tl.load(embed_b_ptr + unit, mask=in_unit, other=0.0).to(tl.float32)
-    phi = _dot(features, _layer(w_e, ROUND), DOT_BF16, PRECISION) + _layer(b_e, ROUND)[None, :]
-    phi = _relu(_layer(phi, ROUND))  # [BM, BH]
+    phi = dot(features, rounded(w_e, ROUND), DOT_BF16, PRECISION) + rounded(b_e, ROUND)[None, :]
+    phi = relu(rounded(phi, ROUND))  # [BM, BH]
     psi = tl.load(
         h_ptr + sample[:, None] * stride_h + unit[None, :], mask=in_rows[:, None] & in_unit[None, :], other=0.0
     ).to(tl.float32)
-    return phi, psi, _layer(psi * phi, ROUND)
+    return phi, psi, rounded(psi * phi, ROUND)
 
 
 @triton.jit
@@ -221,9 +183,9 @@ def _hidden_layer(
             mask=(i[None, :] < iqn_hidden) & in_unit[:, None],
             other=0.0,
         ).to(tl.float32)  # [BH, I]: W_1ᵀ
-        acc += _dot(mixed, _layer(w_1, ROUND), DOT_BF16, PRECISION)
+        acc += dot(mixed, rounded(w_1, ROUND), DOT_BF16, PRECISION)
     b_1 = tl.load(hidden_b_ptr + i, mask=i < iqn_hidden, other=0.0).to(tl.float32)
-    return _layer(acc + _layer(b_1, ROUND)[None, :], ROUND)
+    return rounded(acc + rounded(b_1, ROUND)[None, :], ROUND)
 
 
 @triton.jit
@@ -297,7 +259,7 @@ def _program_rows(
         tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_I), embed, hidden, iqn_hidden, stride_embed_w, stride_hidden_w,
         stride_h, BLOCK_M, BLOCK_H, BLOCK_I, DOT_BF16, PRECISION, ROUND,
     )  # fmt: skip
-    return row, in_rows, sample, features, _relu(hidden_pre)
+    return row, in_rows, sample, features, relu(hidden_pre)
 
 
 @triton.heuristics(_tiles(lambda bf16: ROWS_PER_PROGRAM))
@@ -371,7 +333,7 @@ def _quantiles_kernel(
         other=0.0,
     ).to(tl.float32)  # [I, O]: W_2ᵀ
     b_2 = tl.load(out_b_ptr + o, mask=o < outputs, other=0.0).to(tl.float32)
-    quantiles = _layer(_dot(hidden_out, _layer(w_2, ROUND), DOT_BF16, PRECISION) + _layer(b_2, ROUND)[None, :], ROUND)
+    quantiles = rounded(dot(hidden_out, rounded(w_2, ROUND), DOT_BF16, PRECISION) + rounded(b_2, ROUND)[None, :], ROUND)
 
     if TARGET:  # r + γ (1 - done) Z_τ'(s', a*)
         discount = gamma * (1.0 - tl.load(done_ptr + sample, mask=in_rows, other=0.0))
@@ -464,12 +426,12 @@ def _backward_rows_kernel(
             column = k * actions + tl.load(action_ptr + sample * BRANCHES + k, mask=in_rows, other=0)  # [BM]
             g = tl.load(grad_ptr + row * BRANCHES + k, mask=in_rows, other=0.0)  # [BM]
             grad_z += tl.where(o[None, :] == column[:, None], g[:, None], 0.0)
-        grad_z = _layer(grad_z, ROUND)
+        grad_z = rounded(grad_z, ROUND)
 
         # the output layer: ∂W_2 = ∂Zᵀ hidden, ∂b_2 = Σ ∂Z; ∂hidden = ∂Z W_2 through the relu, ∂b_1 = Σ ∂hidden
-        grad_out_w += _dot(tl.trans(grad_z), hidden_out, DOT_BF16, PRECISION)
+        grad_out_w += dot(tl.trans(grad_z), hidden_out, DOT_BF16, PRECISION)
         grad_out_b += tl.sum(grad_z, axis=0)
-        grad_hidden = _layer(_dot(grad_z, _layer(w_2, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, I]
+        grad_hidden = rounded(dot(grad_z, rounded(w_2, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, I]
         grad_hidden = tl.where(hidden_out <= 0.0, 0.0, grad_hidden)
         grad_hidden_b += tl.sum(grad_hidden, axis=0)
         tl.store(
@@ -559,19 +521,19 @@ def _backward_units_kernel(
         grad_hidden = tl.load(
             grad_hidden_ptr + row[:, None] * iqn_hidden + i[None, :], mask=in_rows[:, None] & in_i[None, :], other=0.0
         ).to(tl.float32)  # [BM, I]
-        grad_hidden_w += _dot(tl.trans(grad_hidden), mixed, DOT_BF16, PRECISION)
-        grad_mixed = _layer(_dot(grad_hidden, _layer(w_1, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, BH]
-        grad_psi = _layer(grad_mixed * phi, ROUND)  # [BM, BH]: each row's share of its sample's ∂ψ
+        grad_hidden_w += dot(tl.trans(grad_hidden), mixed, DOT_BF16, PRECISION)
+        grad_mixed = rounded(dot(grad_hidden, rounded(w_1, ROUND), DOT_BF16, PRECISION), ROUND)  # [BM, BH]
+        grad_psi = rounded(grad_mixed * phi, ROUND)  # [BM, BH]: each row's share of its sample's ∂ψ
         if WHOLE_SAMPLES > 0:  # the block holds its samples' every tau: their sums, stored
             samples = block * (BLOCK_M // WHOLE_SAMPLES) + tl.arange(0, BLOCK_M // WHOLE_SAMPLES)
             grad_psi = tl.sum(tl.reshape(grad_psi, (BLOCK_M // WHOLE_SAMPLES, WHOLE_SAMPLES, BLOCK_H)), axis=1)
             in_samples = (samples < rows // taus)[:, None] & in_unit[None, :]
-            tl.store(grad_h_ptr + samples[:, None] * hidden + unit[None, :], _layer(grad_psi, ROUND), mask=in_samples)
+            tl.store(grad_h_ptr + samples[:, None] * hidden + unit[None, :], rounded(grad_psi, ROUND), mask=in_samples)
         else:  # a sample's taus may span blocks: each row adds its share
             in_block = in_rows[:, None] & in_unit[None, :]
             tl.atomic_add(grad_h_ptr + sample[:, None] * hidden + unit[None, :], grad_psi, mask=in_block)
-        grad_phi = tl.where(phi <= 0.0, 0.0, _layer(grad_mixed * psi, ROUND))  # [BM, BH]
-        grad_embed_w += _dot(tl.trans(grad_phi), features, DOT_BF16, PRECISION)
+        grad_phi = tl.where(phi <= 0.0, 0.0, rounded(grad_mixed * psi, ROUND))  # [BM, BH]
+        grad_embed_w += dot(tl.trans(grad_phi), features, DOT_BF16, PRECISION)
         grad_embed_b += tl.sum(grad_phi, axis=0)
 
     size = hidden * embed + hidden + iqn_hidden * hidden

@@ -17,7 +17,7 @@ float32 accumulation; its output is rounded to bf16, the bias added in float32 a
 product, then Inductor's add), then the relu; the output layers' values are rounded the same way, then the dueling
 combine runs in float32. In float32 the products run as the step's other products do (TF32 unless float32 matmul
 precision is "highest"). In Triton's interpreter (the CPU tests) the roundings are written out, as in
-`trainer.execution.kernels.iqn`, whose helpers this uses.
+`trainer.execution.kernels.iqn` (`trainer.execution.kernels.layers`).
 
 An opaque custom op (`foxhunt::target_mlp`, with a fake for tracing), so Dynamo keeps the target graph whole
 around it and a CUDA graph records its launch. It has no vmap rule: a pack of runs (`trainer.execution.pack`)
@@ -40,7 +40,7 @@ from torch import Tensor
 from contracts.config import TARGET_MLP_KERNEL_MAX_ACTIONS, TARGET_MLP_KERNEL_MAX_WIDTH
 from trainer.algo.model import ModelDims
 from trainer.execution.kernels import interpreted
-from trainer.execution.kernels.iqn import _dot, _layer, _relu, _tile
+from trainer.execution.kernels.layers import dot, relu, rounded, tile
 
 ROWS_PER_PROGRAM = 32
 """States a program takes (BLOCK_M): S·2B / 32 programs, 128 at `core` (B = 1024), about an H100's 132 SMs. Its
@@ -71,7 +71,7 @@ def _fits(hidden: int, head_hidden: int, actions: int) -> bool:
 def _affine(acc, b_ptr, unit, in_unit, ROUND: tl.constexpr):
     """A product's float32 sums `acc` [BM, U] as the layer's output before its relu: rounded, + b, rounded."""
     bias = tl.load(b_ptr + unit, mask=in_unit, other=0.0).to(tl.float32)  # [U]
-    return _layer(_layer(acc, ROUND) + bias[None, :], ROUND)
+    return rounded(rounded(acc, ROUND) + bias[None, :], ROUND)
 
 
 @triton.jit
@@ -150,8 +150,8 @@ def _target_mlp_kernel(
             mask=(i[None, :] < hidden) & (f[:, None] < features),
             other=0.0,
         ).to(tl.float32)  # [BF, H]: W1ᵀ
-        acc += _dot(_layer(x, ROUND), w_1, DOT_BF16, PRECISION)
-    h1 = _relu(_affine(acc, b1_ptr, i, i < hidden, ROUND))
+        acc += dot(rounded(x, ROUND), w_1, DOT_BF16, PRECISION)
+    h1 = relu(_affine(acc, b1_ptr, i, i < hidden, ROUND))
 
     # per chunk of BLOCK_U units: h2 = relu(h1 W2ᵀ + b2) [BM, BU], stored, and its share of both streams' first
     # layers (the value rows of heads1_w, then the advantage rows)
@@ -164,17 +164,17 @@ def _target_mlp_kernel(
         w_2 = tl.load(
             w2_ptr + u[None, :] * stride_w2 + i[:, None], mask=in_u[None, :] & (i[:, None] < hidden), other=0.0
         ).to(tl.float32)  # [H, BU]: W2ᵀ's columns u
-        h2 = _relu(_affine(_dot(h1, w_2, DOT_BF16, PRECISION), b2_ptr, u, in_u, ROUND))  # [BM, BU]
+        h2 = relu(_affine(dot(h1, w_2, DOT_BF16, PRECISION), b2_ptr, u, in_u, ROUND))  # [BM, BU]
         tl.store(h_rows + u[None, :], h2, mask=in_rows[:, None] & in_u[None, :])
         in_heads = (j[None, :] < head_hidden) & in_u[:, None]
         value_rows = wh_ptr + j[None, :] * stride_wh + u[:, None]  # [BU, h]: the value rows' columns u, transposed
         w_v = tl.load(value_rows, mask=in_heads, other=0.0).to(tl.float32)
         w_a = tl.load(value_rows + head_hidden * stride_wh, mask=in_heads, other=0.0).to(tl.float32)  # advantage's
-        value_acc += _dot(h2, w_v, DOT_BF16, PRECISION)
-        advantage_acc += _dot(h2, w_a, DOT_BF16, PRECISION)
+        value_acc += dot(h2, w_v, DOT_BF16, PRECISION)
+        advantage_acc += dot(h2, w_a, DOT_BF16, PRECISION)
     in_j = j < head_hidden
-    value_hidden = _relu(_affine(value_acc, bh_ptr, j, in_j, ROUND))  # [BM, h]
-    advantage_hidden = _relu(_affine(advantage_acc, bh_ptr + head_hidden, j, in_j, ROUND))  # [BM, h]
+    value_hidden = relu(_affine(value_acc, bh_ptr, j, in_j, ROUND))  # [BM, h]
+    advantage_hidden = relu(_affine(advantage_acc, bh_ptr + head_hidden, j, in_j, ROUND))  # [BM, h]
 
     # per chunk of BLOCK_N atoms: value [BM, BN], then per branch the advantages [BM, A, BN] and the dueling combine
     c = tl.arange(0, BLOCK_A * BLOCK_N)  # the advantage tile's columns: (a, n) = (c // BN, c % BN)
@@ -185,7 +185,7 @@ def _target_mlp_kernel(
         in_n = n < atoms
         value_columns = wv_ptr + n[None, :] * stride_wv + j[:, None]  # [h, BN]: value2ᵀ
         w_v2 = tl.load(value_columns, mask=in_n[None, :] & in_j[:, None], other=0.0).to(tl.float32)
-        value = _affine(_dot(value_hidden, w_v2, DOT_BF16, PRECISION), bv_ptr, n, in_n, ROUND)  # [BM, BN]
+        value = _affine(dot(value_hidden, w_v2, DOT_BF16, PRECISION), bv_ptr, n, in_n, ROUND)  # [BM, BN]
         column_a, column_n = c // BLOCK_N, start + c % BLOCK_N
         in_columns = (column_a < actions) & (column_n < atoms)  # [A·BN]
         for k in tl.static_range(BRANCHES):
@@ -195,7 +195,7 @@ def _target_mlp_kernel(
                 mask=in_columns[None, :] & in_j[:, None],
                 other=0.0,
             ).to(tl.float32)  # [h, A·BN]: adv2ᵀ's columns of branch k
-            advantage = _dot(advantage_hidden, w_a2, DOT_BF16, PRECISION)
+            advantage = dot(advantage_hidden, w_a2, DOT_BF16, PRECISION)
             advantage = _affine(advantage, ba_ptr, out_row, in_columns, ROUND)  # [BM, A·BN]
             advantage = tl.reshape(advantage, (BLOCK_M, BLOCK_A, BLOCK_N))  # [BM, A, BN]
             mean = tl.sum(tl.where(in_actions, advantage, 0.0), axis=1) / actions  # [BM, BN]: over the real actions
@@ -272,12 +272,12 @@ def launch_constants(
     return {
         "BRANCHES": branches,
         "BLOCK_M": ROWS_PER_PROGRAM,
-        "BLOCK_F": min(CHUNK, _tile(features)),
-        "BLOCK_H": _tile(hidden),
-        "BLOCK_U": min(CHUNK, _tile(hidden)),
-        "BLOCK_J": _tile(head_hidden),
+        "BLOCK_F": min(CHUNK, tile(features)),
+        "BLOCK_H": tile(hidden),
+        "BLOCK_U": min(CHUNK, tile(hidden)),
+        "BLOCK_J": tile(head_hidden),
         "BLOCK_A": block_a,
-        "BLOCK_N": min(_tile(atoms), max(16, ADVANTAGE_COLUMNS // block_a)),
+        "BLOCK_N": min(tile(atoms), max(16, ADVANTAGE_COLUMNS // block_a)),
         "DOT_BF16": bf16 and not interpreter,
         "PRECISION": "ieee" if interpreter or torch.get_float32_matmul_precision() == "highest" else "tf32",
         "ROUND": (2 if interpreter else 1) if bf16 else 0,
