@@ -49,6 +49,7 @@ from trainer.runtime.train import (
     collect,
     crossed,
     evaluate_for_selection,
+    evaluation_started,
     fill_replay,
     hold_run_dir,
     load_best,
@@ -290,7 +291,7 @@ def _train(
         evaluating = periodic and (crossed(step, advanced, config.run.eval_every) or finishing)
         evaluated = 0.0  # the pack's evaluation time, every live run's
         if evaluating:
-            evaluating_since = time.perf_counter()
+            evaluating_since = evaluation_started(runs[0].device)
             played = selection_returns(collector, runs, frozen)
             for i, run in enumerate(runs):
                 if i not in frozen:

@@ -479,6 +479,14 @@ def write_summary(
     return summary
 
 
+def evaluation_started(device: torch.device) -> float:
+    """The clock at a periodic evaluation's start, once `device` has run the training work queued before it: else
+    the evaluation's first read-back waits for that work, and the wait counts as evaluating (`Run.eval_seconds`)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def crossed(step: int, advanced: int, every: int) -> bool:
     """Whether going from step - advanced to step passed a multiple of `every` (plans may advance > 1)."""
     return step // every > (step - advanced) // every
@@ -566,7 +574,7 @@ def _run_training(
         timed_out = limit is not None and time.perf_counter() - started >= limit
         finishing = run.step >= config.run.steps or timed_out
         if config.run.eval_every and (crossed(run.step, advanced, config.run.eval_every) or finishing):
-            evaluating_since = time.perf_counter()
+            evaluating_since = evaluation_started(run.device)
             mean_return = evaluate_for_selection(run, say)
             run.eval_seconds += time.perf_counter() - evaluating_since
             solved = target is not None and mean_return >= target

@@ -22,6 +22,7 @@ import torch
 from contracts.config import TrainConfig, load_config
 from tests.factories import SMALL_CARTPOLE, SMALL_MARKET, FakeClock
 from trainer.runtime import pack_train
+from trainer.runtime import train as solo_train
 from trainer.runtime.pack_train import run_pack_training
 
 CARTPOLE = Path(__file__).resolve().parents[3] / "examples" / "cartpole.yaml"
@@ -179,6 +180,7 @@ def test_a_packs_summaries_say_how_much_of_its_loop_was_evaluation(
     run's loop time is the pack's evaluation time."""
     clock = FakeClock()
     monkeypatch.setattr(pack_train, "time", clock)
+    monkeypatch.setattr(solo_train, "time", clock)  # `evaluation_started`'s, which the pack's evaluations start by
     play = pack_train.selection_returns
 
     def slowly(*args: Any) -> dict[int, float]:

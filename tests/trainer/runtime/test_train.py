@@ -806,3 +806,18 @@ def test_the_market_trains_on_the_gpu_env_with_zerocopy_and_collects_without_a_s
         f"market zerocopy K=10 collect_graph={collect_graph}: {summary['step'] / summary['wall_seconds']:.1f} "
         f"updates/s; {summary['breakdown_ms']}"
     )
+
+
+def test_an_evaluation_is_timed_from_when_the_device_has_run_the_training_queued_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU the clock starts after a synchronize (else the evaluation's first read-back waits for the queued
+    updates, and the wait counts as evaluating); on the CPU, where nothing is queued, at once."""
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: events.append(f"synchronize {device}"))
+    monkeypatch.setattr(train.time, "perf_counter", lambda: events.append("clock") or 7.0)
+    assert train.evaluation_started(torch.device("cuda", 1)) == 7.0
+    assert events == ["synchronize cuda:1", "clock"]
+    events.clear()
+    assert train.evaluation_started(torch.device("cpu")) == 7.0
+    assert events == ["clock"]
