@@ -47,7 +47,7 @@ from torch._functorch.autograd_function import VmapInfo
 from contracts.config import IQN_KERNEL_MAX_WIDTH
 from trainer.algo.model import PADDED
 from trainer.execution.kernels import interpreted
-from trainer.execution.kernels.layers import dot, relu, rounded, tile
+from trainer.execution.kernels.layers import dot, float32_precision, relu, round_mode, rounded, tile
 
 ROWS_PER_PROGRAM = 128
 """(sample, tau) rows a program takes: its [128, 64] chunk of φ and [128, 128] hidden accumulator (`core`) stay in
@@ -93,7 +93,7 @@ def _tiles(rows_per_program: Callable[[bool], int], outputs: bool = True) -> dic
         "BLOCK_H": lambda args: _block_h(args["hidden"]),
         "BLOCK_I": lambda args: tile(args["iqn_hidden"]),
         "DOT_BF16": lambda args: args["BF16"] and not interpreted(),
-        "ROUND": lambda args: (2 if interpreted() else 1) if args["BF16"] else 0,
+        "ROUND": lambda args: round_mode(args["BF16"], interpreted()),
         "BLOCK_M": lambda args: rows_per_program(args["BF16"]),
     }
     if outputs:
@@ -575,12 +575,10 @@ def _head_arguments(op: str, h: Tensor, layers: list[Tensor], rows: int, taus: i
 
 
 def _launch_options(h: Tensor, branches: int) -> dict[str, Any]:
-    precision = "ieee" if interpreted() or torch.get_float32_matmul_precision() == "highest" else "tf32"
-    bf16 = h.dtype == torch.bfloat16
     return {
         "BRANCHES": branches,
-        "BF16": bf16,
-        "PRECISION": precision,
+        "BF16": h.dtype == torch.bfloat16,
+        "PRECISION": float32_precision(interpreted()),
         "num_warps": WARPS_PER_PROGRAM,
         "num_stages": STAGES_PER_PROGRAM,
     }

@@ -4,6 +4,7 @@ in Triton's interpreter, whose bf16 cast truncates."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -45,3 +46,15 @@ def dot(a, b, DOT_BF16: tl.constexpr, PRECISION: tl.constexpr):
 def tile(width: int) -> int:
     """A tile's width: the next power of two, at least 16 (the smallest a product's dimension takes)."""
     return max(16, triton.next_power_of_2(width))
+
+
+def round_mode(bf16: bool, interpreter: bool) -> int:
+    """`rounded`'s ROUND for a kernel's precision: 0 in float32; under bf16 1 (the GPU's cast) or, in the interpreter,
+    whose cast truncates, 2 (written out)."""
+    return (2 if interpreter else 1) if bf16 else 0
+
+
+def float32_precision(interpreter: bool) -> str:
+    """`dot`'s PRECISION for float32 tiles: as the step's other products run (TF32 unless torch's float32 matmul
+    precision is "highest"), and IEEE in the interpreter."""
+    return "ieee" if interpreter or torch.get_float32_matmul_precision() == "highest" else "tf32"

@@ -40,7 +40,7 @@ from torch import Tensor
 from contracts.config import TARGET_MLP_KERNEL_MAX_ACTIONS, TARGET_MLP_KERNEL_MAX_WIDTH
 from trainer.algo.model import ModelDims
 from trainer.execution.kernels import interpreted
-from trainer.execution.kernels.layers import dot, relu, rounded, tile
+from trainer.execution.kernels.layers import dot, float32_precision, relu, round_mode, rounded, tile
 
 ROWS_PER_PROGRAM = 32
 """States a program takes (BLOCK_M): S·2B / 32 programs, 128 at `core` (B = 1024), about an H100's 132 SMs. Its
@@ -279,8 +279,8 @@ def launch_constants(
         "BLOCK_A": block_a,
         "BLOCK_N": min(tile(atoms), max(16, ADVANTAGE_COLUMNS // block_a)),
         "DOT_BF16": bf16 and not interpreter,
-        "PRECISION": "ieee" if interpreter or torch.get_float32_matmul_precision() == "highest" else "tf32",
-        "ROUND": (2 if interpreter else 1) if bf16 else 0,
+        "PRECISION": float32_precision(interpreter),
+        "ROUND": round_mode(bf16, interpreter),
     }
 
 
