@@ -166,6 +166,12 @@
 #     (round 11 without: 338 kernels, 1.476 ms) (DEADLINE 580 s)
 #          -> $OUT/gpu_tests_pack13.log, $OUT/packcombo.txt, $OUT/packcombo_market_{keyed,default}.json,
 #             $OUT/pack13_profile_keyed.txt
+#   pack15 = packiqno (issue 31): `core` packs of K = 16 and 64 (fused-bf16) beside zerocopy-bf16+combo solo, with
+#     Inductor's IQN (the default) and then with the online IQN kernels (-o run.iqn_online_kernel=triton: the quantiles'
+#     forward and gradient as two kernels that keep the [B·T, H] activations on chip). The packs' costliest kernels
+#     are bandwidth-bound passes over IQN-sized activations (packs round 3: B·T = 32,768 rows a run), which the solo
+#     step, bound by latency, does not feel (round 23: the kernels 0.06 ms slower solo); a pack may (DEADLINE 560 s)
+#          -> $OUT/pack15_{default,iqno}.{json,md,log}
 #   pack14 = tests14,packkeyed,packdefault (issue 31): a packed graph against its solo graph plans with torch's draws
 #     and keyed ones (pack13b's keyed market row failed at capture: torch's register_generator_state refuses a
 #     KeyedGenerator, now left unregistered), then the market rows keyed and with torch's draws, each a pack of 16
@@ -260,6 +266,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round23 ] && { stage=prof23; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
+[ "$stage" = pack15 ] && { stage=packiqno; DEADLINE="${DEADLINE:-560}"; }
 [ "$stage" = pack14 ] && { stage=tests14,packkeyed,packdefault; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack14b ] && { stage=packhostkeyed,packhostdefault; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round24 ] && { stage=tests24,prof24; DEADLINE="${DEADLINE:-400}"; }
@@ -481,6 +488,16 @@ has packkeyed && market_row keyed 300 -o run.rng=keyed  # the first row compiles
 has packattn && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
   | grep -v "Extern Choice" | tee "$OUT/small_ops_packattn.txt" | tail -7
 has packdefault && market_row default 200
+if has packiqno; then  # the same bench twice, the second with the online IQN kernels in packs and solo alike
+  for name in default iqno; do
+    opts=(); [ "$name" = iqno ] && opts=(-o run.iqn_online_kernel=triton)
+    timeout -k 15 "$(left 270)" python3 -m trainer bench --configs core --methods zerocopy-bf16+combo --pack 16,64 \
+      --pack-methods fused-bf16 --repeats 3 --no-timer-overhead --out "/tmp/pack15-$name" "${opts[@]}" 2>&1 \
+      | grep -v "Warn\|check(" > "$OUT/pack15_$name.log"
+    cp "/tmp/pack15-$name/bench.json" "$OUT/pack15_$name.json" 2>/dev/null
+    cp "/tmp/pack15-$name/bench.md" "$OUT/pack15_$name.md" 2>/dev/null && tail -8 "$OUT/pack15_$name.md"
+  done
+fi
 has packhostkeyed && market_host keyed -o run.rng=keyed
 has packhostdefault && market_host default
 has packkeyprof && market_profile pack13_profile_keyed.txt "keyed" run.rng=keyed
