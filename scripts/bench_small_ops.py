@@ -33,8 +33,13 @@ can it fuse the tiny [16 × 16] × [16 × 8] products that cuBLAS runs as FFMA t
 C51 dueling heads of two networks over 2 x 1024 states): compiled by Inductor against the one kernel
 (`trainer.execution.kernels.mlp`) at several rows, warps, pipeline stages and chunks per program.
 
+`--ops priority` (issue 32) times PER's priority write-back at the `core` size (1,024 sampled slots of 1,000,000, some
+drawn twice, α = 0.6, float64) compiled: the pairwise max of the powers (the form before 2026-12-07, in whose one
+kernel Inductor computed a float64 power for each of the M² pairs: 16 µs of the step on an H100, round 14's timeline)
+against the power of the pairwise max (`PrioritizedSampler.update` now), each checked against the other.
+
     python scripts/bench_small_ops.py [--calls 50] [--ops attention,projection,spectral,iqn,iqnonline,packgrads]
-    (`--ops packattn`, `--ops targetmlp` likewise)
+    (`--ops packattn`, `--ops targetmlp`, `--ops priority` likewise)
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from torch.profiler import ProfilerActivity, profile
 from trainer.algo.budgets import spectral_project_batched, spectral_project_fused, spectral_project_per_matrix
 from trainer.algo.losses.c51 import categorical_projection
 from trainer.algo.model import ModelDims, c51_logits, iqn_quantiles, self_attention, trunk
+from trainer.algo.replay.sampler import PrioritizedSampler, max_of_duplicates
 from trainer.algo.state import TrainState
 from trainer.algo.step import next_quantile_targets, quantiles_at
 from trainer.execution.kernels import iqn, mlp, spectral
@@ -97,6 +103,7 @@ def main() -> None:
         "packgrads": pack_gradient_rows,
         "packattn": pack_attention_rows,
         "targetmlp": target_mlp_rows,
+        "priority": priority_rows,
     }
     rows = attention_rows(args.batch, args.calls, generator) if "attention" in ops else []
     if "projection" in ops:
@@ -159,6 +166,38 @@ def core_state() -> TrainState:
     spec = bench_spec(config)
     dims = ModelDims.build(config.model, spec.obs_dim, spec.branches, spec.actions)
     return TrainState.create(config, dims, torch.device("cuda"))
+
+
+def priorities_max_of_powers(sampler: PrioritizedSampler, index: Tensor, loss: Tensor) -> None:
+    """`PrioritizedSampler.update` compiled as it was before 2026-12-07 (search "cdf": no level sums): the pairwise
+    max of the priorities' powers."""
+    p = loss.detach().abs().to(torch.float64) + sampler.eps  # [B]
+    p = torch.where(torch.isfinite(p), p, sampler.max_priority)
+    sampler.tree[index + sampler.leaves] = max_of_duplicates(index, p.pow(sampler.alpha))
+    sampler.max_priority[...] = torch.maximum(sampler.max_priority, p.max())
+
+
+def priority_rows(calls: int, generator: torch.Generator) -> list[Row]:
+    """The write-back of one `core` step's 1,024 priorities into a replay of 1,000,000 rows, some slots twice."""
+    config = preset_config("core", BenchOptions())
+    device, batch, capacity = torch.device("cuda"), config.run.batch_size, config.replay.capacity
+    index = torch.randint(0, capacity // 512, (batch,), device=device, generator=generator)  # ~half of them repeat
+    loss = torch.rand(batch, device=device, generator=generator) * 10.0
+    rows, trees = [], []
+    for name, write in [
+        ("priority: max of powers (before)", priorities_max_of_powers),
+        ("priority: power of the max (now)", PrioritizedSampler.update),
+    ]:
+        sampler = PrioritizedSampler(
+            capacity, device, alpha=config.replay.alpha, beta_start=0.4, beta_end=1.0, total_steps=100, search="cdf"
+        )
+        sampler.on_write(torch.arange(capacity, device=device), capacity)
+        compiled = torch.compile(functools.partial(write, sampler), fullgraph=True)
+        compiled(index, loss)
+        trees.append(sampler.priorities().clone())
+        rows.append((name, *kernel_ms(functools.partial(compiled, index, loss), calls)))
+    torch.testing.assert_close(trees[1], trees[0], rtol=1e-15, atol=0.0)
+    return rows
 
 
 def spectral_rows(calls: int, generator: torch.Generator) -> list[Row]:

@@ -143,9 +143,12 @@
 #     +iqno step had a 0.34 ms reduction the default step has not) (DEADLINE 570 s)
 #          -> $OUT/gpu_tests_round22.log, $OUT/small_ops_iqnonline.txt, $OUT/profile_round22_core.txt,
 #             $OUT/profile_round22_iqno.txt, $OUT/iqno_kernels.tar.gz
-#   round25 = tests25,small25 (issue 32): the target pass kernel's bf16 combo equivalence test (round 24's stage cut it),
-#     then the kernel alone at several rows, warps, stages and chunks a program against Inductor's form of the same
-#     pass (bench_small_ops.py --ops targetmlp) (DEADLINE 360 s)   -> $OUT/gpu_tests_round25.log, $OUT/small_ops_targetmlp.txt
+#   round25 = tests25,small25,prof25 (issue 32): the target pass kernel's bf16 combo equivalence test (round 24's stage
+#     cut it), then the kernel alone at several rows, warps, stages and chunks a program against Inductor's form of the
+#     same pass, and PER's priority write-back as it was (a float64 power for each of the pairwise max's M² pairs) and
+#     as it is (the power of the max) (bench_small_ops.py --ops targetmlp,priority); last the default step's kernels,
+#     tuned afresh (round 24: 0.779 ms, 147 kernels) (DEADLINE 480 s)
+#          -> $OUT/gpu_tests_round25.log, $OUT/small_ops_round25.txt, $OUT/profile_round25_core.txt
 #   round24 = tests24,prof24 (issue 32): the target pass's networks as one Triton kernel (run.target_mlp_kernel,
 #     trainer/execution/kernels/mlp.py): its GPU tests (the compiled op at `core`'s sizes, 50 fused steps against eager
 #     in float32 and bf16+combo), then zerocopy-bf16+combo without and with it (+mlpt), each afresh (DEADLINE 400 s)
@@ -270,7 +273,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = pack14 ] && { stage=tests14,packkeyed,packdefault; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack14b ] && { stage=packhostkeyed,packhostdefault; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round24 ] && { stage=tests24,prof24; DEADLINE="${DEADLINE:-400}"; }
-[ "$stage" = round25 ] && { stage=tests25,small25; DEADLINE="${DEADLINE:-360}"; }
+[ "$stage" = round25 ] && { stage=tests25,small25,prof25; DEADLINE="${DEADLINE:-480}"; }
 [ "$stage" = pack13b ] && { stage=packkeyed,packattn,packdefault; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack12 ] && { stage=packgrads,packsplit,packeval; DEADLINE="${DEADLINE:-540}"; }
 [ "$stage" = pack11 ] && { stage=packmarket,packcfg,packprof; DEADLINE="${DEADLINE:-570}"; }
@@ -460,8 +463,9 @@ has tests24 && gpu_tests gpu_tests_round24.log 150 tests/trainer/execution/kerne
   tests/trainer/execution/plans/test_equivalence.py::test_the_target_mlp_kernel_matches_eager_after_50_steps
 has tests25 && gpu_tests gpu_tests_round25.log 220 \
   "tests/trainer/execution/plans/test_equivalence.py::test_the_target_mlp_kernel_matches_eager_after_50_steps[fused-bf16-combo]"
-has small25 && timeout -k 15 "$(left 130)" python3 scripts/bench_small_ops.py --ops targetmlp 2>&1 | grep -v "Extern Choice" \
-  | tee "$OUT/small_ops_targetmlp.txt" | tail -12
+has small25 && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops targetmlp,priority 2>&1 \
+  | grep -v "Extern Choice" | tee "$OUT/small_ops_round25.txt" | tail -14
+has prof25 && FRESH=1 profile_core profile_round25_core.txt 130 zerocopy-bf16+combo
 if has prof24; then  # one process a variant, Inductor's caches off (round 23)
   for v in zerocopy-bf16+combo zerocopy-bf16+combo+mlpt; do
     FRESH=1 TOP=12 profile_core "profile_round24_${v//+/_}.txt" 125 "$v" > /dev/null  # `+` does not come back

@@ -1,6 +1,6 @@
 """scripts/bench_small_ops.py's pack forms: split-K by hand gives the batched product's weight gradients, and the
 attention forms (as the pack runs it, the runs folded into SDPA's batch, written out as products or sums) the same
-output and gradients."""
+output and gradients; its earlier priority write-back writes what the sampler's does now."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from scripts.bench_small_ops import (
     attention_by_products,
     attention_by_sums,
     attention_forms,
+    priorities_max_of_powers,
     split_k_bmm,
 )
+from trainer.algo.replay.sampler import PrioritizedSampler
 
 
 @pytest.mark.parametrize("chunks", [1, 4, 8])
@@ -62,3 +64,22 @@ def test_attention_written_out_as_products_and_as_sums_is_attention() -> None:
     for attend in (attention_by_products, attention_by_sums):
         for got, expected in zip(output_and_gradients(attend), want, strict=True):
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_priority_write_back_before_and_now_write_the_same_leaves() -> None:
+    """Compiled (aot_eager: the sampler's compiled branch, the pairwise max): the max of the powers and the power
+    of the max, over slots drawn up to four times, leave the same leaves and max priority."""
+    generator = torch.Generator().manual_seed(0)
+    index = torch.randint(0, 64, (256,), generator=generator)
+    loss = torch.rand(256, generator=generator) * 10.0
+    loss[7] = float("nan")  # written as the max priority so far
+    samplers = []
+    for write in (priorities_max_of_powers, PrioritizedSampler.update):
+        sampler = PrioritizedSampler(256, "cpu", alpha=0.6, beta_start=0.4, beta_end=1.0, total_steps=10, search="cdf")
+        sampler.on_write(torch.arange(256), 256)
+        torch.compile(write, backend="aot_eager", fullgraph=True)(sampler, index, loss)
+        samplers.append(sampler)
+    before, now = samplers
+    assert not torch.equal(now.priorities(), torch.ones(256, dtype=torch.float64))  # the write-back was real
+    torch.testing.assert_close(now.priorities(), before.priorities(), rtol=1e-15, atol=0.0)
+    assert torch.equal(now.max_priority, before.max_priority)

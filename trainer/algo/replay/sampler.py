@@ -102,8 +102,8 @@ class PrioritizedSampler:
         """p_i^alpha of every slot [capacity] (a view of the leaves)."""
         return self.tree[self.leaves : self.leaves + self.capacity]
 
-    def _set_leaves(self, slots: Tensor, value: Tensor, repeats: bool = False) -> None:
-        """Write leaves, then their parents where the descent reads them.
+    def _set_leaves(self, slots: Tensor, value: Tensor, repeats: bool = False, power: float = 1.0) -> None:
+        """Write leaves value^power, then their parents where the descent reads them.
 
         `repeats`: `slots` may repeat with different values, and a repeated slot gets the largest, whatever
         order the writes run in, so two runs of one seed (eager and a graph plan) keep equal trees. Without
@@ -112,13 +112,16 @@ class PrioritizedSampler:
         leaves = (slots + self.leaves).to(torch.int64)  # [M]
         value = value.to(self.tree.dtype).expand(leaves.shape)  # [M]
         if not repeats:
-            self.tree[leaves] = value
+            self.tree[leaves] = raised(value, power)
         elif torch.compiler.is_compiling():
             # Inductor leaves scatter_reduce to ATen's kernels (they fill, reduce and copy the whole tree:
-            # ~28 µs of an H200 step); the pairwise max is one fused kernel before one indexed write.
-            self.tree[leaves] = max_of_duplicates(slots, value)
+            # ~28 µs of an H200 step); the pairwise max is one fused kernel before one indexed write. The power
+            # after the max: x ↦ x^power keeps the values' order (x > 0, power ≥ 0), so the largest's power is
+            # the largest power, and the kernel raises M values, not M² pairs (Inductor computes a pointwise
+            # input inside the pairwise loop: a float64 pow a pair was most of the kernel's 16 µs on an H100).
+            self.tree[leaves] = raised(max_of_duplicates(slots, value), power)
         else:  # eager, where the pairwise max's M² pairs cost ~1 ms of a CPU core at M = 1024, ATen's ~6 µs
-            self.tree.scatter_reduce_(0, leaves, value, "amax", include_self=False)
+            self.tree.scatter_reduce_(0, leaves, raised(value, power), "amax", include_self=False)
         if self.search == "tree":
             self._sum_levels(leaves)
 
@@ -146,7 +149,7 @@ class PrioritizedSampler:
         """p = |loss| + eps for the sampled slots `index` [B]; tree and max priority follow."""
         p = loss.detach().abs().to(torch.float64) + self.eps  # [B]
         p = torch.where(torch.isfinite(p), p, self.max_priority)  # a non-finite loss must not poison the tree
-        self._set_leaves(index, p.pow(self.alpha), repeats=True)
+        self._set_leaves(index, p, repeats=True, power=self.alpha)
         # An indexed write: under torch.compile (2.13, CPU) an out= or copy_ into this 0-d input is dropped
         # (tests/trainer/execution/plans/test_replay_ops.py caught it); the indexed write is kept.
         self.max_priority[...] = torch.maximum(self.max_priority, p.max())
@@ -235,6 +238,11 @@ class PrioritizedSampler:
         self.size.copy_(state["size"])
         if self.search == "tree":
             self._sum_levels()  # the checkpoint may come from a run that kept only the leaves
+
+
+def raised(value: Tensor, power: float) -> Tensor:
+    """value^power; value itself at power 1 (no kernel for it)."""
+    return value if power == 1.0 else value.pow(power)
 
 
 def max_of_duplicates(slots: Tensor, value: Tensor) -> Tensor:

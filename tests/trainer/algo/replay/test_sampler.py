@@ -147,20 +147,25 @@ def test_duplicate_indices_in_update_keep_tree_consistent() -> None:
     assert float(sampler.max_priority) == pytest.approx(5.0 + sampler.eps)
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.6])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("search", ["tree", "cdf"])
-def test_a_slot_drawn_twice_keeps_its_larger_priority_whatever_the_write_order(search: str, compiled: bool) -> None:
+def test_a_slot_drawn_twice_keeps_its_larger_priority_whatever_the_write_order(
+    search: str, compiled: bool, alpha: float
+) -> None:
     """Two draws of one slot with different losses: the larger wins, in any order, so the result does
     not depend on which duplicate a GPU writes last (eager and graph runs must agree bit for bit). Eagerly
-    by ATen's scatter_reduce, compiled by the pairwise max (`max_of_duplicates`)."""
+    by ATen's scatter_reduce, compiled by the pairwise max (`max_of_duplicates`), which raises to α after
+    taking the max: the leaf is the largest (|loss| + ε)^α either way."""
     results = []
     for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]):
-        sampler = filled(16, torch.ones(16, dtype=torch.float64), alpha=1.0, search=search)
+        sampler = filled(16, torch.ones(16, dtype=torch.float64), alpha=alpha, search=search)
         index, loss = torch.tensor([5, 5, 9, 5]), torch.tensor([2.0, 6.0, 3.0, 4.0])
         update = torch.compile(sampler.update, backend="aot_eager", fullgraph=True) if compiled else sampler.update
         update(index[order], loss[order])
         results.append(sampler.priorities().clone())
-        assert sampler.priorities()[5] == 6.0 + sampler.eps and sampler.priorities()[9] == 3.0 + sampler.eps
+        want = torch.tensor([6.0, 3.0], dtype=torch.float64).add(sampler.eps).pow(alpha)
+        torch.testing.assert_close(sampler.priorities()[[5, 9]], want, rtol=1e-15, atol=0.0)
     assert all(torch.equal(results[0], other) for other in results[1:])
 
 
