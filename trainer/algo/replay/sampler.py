@@ -102,7 +102,7 @@ class PrioritizedSampler:
         """p_i^alpha of every slot [capacity] (a view of the leaves)."""
         return self.tree[self.leaves : self.leaves + self.capacity]
 
-    def _set_leaves(self, slots: Tensor, value: Tensor, repeats: bool = False, power: float = 1.0) -> None:
+    def _set_leaves(self, slots: Tensor, value: Tensor, repeats: bool = False, power: float | Tensor = 1.0) -> None:
         """Write leaves value^power, then their parents where the descent reads them.
 
         `repeats`: `slots` may repeat with different values, and a repeated slot gets the largest, whatever
@@ -240,9 +240,10 @@ class PrioritizedSampler:
             self._sum_levels()  # the checkpoint may come from a run that kept only the leaves
 
 
-def raised(value: Tensor, power: float) -> Tensor:
-    """value^power; value itself at power 1 (no kernel for it)."""
-    return value if power == 1.0 else value.pow(power)
+def raised(value: Tensor, power: float | Tensor) -> Tensor:
+    """value^power; value itself where power is the number 1 (no kernel for it). In a pack, α may be each run's,
+    a tensor."""
+    return value if isinstance(power, float | int) and power == 1.0 else value.pow(power)
 
 
 def max_of_duplicates(slots: Tensor, value: Tensor) -> Tensor:
