@@ -106,19 +106,19 @@ def test_inductor_settings_are_held_for_the_rows_and_recorded(tmp_path: Path) ->
     seen: list[tuple[bool, int]] = []
     argv = ["--out", str(tmp_path), "--device", "cpu", "--plan", "eager", "--pack", "2", "--steps", "2"]
     argv += ["--solo-seeds", "", "--cpu-steps", "0", "--max-seconds", "0"]
-    argv += ["--inductor", "combo_kernels=true", "--inductor", "combo_kernel_max_num_nodes=3"]
+    argv += ["--inductor", "combo_kernels=true", "--inductor", "max_fusion_size=3"]  # both in torch 2.11 and 2.13
     for override in TINY:
         argv += ["-o", override]
     real = scripts.pack_recipes.train_pack
 
     def spy(*args: object) -> object:
-        seen.append((inductor_config.combo_kernels, inductor_config.combo_kernel_max_num_nodes))
+        seen.append((inductor_config.combo_kernels, inductor_config.max_fusion_size))
         return real(*args)  # type: ignore[arg-type]
 
     with mock.patch.object(scripts.pack_recipes, "train_pack", spy):
         document = main(argv)
     assert seen == [(True, 3)]
-    assert document["inductor"] == {"combo_kernels": True, "combo_kernel_max_num_nodes": 3}
+    assert document["inductor"] == {"combo_kernels": True, "max_fusion_size": 3}
     assert inductor_config.combo_kernels is False  # released after the rows
 
 
