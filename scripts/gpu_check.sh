@@ -147,8 +147,10 @@
 #     cut it), then the kernel alone at several rows, warps, stages and chunks a program against Inductor's form of the
 #     same pass, and PER's priority write-back as it was (a float64 power for each of the pairwise max's M² pairs) and
 #     as it is (the power of the max) (bench_small_ops.py --ops targetmlp,priority); last the default step's kernels,
-#     tuned afresh (round 24: 0.779 ms, 147 kernels) (DEADLINE 480 s)
-#          -> $OUT/gpu_tests_round25.log, $OUT/small_ops_round25.txt, $OUT/profile_round25_core.txt
+#     tuned afresh (round 24: 0.779 ms, 147 kernels), with the generated code of its four costliest Inductor kernels
+#     (round 24's two of 31-32 µs, `triton_red_fused_16` and `_20`, are not yet named) (DEADLINE 480 s)
+#          -> $OUT/gpu_tests_round25.log, $OUT/small_ops_round25.txt, $OUT/profile_round25_core.txt,
+#             $OUT/round25_kernels.tar.gz
 #   round24 = tests24,prof24 (issue 32): the target pass's networks as one Triton kernel (run.target_mlp_kernel,
 #     trainer/execution/kernels/mlp.py): its GPU tests (the compiled op at `core`'s sizes, 50 fused steps against eager
 #     in float32 and bf16+combo), then zerocopy-bf16+combo without and with it (+mlpt), each afresh (DEADLINE 400 s)
@@ -432,6 +434,14 @@ profile_core() {  # FILE SECONDS VARIANT... : kernels per step on PRESET (core),
     | grep -v "Warn\|check(" | tee "$OUT/$file" | tail -40
   [ -n "${TRACE:-}" ] && gzip -f "$TRACE"/*.json  # a few MB each as text
 }
+kernel_modules() {  # CACHE PROFILE TAR N: the generated modules (under Inductor's cache CACHE) defining the N costliest
+  # Inductor kernels that $OUT/PROFILE names -> $OUT/TAR (a kernel's name is per graph: every module defining it)
+  local cache=$1 profile=$2 tar=$3 n=$4 kernels
+  kernels=$(grep -o "triton_[a-z]*_fused_[A-Za-z0-9_]*" "$OUT/$profile" | awk '!seen[$0]++' | head -n "$n")
+  [ -z "$kernels" ] && return 0
+  for kernel in $kernels; do grep -rl --include=*.py "def $kernel(" "$cache"; done | sort -u \
+    | tar -czf "$OUT/$tar" -T - 2>/dev/null && echo "kept the modules defining" $kernels
+}
 gpu_tests() {  # LOG SECONDS TEST... -> $OUT/LOG
   local log=$1 budget; budget=$(left "$2"); shift 2
   timeout -k 15 "$budget" python3 -m pytest -m "${MARK:-gpu}" -p no:cacheprovider -q -s -rA --timeout "$budget" "$@" 2>&1 \
@@ -465,7 +475,11 @@ has tests25 && gpu_tests gpu_tests_round25.log 220 \
   "tests/trainer/execution/plans/test_equivalence.py::test_the_target_mlp_kernel_matches_eager_after_50_steps[fused-bf16-combo]"
 has small25 && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops targetmlp,priority 2>&1 \
   | grep -v "Extern Choice" | tee "$OUT/small_ops_round25.txt" | tail -14
-has prof25 && FRESH=1 profile_core profile_round25_core.txt 130 zerocopy-bf16+combo
+if has prof25; then  # tuned afresh in an empty cache, whose generated modules name the costliest kernels' code
+  rm -rf /tmp/r25-cache
+  TORCHINDUCTOR_CACHE_DIR=/tmp/r25-cache FRESH=1 profile_core profile_round25_core.txt 130 zerocopy-bf16+combo
+  kernel_modules /tmp/r25-cache profile_round25_core.txt round25_kernels.tar.gz 4
+fi
 if has prof24; then  # one process a variant, Inductor's caches off (round 23)
   for v in zerocopy-bf16+combo zerocopy-bf16+combo+mlpt; do
     FRESH=1 TOP=12 profile_core "profile_round24_${v//+/_}.txt" 125 "$v" > /dev/null  # `+` does not come back
@@ -509,10 +523,7 @@ has packeval && market_row noeval 200 -o run.eval_every=0
 if has iqnodump; then
   rm -rf /tmp/iqno-cache
   TORCHINDUCTOR_CACHE_DIR=/tmp/iqno-cache TOP=12 profile_core profile_round22_iqno.txt 240 zerocopy-bf16+combo+iqno
-  # the generated modules defining the costliest Inductor kernel the profile names (a kernel's name is per graph)
-  kernel=$(grep -o -m1 "triton_[a-z]*_fused_[A-Za-z0-9_]*" "$OUT/profile_round22_iqno.txt")
-  [ -n "$kernel" ] && grep -rl --include=*.py "def $kernel(" /tmp/iqno-cache \
-    | tar -czf "$OUT/iqno_kernels.tar.gz" -T - 2>/dev/null && echo "kept the modules defining $kernel"
+  kernel_modules /tmp/iqno-cache profile_round22_iqno.txt iqno_kernels.tar.gz 1
 fi
 has packmarket && market_row default 200
 has packcfg && market_row config 230 -o run.combo_kernels=true
