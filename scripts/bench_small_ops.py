@@ -181,7 +181,7 @@ def priority_rows(calls: int, generator: torch.Generator) -> list[Row]:
     """The write-back of one `core` step's 1,024 priorities into a replay of 1,000,000 rows, some slots twice."""
     config = preset_config("core", BenchOptions())
     device, batch, capacity = torch.device("cuda"), config.run.batch_size, config.replay.capacity
-    index = torch.randint(0, capacity // 512, (batch,), device=device, generator=generator)  # ~half of them repeat
+    index = torch.randint(0, capacity // 512, (batch,), device=device, generator=generator)  # ~a fifth repeat a slot
     loss = torch.rand(batch, device=device, generator=generator) * 10.0
     rows, trees = [], []
     for name, write in [
