@@ -1,7 +1,7 @@
 """Where a pack's step time goes, and when a pack first parts from its solo runs (issue 31).
 
 Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20] [--compiled]
-       [--config RECIPE.yaml] [-o KEY=VALUE ...] [--no-divergence] [--device cpu]
+       [--config RECIPE.yaml] [-o KEY=VALUE ...] [--no-divergence | --divergence-only [--updates 100]] [--device cpu]
 
 1. Kernels of one eager (`--compiled`: Inductor's) pack step (`trainer.execution.pack.PackPlan`, not captured,
    so each kernel is seen) on `core` (`--config`: a recipe's model, batch and replay, over random transitions of
@@ -10,9 +10,10 @@ Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capac
    kernels grow with K and by how much. With `--device cpu`, each Inductor kernel's and ATen op's CPU time instead
    (Inductor's kernel profile on): on a machine without a GPU, what grows faster than K moves more memory per run
    than it should.
-2. When run i of a captured pack (K = 4, float32) first differs from its solo graph plan: the relative error of
-   `state.online` and of the replay's priorities after each graph replay (10 updates) for the first 100 updates.
-   Not on the CPU.
+2. When run i of a captured pack (K = 4, float32, `core` with the `-o` overrides, e.g. run.rng=keyed) first
+   differs from its solo graph plan and from its solo run stepped eagerly: the relative errors of `state.online`
+   and of the replay's priorities after each graph replay (10 updates) for the first `--updates`, and each run's
+   keyed counters. On the CPU the same with the eager pack and eager solo plans. `--divergence-only` skips part 1.
 """
 
 from __future__ import annotations
@@ -28,8 +29,16 @@ from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from contracts.config import TrainConfig, load_config
+from trainer.algo.rng import KeyedGenerator
 from trainer.execution.pack import Pack, PackPlan
-from trainer.tools.bench import BenchOptions, method_config, preset_config, random_run, solo_runs_beside_pack
+from trainer.tools.bench import (
+    BenchOptions,
+    method_config,
+    preset_config,
+    random_run,
+    solo_runs,
+    solo_runs_beside_pack,
+)
 
 
 def runs(base: TrainConfig, size: int, capacity: int, device: torch.device) -> tuple[list[TrainConfig], Callable]:
@@ -87,21 +96,58 @@ def cpu_kernels(plan: PackPlan) -> dict[str, tuple[int, float]]:
     return {re.sub(r"^graph_\d+_", "", e.key)[:90]: (round(e.count / 3), e.self_cpu_time_total / 1e3 / 3) for e in own}
 
 
-def divergence(base: TrainConfig, capacity: int, device: torch.device) -> None:
-    solos, packed = solo_runs_beside_pack(*runs(base, 4, capacity, device))
+def counters(generator: torch.Generator) -> int | None:
+    """A keyed generator's counter (its draws so far); None for torch's own."""
+    return int(generator.counter.item()) if isinstance(generator, KeyedGenerator) else None
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm().clamp(min=1e-30))
+
+
+def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: int = 100) -> list[dict[str, object]]:
+    """Run i of a captured pack (K = 4; eager on the CPU) beside its solo plan and its solo run stepped eagerly, both
+    built afresh: after each of the pack's calls, `state.online`'s and the priorities' relative error for each pair,
+    and each run's generator counters (replay, draws) under `run.rng: keyed`: which of the captured forms leaves the
+    eager numbers, and from which draw (packs round 14: a keyed packed graph parted from its solo graphs)."""
+    plan = "graph" if device.type == "cuda" else "eager"
+    configs, make = runs(base, 4, capacity, device)
+    solos, packed = solo_runs_beside_pack(configs, make, plan)
+    eagers = solo_runs(configs, make, "eager")
     pack = packed.pack
-    print("updates  online rel. error per run (pack vs solo graph plan)      priorities rel. error per run")
-    for step in range(0, 100, packed.steps_per_call):
+    print(f"pack ({packed.name}) against solo {plan} plans and eager solo runs, run.rng={base.run.rng}")
+    print("updates run  online: pack-solo pack-eager solo-eager  priorities: pack-solo pack-eager  counters", end="")
+    print(" (replay, draws) pack/solo/eager")
+    rows: list[dict[str, object]] = []
+    for step in range(0, updates, packed.steps_per_call):
         packed.run(step)
-        for _, plan in solos:
-            plan.run(step)
-        errs, prios = [], []
-        for i, (run, _) in enumerate(solos):
-            errs.append(float((pack.states[i].online - run.state.online).norm() / run.state.online.norm()))
-            mine, want = pack.replays[i].sampler.tree, run.replay.sampler.tree
-            prios.append(float((mine - want).norm() / want.norm()))
-        online, priorities = " ".join(f"{e:.2e}" for e in errs), " ".join(f"{p:.2e}" for p in prios)
-        print(f"{step + packed.steps_per_call:>7}  {online}      {priorities}")
+        for _, solo_plan in solos:
+            solo_plan.run(step)
+        for update in range(step, step + packed.steps_per_call):
+            for _, eager_plan in eagers:
+                eager_plan.run(update)
+        for i, ((solo, _), (eager, _)) in enumerate(zip(solos, eagers, strict=True)):
+            online, tree = pack.states[i].online, pack.replays[i].sampler.tree
+            forms = [
+                (pack.replays[i], pack.generators[i]),
+                (solo.replay, solo.generator),
+                (eager.replay, eager.generator),
+            ]
+            errors = [
+                relative_error(online, solo.state.online),
+                relative_error(online, eager.state.online),
+                relative_error(solo.state.online, eager.state.online),
+            ]
+            priorities = [
+                relative_error(tree, solo.replay.sampler.tree),
+                relative_error(tree, eager.replay.sampler.tree),
+            ]
+            drawn = [(counters(replay.generator), counters(draws)) for replay, draws in forms]
+            updated = step + packed.steps_per_call
+            rows.append({"updates": updated, "run": i, "online": errors, "priorities": priorities, "counters": drawn})
+            listed = " ".join(f"{e:.2e}" for e in errors), " ".join(f"{e:.2e}" for e in priorities)
+            print(f"{updated:>7} {i:>3}  {listed[0]}  {listed[1]}  {drawn}")
+    return rows
 
 
 def base_config(recipe: str | None, precision: str | None, capacity: int, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -127,9 +173,16 @@ def main() -> None:
         "-o", "--override", action="append", default=[], help="KEY=VALUE over the config (e.g. run.combo_kernels=true)"
     )
     parser.add_argument("--no-divergence", action="store_true", help="kernels only")
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu (Inductor's and ATen's CPU time; no divergence)")
+    parser.add_argument("--divergence-only", action="store_true", help="the pack against its solo runs only")
+    parser.add_argument("--updates", type=int, default=100, help="updates the divergence part steps")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu (Inductor's and ATen's CPU time)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if not args.no_divergence:
+        core = preset_config("core", BenchOptions(batch_size=256, capacity=20_000, overrides=list(args.override)))
+    if args.divergence_only:
+        divergence(core, 20_000, device, args.updates)
+        return
     if device.type == "cpu":
         inductor_config.cpp.enable_kernel_profile = True  # each generated kernel a profiler event of its own
         print(f"CPU: {torch.get_num_threads()} threads")
@@ -150,10 +203,9 @@ def main() -> None:
     for name, (n, ms) in sorted(last.items(), key=lambda item: -item[1][1])[: args.top]:
         n0, ms0 = first.get(name, (0, 0.0))
         print(f"  {ms:8.3f} ms {n:4d}x  (K={sizes[0]}: {ms0:7.3f} ms {n0:4d}x)  {name}")
-    if args.no_divergence or device.type != "cuda":
-        return
-    print()
-    divergence(preset_config("core", BenchOptions(batch_size=256, capacity=20_000)), 20_000, device)
+    if not args.no_divergence:
+        print()
+        divergence(core, 20_000, device, args.updates)
 
 
 if __name__ == "__main__":

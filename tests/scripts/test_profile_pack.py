@@ -46,3 +46,22 @@ def test_on_the_cpu_the_table_has_inductors_kernels_and_aten_ops_by_cpu_time() -
     generated = {name: row for name, row in table.items() if name.startswith("cpp_fused_")}  # graph_N_ cut
     assert generated and all(calls == 1 and ms > 0 for calls, ms in generated.values())
     assert table["aten::mm"][0] == 1
+
+
+def test_the_divergence_table_steps_a_keyed_pack_beside_its_solo_plans_and_eager_runs() -> None:
+    """On the CPU (eager pack, eager solo plans) every form of a keyed run draws from the same counters, one draw of
+    the replay's and one of the step's an update, and the pack stays within float rounding of both solo forms; the
+    solo plan is its eager run exactly. On a GPU the same table tells which captured form leaves the eager numbers."""
+    import torch
+
+    from scripts.profile_pack import divergence
+    from trainer.tools.bench import BenchOptions, preset_config
+
+    core = preset_config("core", BenchOptions(batch_size=64, capacity=2_000, overrides=["run.rng=keyed"]))
+    rows = divergence(core, 2_000, torch.device("cpu"), updates=2)
+    assert [(row["updates"], row["run"]) for row in rows] == [(u, i) for u in (1, 2) for i in range(4)]
+    for row in rows:
+        assert row["counters"] == [(row["updates"], row["updates"])] * 3
+        pack_solo, pack_eager, solo_eager = row["online"]  # type: ignore[misc]
+        assert solo_eager == 0.0 and pack_solo == pack_eager < 1e-6
+        assert all(error < 1e-6 for error in row["priorities"])  # type: ignore[attr-defined]

@@ -427,12 +427,19 @@ def solo_runs_beside_pack(
 ) -> tuple[list[tuple[PackRun, Plan]], PackPlan]:
     """Each run built twice by `make`: alone under solo plan `plan`, and in one pack under its pack plan
     (`PackPlan.for_plan`): what the packs' equivalence checks step side by side."""
+    return solo_runs(configs, make, plan), PackPlan.for_plan(Pack(configs, make), plan)
+
+
+def solo_runs(
+    configs: list[TrainConfig], make: Callable[[int, TrainConfig], PackRun], plan: str
+) -> list[tuple[PackRun, Plan]]:
+    """Each run built by `make`, alone under solo plan `plan` (untimed)."""
     solos = []
     for i, config in enumerate(configs):
         run = make(i, config)
         timer = StepTimer(run.state.atoms.device, enabled=False)
         solos.append((run, make_plan(plan, run.state, run.replay, config, timer, run.generator)))
-    return solos, PackPlan.for_plan(Pack(configs, make), plan)
+    return solos
 
 
 def pack_base(method: str) -> str:
