@@ -31,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 from contracts.config import TrainConfig, load_config
 from trainer.algo.rng import KeyedGenerator
 from trainer.execution.pack import Pack, PackPlan
+from trainer.execution.plans.base import BasePlan
 from trainer.tools.bench import (
     BenchOptions,
     method_config,
@@ -126,7 +127,7 @@ def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: 
         for update in range(step, step + packed.steps_per_call):
             for _, eager_plan in eagers:
                 eager_plan.run(update)
-        for i, ((solo, _), (eager, _)) in enumerate(zip(solos, eagers, strict=True)):
+        for i, ((solo, solo_plan), (eager, eager_plan)) in enumerate(zip(solos, eagers, strict=True)):
             online, tree = pack.states[i].online, pack.replays[i].sampler.tree
             forms = [
                 (pack.replays[i], pack.generators[i]),
@@ -143,10 +144,19 @@ def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: 
                 relative_error(tree, eager.replay.sampler.tree),
             ]
             drawn = [(counters(replay.generator), counters(draws)) for replay, draws in forms]
+            # the last update's sampled slots and step uniforms, left in each form's static buffers: which draw differs
+            slots, uniforms = packed.batch["index"][i], packed.uniform[i]
+            assert isinstance(solo_plan, BasePlan) and isinstance(eager_plan, BasePlan)  # static batch and draws
+            same = {
+                "slots": [torch.equal(slots, plan.batch.index) for plan in (solo_plan, eager_plan)],
+                "uniforms": [torch.equal(uniforms, plan.draws.uniform) for plan in (solo_plan, eager_plan)],
+            }
             updated = step + packed.steps_per_call
-            rows.append({"updates": updated, "run": i, "online": errors, "priorities": priorities, "counters": drawn})
+            rows.append(
+                {"updates": updated, "run": i, "online": errors, "priorities": priorities, "counters": drawn} | same
+            )
             listed = " ".join(f"{e:.2e}" for e in errors), " ".join(f"{e:.2e}" for e in priorities)
-            print(f"{updated:>7} {i:>3}  {listed[0]}  {listed[1]}  {drawn}")
+            print(f"{updated:>7} {i:>3}  {listed[0]}  {listed[1]}  {drawn}  same slots, uniforms: {same}")
     return rows
 
 

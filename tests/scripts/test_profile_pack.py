@@ -50,8 +50,9 @@ def test_on_the_cpu_the_table_has_inductors_kernels_and_aten_ops_by_cpu_time() -
 
 def test_the_divergence_table_steps_a_keyed_pack_beside_its_solo_plans_and_eager_runs() -> None:
     """On the CPU (eager pack, eager solo plans) every form of a keyed run draws from the same counters, one draw of
-    the replay's and one of the step's an update, and the pack stays within float rounding of both solo forms; the
-    solo plan is its eager run exactly. On a GPU the same table tells which captured form leaves the eager numbers."""
+    the replay's and one of the step's an update, samples the same slots and uniforms, and the pack stays within
+    float rounding of both solo forms; the solo plan is its eager run exactly. On a GPU the same table tells which
+    captured form leaves the eager numbers."""
     import torch
 
     from scripts.profile_pack import divergence
@@ -65,3 +66,4 @@ def test_the_divergence_table_steps_a_keyed_pack_beside_its_solo_plans_and_eager
         pack_solo, pack_eager, solo_eager = row["online"]  # type: ignore[misc]
         assert solo_eager == 0.0 and pack_solo == pack_eager < 1e-6
         assert all(error < 1e-6 for error in row["priorities"])  # type: ignore[attr-defined]
+        assert row["slots"] == row["uniforms"] == [True, True]  # the last update drew the same in every form
