@@ -109,8 +109,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: int = 100) -> list[dict[str, object]]:
     """Run i of a captured pack (K = 4; eager on the CPU) beside its solo plan and its solo run stepped eagerly, both
     built afresh: after each of the pack's calls, `state.online`'s and the priorities' relative error for each pair,
-    and each run's generator counters (replay, draws) under `run.rng: keyed`: which of the captured forms leaves the
-    eager numbers, and from which draw (packs round 14: a keyed packed graph parted from its solo graphs)."""
+    each run's generator counters (replay, draws) under `run.rng: keyed`, and whether the last update sampled the same
+    slots and step uniforms in each form: which captured form leaves the eager numbers, and from which draw (packs
+    round 14: a keyed packed graph parted from its solo graphs)."""
     plan = "graph" if device.type == "cuda" else "eager"
     configs, make = runs(base, 4, capacity, device)
     solos, packed = solo_runs_beside_pack(configs, make, plan)
@@ -182,8 +183,9 @@ def main() -> None:
     parser.add_argument(
         "-o", "--override", action="append", default=[], help="KEY=VALUE over the config (e.g. run.combo_kernels=true)"
     )
-    parser.add_argument("--no-divergence", action="store_true", help="kernels only")
-    parser.add_argument("--divergence-only", action="store_true", help="the pack against its solo runs only")
+    parts = parser.add_mutually_exclusive_group()
+    parts.add_argument("--no-divergence", action="store_true", help="kernels only")
+    parts.add_argument("--divergence-only", action="store_true", help="the pack against its solo runs only")
     parser.add_argument("--updates", type=int, default=100, help="updates the divergence part steps")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu (Inductor's and ATen's CPU time)")
     args = parser.parse_args()
