@@ -50,20 +50,19 @@ import functools
 from collections.abc import Callable
 
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.algo.budgets import spectral_project_batched, spectral_project_fused, spectral_project_per_matrix
 from trainer.algo.losses.c51 import categorical_projection
 from trainer.algo.model import ModelDims, c51_logits, iqn_quantiles, self_attention, trunk
-from trainer.algo.replay.sampler import PrioritizedSampler, max_of_duplicates
+from trainer.algo.replay.sampler import PrioritizedSampler
 from trainer.algo.state import TrainState
 from trainer.algo.step import next_quantile_targets, quantiles_at
 from trainer.execution.kernels import iqn, mlp, spectral
 from trainer.execution.kernels.window_attention import window_attention_fused
 from trainer.execution.pack import PackedAttention
-from trainer.tools.bench import BenchOptions, bench_spec, preset_config
+from trainer.tools.bench import BenchOptions, bench_spec, preset_config, relative_error
 
 
 def bmm_projection(next_pmf: Tensor, weight: Tensor) -> Tensor:
@@ -169,11 +168,11 @@ def core_state() -> TrainState:
 
 
 def priorities_max_of_powers(sampler: PrioritizedSampler, index: Tensor, loss: Tensor) -> None:
-    """`PrioritizedSampler.update` compiled as it was before 2026-12-07 (search "cdf": no level sums): the pairwise
-    max of the priorities' powers."""
+    """`PrioritizedSampler.update` as it was before 2026-12-07: the powers handed to the leaves' write, so that
+    compiled its pairwise max takes the max of the powers."""
     p = loss.detach().abs().to(torch.float64) + sampler.eps  # [B]
     p = torch.where(torch.isfinite(p), p, sampler.max_priority)
-    sampler.tree[index + sampler.leaves] = max_of_duplicates(index, p.pow(sampler.alpha))
+    sampler._set_leaves(index, p.pow(sampler.alpha), repeats=True)
     sampler.max_priority[...] = torch.maximum(sampler.max_priority, p.max())
 
 
@@ -310,12 +309,6 @@ def target_mlp_rows(calls: int, generator: torch.Generator) -> list[Row]:
     finally:
         mlp.ROWS_PER_PROGRAM, mlp.WARPS_PER_PROGRAM, mlp.STAGES_PER_PROGRAM, mlp.CHUNK = default
     return rows
-
-
-def relative_error(got: object, want: object) -> float:
-    """‖got − want‖ / ‖want‖ over every tensor of two like structures (gradients as torch.func returns them)."""
-    flat_got, flat_want = (torch.cat([t.double().flatten() for t in pytree.tree_leaves(x)]) for x in (got, want))
-    return ((flat_got - flat_want).norm() / flat_want.norm()).item()
 
 
 IQN_BACKWARD_TILES = [(128, 128, 8), (64, 128, 8), (128, 64, 8), (128, 128, 4), (256, 128, 8), (256, 64, 8)]

@@ -37,6 +37,7 @@ from trainer.tools.bench import (
     method_config,
     preset_config,
     random_run,
+    relative_error,
     solo_runs,
     solo_runs_beside_pack,
 )
@@ -100,10 +101,6 @@ def cpu_kernels(plan: PackPlan) -> dict[str, tuple[int, float]]:
 def counters(generator: torch.Generator) -> int | None:
     """A keyed generator's counter (its draws so far); None for torch's own."""
     return int(generator.counter.item()) if isinstance(generator, KeyedGenerator) else None
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.double() - want.double()).norm() / want.double().norm().clamp(min=1e-30))
 
 
 def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: int = 100) -> list[dict[str, object]]:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from contracts.config import STEPS_PER_EPOCH, TrainConfig, build_config, load_config
 from contracts.packs import MAX_PACK
@@ -420,6 +421,13 @@ def random_run(i: int, config: TrainConfig, transitions: int) -> PackRun:
     fill_with_random_transitions(replay, transitions, seed=i)
     draws = make_generator(20 + i, "step", device, config.run.rng)
     return PackRun(TrainState.create(config, dims, device), replay, draws)
+
+
+def relative_error(got: object, want: object) -> float:
+    """‖got − want‖ / ‖want‖ over every tensor of two like structures (a tensor, or gradients as torch.func returns
+    them), in float64: what the benchmarks' and the packs' checks report."""
+    flat_got, flat_want = (torch.cat([t.double().flatten() for t in pytree.tree_leaves(x)]) for x in (got, want))
+    return ((flat_got - flat_want).norm() / flat_want.norm()).item()
 
 
 def solo_runs_beside_pack(
