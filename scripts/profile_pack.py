@@ -13,7 +13,8 @@ Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capac
 2. When run i of a captured pack (K = 4, float32, `core` with the `-o` overrides, e.g. run.rng=keyed) first
    differs from its solo graph plan and from its solo run stepped eagerly: the relative errors of `state.online`
    and of the replay's priorities after each graph replay (10 updates) for the first `--updates`, and each run's
-   keyed counters. On the CPU the same with the eager pack and eager solo plans. `--divergence-only` skips part 1.
+   keyed counters; on a GPU the same pack stepped eagerly too (capture, or packing?). On the CPU the same with the
+   eager pack and eager solo plans. `--divergence-only` skips part 1.
 """
 
 from __future__ import annotations
@@ -105,18 +106,20 @@ def counters(generator: torch.Generator) -> int | None:
 
 def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: int = 100) -> list[dict[str, object]]:
     """Run i of a captured pack (K = 4; eager on the CPU) beside its solo plan and its solo run stepped eagerly, both
-    built afresh: after each of the pack's calls, `state.online`'s and the priorities' relative error for each pair,
-    each run's generator counters (replay, draws) under `run.rng: keyed`, and whether the last update sampled the same
-    slots and step uniforms in each form: which captured form leaves the eager numbers, and from which draw (packs
-    round 14: a keyed packed graph parted from its solo graphs)."""
+    built afresh, and on a GPU beside the same pack stepped eagerly too: after each of the pack's calls,
+    `state.online`'s and the priorities' relative error for each pair, each run's generator counters (replay, draws)
+    under `run.rng: keyed`, and whether the last update sampled the same slots and step uniforms in each form: which
+    form leaves the eager numbers (capture, or packing itself), and from which draw (packs round 14: a keyed packed
+    graph parted from its solo graphs)."""
     plan = "graph" if device.type == "cuda" else "eager"
     configs, make = runs(base, 4, capacity, device)
     solos, packed = solo_runs_beside_pack(configs, make, plan)
     eagers = solo_runs(configs, make, "eager")
+    eager_pack = PackPlan.for_plan(Pack(configs, make), "eager") if plan == "graph" else packed
     pack = packed.pack
-    print(f"pack ({packed.name}) against solo {plan} plans and eager solo runs, run.rng={base.run.rng}")
-    print("updates run  online: pack-solo pack-eager solo-eager  priorities: pack-solo pack-eager  counters", end="")
-    print(" (replay, draws) pack/solo/eager")
+    print(f"pack ({packed.name}) against solo {plan} plans, eager solo runs and the eager pack, run.rng={base.run.rng}")
+    print("updates run  online: pack-solo pack-eager solo-eager epack-eager  priorities: pack-solo pack-eager", end="")
+    print("  counters (replay, draws) pack/solo/eager")
     rows: list[dict[str, object]] = []
     for step in range(0, updates, packed.steps_per_call):
         packed.run(step)
@@ -125,6 +128,8 @@ def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: 
         for update in range(step, step + packed.steps_per_call):
             for _, eager_plan in eagers:
                 eager_plan.run(update)
+            if eager_pack is not packed:
+                eager_pack.run(update)
         for i, ((solo, solo_plan), (eager, eager_plan)) in enumerate(zip(solos, eagers, strict=True)):
             online, tree = pack.states[i].online, pack.replays[i].sampler.tree
             forms = [
@@ -136,6 +141,7 @@ def divergence(base: TrainConfig, capacity: int, device: torch.device, updates: 
                 relative_error(online, solo.state.online),
                 relative_error(online, eager.state.online),
                 relative_error(solo.state.online, eager.state.online),
+                relative_error(eager_pack.pack.states[i].online, eager.state.online),
             ]
             priorities = [
                 relative_error(tree, solo.replay.sampler.tree),
