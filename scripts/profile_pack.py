@@ -1,7 +1,8 @@
 """Where a pack's step time goes, and when a pack first parts from its solo runs (issue 31).
 
 Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capacity 100000] [--top 20] [--compiled]
-       [--config RECIPE.yaml] [-o KEY=VALUE ...] [--no-divergence | --divergence-only [--updates 100]] [--device cpu]
+       [--config RECIPE.yaml] [-o KEY=VALUE ...] [--no-divergence | --divergence-only [--updates 100]] [--keyed-ops]
+       [--device cpu]
 
 1. Kernels of one eager (`--compiled`: Inductor's) pack step (`trainer.execution.pack.PackPlan`, not captured,
    so each kernel is seen) on `core` (`--config`: a recipe's model, batch and replay, over random transitions of
@@ -13,8 +14,9 @@ Usage: python scripts/profile_pack.py [--sizes 1,16] [--precision fp32] [--capac
 2. When run i of a captured pack (K = 4, float32, `core` with the `-o` overrides, e.g. run.rng=keyed) first
    differs from its solo graph plan and from its solo run stepped eagerly: the relative errors of `state.online`
    and of the replay's priorities after each graph replay (10 updates) for the first `--updates`, and each run's
-   keyed counters; on a GPU the same pack stepped eagerly too (capture, or packing?). On the CPU the same with the
-   eager pack and eager solo plans. `--divergence-only` skips part 1.
+   keyed counters; on a GPU the same pack stepped eagerly too (capture, or packing?), and with `--keyed-ops` the
+   keyed draws as torch ops instead of the Triton kernel. On the CPU the same with the eager pack and eager solo
+   plans. `--divergence-only` skips part 1.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from contracts.config import TrainConfig, load_config
+from trainer.algo import rng
 from trainer.algo.rng import KeyedGenerator
 from trainer.execution.pack import Pack, PackPlan
 from trainer.execution.plans.base import BasePlan
@@ -190,9 +193,14 @@ def main() -> None:
     parts.add_argument("--no-divergence", action="store_true", help="kernels only")
     parts.add_argument("--divergence-only", action="store_true", help="the pack against its solo runs only")
     parser.add_argument("--updates", type=int, default=100, help="updates the divergence part steps")
+    parser.add_argument(
+        "--keyed-ops", action="store_true", help="keyed draws as torch ops on a GPU too (not the Triton kernel)"
+    )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu (Inductor's and ATen's CPU time)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.keyed_ops:  # every keyed draw through `rng.keyed_draw_` (KeyedRows' and KeyedGenerator's): its torch form
+        rng.keyed_draw_ = rng.keyed_draw_ops_
     if not args.no_divergence:
         core = preset_config("core", BenchOptions(batch_size=256, capacity=20_000, overrides=list(args.override)))
     if args.divergence_only:

@@ -75,6 +75,11 @@ def keyed_draw_(out: Tensor, keys: Tensor, counters: Tensor, rows: Tensor, kind:
         from trainer.execution.kernels.keyed import keyed_draw_kernel_  # Triton: what CUDA builds of torch bring
 
         return keyed_draw_kernel_(out, keys, counters, rows, kind, high)
+    return keyed_draw_ops_(out, keys, counters, rows, kind, high)
+
+
+def keyed_draw_ops_(out: Tensor, keys: Tensor, counters: Tensor, rows: Tensor, kind: str, high: int = 0) -> Tensor:
+    """`keyed_draw_` as torch ops on any device (the CPU's form; on a GPU, the kernel's reference)."""
     flat = out.view(out.shape[0], -1)
     flat.copy_(keyed_values(keys[rows], counters[rows], flat.shape[1], kind, out.dtype, high))
     counters.index_add_(0, rows, torch.ones_like(rows))
