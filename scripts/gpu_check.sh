@@ -177,12 +177,13 @@
 #     are bandwidth-bound passes over IQN-sized activations (packs round 3: B·T = 32,768 rows a run), which the solo
 #     step, bound by latency, does not feel (round 23: the kernels 0.06 ms slower solo); a pack may (DEADLINE 560 s)
 #          -> $OUT/pack15_{default,iqno}.{json,md,log}
-#   pack16 = packdrift (issue 31): where a keyed packed graph parts from its solo graphs (pack14: 2.7e-3 apart after
-#     one replay, 2.2e-7 with torch's draws): `profile_pack.py --divergence-only` steps the pack, its solo graphs and
-#     its solo runs eagerly and the pack eagerly side by side, keyed, keyed as torch ops (--keyed-ops, not the Triton
-#     kernel), then with torch's draws (the control), printing each pair's distance and each run's keyed counters
-#     after every replay (DEADLINE 330 s)
-#          -> $OUT/pack16_divergence_{keyed,keyedops,torch}.txt
+#   pack16 = tests16,packdrift (issue 31): where a keyed packed graph parts from its solo graphs (pack14: 2.7e-3 apart
+#     after one replay, 2.2e-7 with torch's draws): first the keyed kernel's GPU tests, one of them the draws alone
+#     captured and replayed against eager ones; then `profile_pack.py --divergence-only` steps the pack, its solo
+#     graphs, its solo runs eagerly and the pack eagerly side by side, keyed, keyed as torch ops (--keyed-ops, not
+#     the Triton kernel), then with torch's draws (the control), printing each pair's distance and each run's keyed
+#     counters after every replay (DEADLINE 360 s)
+#          -> $OUT/gpu_tests_pack16.log, $OUT/pack16_divergence_{keyed,keyedops,torch}.txt
 #   pack14 = tests14,packkeyed,packdefault (issue 31): a packed graph against its solo graph plans with torch's draws
 #     and keyed ones (pack13b's keyed market row failed at capture: torch's register_generator_state refuses a
 #     KeyedGenerator, now left unregistered), then the market rows keyed and with torch's draws, each a pack of 16
@@ -278,7 +279,7 @@ extra=("$@")  # bench options for the bench stages
 [ "$stage" = round23b ] && { stage=tests23,packattn; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = pack13 ] && { stage=tests13k,packkeyed,packdefault,packkeyprof; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack15 ] && { stage=packiqno; DEADLINE="${DEADLINE:-560}"; }
-[ "$stage" = pack16 ] && { stage=packdrift; DEADLINE="${DEADLINE:-330}"; }
+[ "$stage" = pack16 ] && { stage=tests16,packdrift; DEADLINE="${DEADLINE:-360}"; }
 [ "$stage" = pack14 ] && { stage=tests14,packkeyed,packdefault; DEADLINE="${DEADLINE:-580}"; }
 [ "$stage" = pack14b ] && { stage=packhostkeyed,packhostdefault; DEADLINE="${DEADLINE:-420}"; }
 [ "$stage" = round24 ] && { stage=tests24,prof24; DEADLINE="${DEADLINE:-400}"; }
@@ -513,6 +514,7 @@ has packkeyed && market_row keyed 300 -o run.rng=keyed  # the first row compiles
 has packattn && timeout -k 15 "$(left 150)" python3 scripts/bench_small_ops.py --ops packattn 2>&1 \
   | grep -v "Extern Choice" | tee "$OUT/small_ops_packattn.txt" | tail -7
 has packdefault && market_row default 200
+has tests16 && gpu_tests gpu_tests_pack16.log 60 tests/trainer/execution/kernels/test_keyed.py
 if has packdrift; then  # which captured form leaves the eager numbers under keyed draws (torch's: the control)
   for form in keyed keyedops torch; do
     opts=(-o "run.rng=${form%ops}"); [ "$form" = keyedops ] && opts+=(--keyed-ops)

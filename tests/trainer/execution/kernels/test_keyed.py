@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from tests.factories import compiled_without_the_interpreter, needs_gpu, on_the_interpreter
 from trainer.algo.rng import NORMAL, RANDINT, UNIFORM, keyed_values, words_per_element
@@ -93,3 +94,47 @@ def test_on_a_gpu_the_kernel_draws_the_cpu_forms_numbers(kind: str, dtype: torch
     else:
         assert torch.equal(out.cpu(), want)
     assert advanced.tolist() == [4, 1]
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_captured_keyed_draws_replay_the_eager_draws() -> None:
+    """Keyed draws alone, captured as a pack plan captures them (warm-up on the capture stream, then the capture,
+    then the warm-up's counters undone): every replay fills its buffers with what the same generators draw eagerly,
+    a pack's rows (PER's float64 points, one span, and the step's uniforms, three spans) and a solo generator's
+    alike. Without the training step around them: where a keyed packed graph parts from its solo graphs (packs
+    round 14), this says whether the draws themselves do."""
+    from trainer.algo.rng import KeyedGenerator, rows_draw_, uniform_
+    from trainer.execution.plans._capture import capture
+
+    def generators() -> tuple[list[KeyedGenerator], KeyedGenerator]:
+        return [KeyedGenerator(seed, "step", "cuda") for seed in range(4)], KeyedGenerator(9, "step", "cuda")
+
+    def draw(pack: list[KeyedGenerator], solo: KeyedGenerator, points: Tensor, step: Tensor, own: Tensor) -> None:
+        rows_draw_(points, pack, UNIFORM)
+        rows_draw_(step, pack, UNIFORM)
+        uniform_(own, solo)
+
+    def buffers() -> tuple[Tensor, Tensor, Tensor]:
+        return (
+            torch.empty(4, 256, dtype=torch.float64, device="cuda"),
+            torch.empty(4, 2 * SPAN + 256, device="cuda"),
+            torch.empty(2 * SPAN + 256, device="cuda"),
+        )
+
+    pack, solo = generators()
+    captured = buffers()
+    saved = [g.get_state() for g in [*pack, solo]]
+    pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+    graph, _ = capture(lambda: draw(pack, solo, *captured), pool, stream, [*pack, solo])
+    for generator, state in zip([*pack, solo], saved, strict=True):
+        generator.set_state(state)
+    eager_pack, eager_solo = generators()
+    eager = buffers()
+    for replay in range(3):
+        graph.replay()
+        draw(eager_pack, eager_solo, *eager)
+        torch.cuda.synchronize()
+        for name, got, want in zip(("points", "step", "solo"), captured, eager, strict=True):
+            assert torch.equal(got, want), f"replay {replay}: the captured {name} draw differs from the eager one"
+    assert [int(g.counter) for g in [*pack, solo]] == [6] * 4 + [3]  # two draws a replay of each row, one solo
