@@ -1,5 +1,6 @@
 """`trainer.execution.kernels.keyed`: the torch form's numbers (`trainer.algo.rng.keyed_values`) in one launch,
-through Triton's interpreter on the CPU, and compiled for Hopper by Triton's own compiler."""
+through Triton's interpreter on the CPU, compiled for Hopper by Triton's own compiler, and on a GPU captured in a
+graph as the plans capture it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ import torch
 from torch import Tensor
 
 from tests.factories import compiled_without_the_interpreter, needs_gpu, on_the_interpreter
-from trainer.algo.rng import NORMAL, RANDINT, UNIFORM, keyed_values, words_per_element
+from trainer.algo.rng import (
+    NORMAL,
+    RANDINT,
+    UNIFORM,
+    KeyedGenerator,
+    keyed_values,
+    rows_draw_,
+    uniform_,
+    words_per_element,
+)
 from trainer.execution.kernels.keyed import SPAN, keyed_draw_kernel_
+from trainer.execution.plans._capture import capture
 
 KINDS = [
     (UNIFORM, torch.float32),
@@ -104,8 +115,6 @@ def test_captured_keyed_draws_replay_the_eager_draws() -> None:
     a pack's rows (PER's float64 points, one span, and the step's uniforms, three spans) and a solo generator's
     alike. Without the training step around them: where a keyed packed graph parts from its solo graphs (packs
     round 14), this says whether the draws themselves do."""
-    from trainer.algo.rng import KeyedGenerator, rows_draw_, uniform_
-    from trainer.execution.plans._capture import capture
 
     def generators() -> tuple[list[KeyedGenerator], KeyedGenerator]:
         return [KeyedGenerator(seed, "step", "cuda") for seed in range(4)], KeyedGenerator(9, "step", "cuda")
