@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from contracts.config import TrainConfig
+from tests.emulated_capture import CaptureEmulator, emulated_capture  # noqa: F401  (the fixture)
 from tests.factories import needs_gpu, tiny_config
 from trainer.algo.model import ModelDims
 from trainer.algo.replay.buffer import ReplayBuffer
@@ -140,6 +141,47 @@ def test_each_run_of_a_pack_is_its_solo_run(full: bool, rng: str) -> None:
         replays = KeyedRows.of([r.generator for r in pack.replays])
         assert replays is not None and replays.counters.tolist() == [6, 6]  # PER's and HER's, 3 updates
         assert KeyedRows.of(pack.generators) is not replays and pack.generators[1].counter.item() == 3
+
+
+@pytest.mark.parametrize("rng", ["torch", "keyed"])
+def test_a_captured_pack_and_its_solo_graphs_replay_their_eager_runs(
+    rng: str,
+    emulated_capture: CaptureEmulator,  # noqa: F811
+) -> None:
+    """Captures emulated on the CPU (`tests/emulated_capture.py`: the warm-up and its undo as on a GPU, then only
+    what the capture recorded replays, the Python that launched it frozen), two runs with HER, vaccine and causal
+    (three flag patterns), two replays of 4 updates: each solo graph plan is its eager run bit for bit, and the
+    packed graph its solo runs within `RTOL`, with torch's draws and keyed ones through the Triton kernel (the
+    interpreter). A keyed packed graph parts from its solo graphs on a GPU (packs round 14); this says that what a
+    capture freezes on the host is not why."""
+    from trainer.execution.plans.graph import GraphPlan
+    from trainer.runtime.timing import StepTimer
+
+    configs = [run_config(i, True, rng=rng) for i in range(2)]
+    configs = [c.model_copy(update={"run": c.run.model_copy(update={"steps_per_replay": 4})}) for c in configs]
+    solos = [Solo(i, config) for i, config in enumerate(configs)]
+    graphs = []
+    for i, config in enumerate(configs):
+        run = solo_run(i, config)
+        graphs.append(
+            (run, GraphPlan(run.state, run.replay, config, StepTimer(torch.device("cpu"), False), run.generator))
+        )
+    pack = Pack(configs, solo_run)
+    plan = PackPlan(pack, graph=True)
+    assert isinstance(plan.graphs[next(iter(plan.graphs))][0], emulated_capture.graph_type)
+    for step in range(0, 8, 4):
+        plan.run(step)
+        for _, graph in graphs:
+            graph.run(step)
+        for update in range(step, step + 4):
+            for solo in solos:
+                solo.step(update)
+    assert [float(s.updates) for s in pack.states] == [8.0, 8.0]
+    for (run, _), solo in zip(graphs, solos, strict=True):
+        for name, want in run_tensors(solo.run.state, solo.run.replay).items():
+            assert torch.equal(run_tensors(run.state, run.replay)[name], want), f"solo graph: {name}"
+    over = [(i, name, err) for i, name, err in relative_errors(pack, solos) if err > RTOL.get(name, 0.0)]
+    assert not over, f"the captured pack parts from its solo runs: {over}"
 
 
 COMPILED_RTOL = 1e-4
