@@ -103,10 +103,10 @@ class CaptureEmulator:
 
 @pytest.fixture
 def emulated_capture(monkeypatch: pytest.MonkeyPatch) -> CaptureEmulator:
-    """The graph plans and packs build and replay on the CPU, their captures emulated; keyed draws go through the
-    Triton kernel as on a GPU."""
+    """The graph plans (`make_plan`'s too) and packs build and replay on the CPU, their captures emulated; keyed
+    draws go through the Triton kernel as on a GPU."""
     from trainer.algo import rng
-    from trainer.execution import pack
+    from trainer.execution import pack, plans
     from trainer.execution.plans import _capture, base, graph
 
     emulator = CaptureEmulator()
@@ -114,6 +114,7 @@ def emulated_capture(monkeypatch: pytest.MonkeyPatch) -> CaptureEmulator:
         monkeypatch.setattr(module, "capture", emulator.capture, raising=False)
     for module in (base, pack):
         monkeypatch.setattr(module, "require_cuda", lambda *args: None)
+    monkeypatch.setattr(plans, "resolve_plan", lambda name, device: name)  # `make_plan("graph")` builds one here
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "Stream", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)

@@ -154,20 +154,14 @@ def test_a_captured_pack_and_its_solo_graphs_replay_their_eager_runs(
     packed graph its solo runs within `RTOL`, with torch's draws and keyed ones through the Triton kernel (the
     interpreter). A keyed packed graph parts from its solo graphs on a GPU (packs round 14); this says that what a
     capture freezes on the host is not why."""
-    from trainer.execution.plans.graph import GraphPlan
-    from trainer.runtime.timing import StepTimer
+    from trainer.tools.bench import solo_runs_beside_pack
 
     configs = [run_config(i, True, rng=rng) for i in range(2)]
     configs = [c.model_copy(update={"run": c.run.model_copy(update={"steps_per_replay": 4})}) for c in configs]
     solos = [Solo(i, config) for i, config in enumerate(configs)]
-    graphs = []
-    for i, config in enumerate(configs):
-        run = solo_run(i, config)
-        graphs.append(
-            (run, GraphPlan(run.state, run.replay, config, StepTimer(torch.device("cpu"), False), run.generator))
-        )
-    pack = Pack(configs, solo_run)
-    plan = PackPlan(pack, graph=True)
+    graphs, plan = solo_runs_beside_pack(configs, solo_run, "graph")
+    pack = plan.pack
+    assert plan.graph and all(type(graph).__name__ == "GraphPlan" for _, graph in graphs)
     assert isinstance(plan.graphs[next(iter(plan.graphs))][0], emulated_capture.graph_type)
     for step in range(0, 8, 4):
         plan.run(step)
